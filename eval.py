@@ -232,8 +232,10 @@ def _describe_exception(exc: BaseException) -> str:
 def _rank_entry(job: str, test: TestCase, rank: int, params: dict):
     """Runs one rank of one case in a pool worker. Returns (ok, value): value is a message, Stats or a report."""
     try:
+        _set_phase("joining the process group")
         _join_group(rank, test.args["world_size"])
         try:
+            _set_phase("generating input")
             return _RANK_JOBS[job](test, rank, **params)
         finally:
             _leave_group()
@@ -257,8 +259,10 @@ def _rank_test(test: TestCase, rank: int):
 
     data = generate_input(**test.args, rank=rank)
     _synchronize()
+    _set_phase("in custom_kernel")
     output = custom_kernel(_clone_data(data, rank))
     _synchronize()
+    _set_phase("checking the output")
     return check_implementation(data, output)
 
 
@@ -273,7 +277,10 @@ def _rank_benchmark(test: TestCase, rank: int, recheck: bool, max_repeats: int, 
     device = f"cuda:{rank}" if on_gpu else "cpu"
     data = generate_input(**test.args, rank=rank)
     check_copy = _clone_data(data, rank)
-    good, message = check_implementation(check_copy, custom_kernel(_clone_data(data, rank)))
+    _set_phase("in custom_kernel")
+    output = custom_kernel(_clone_data(data, rank))
+    _set_phase("checking the output")
+    good, message = check_implementation(check_copy, output)
     if not _all_ok(good, rank):
         return False, message or "another rank failed its check"
 
@@ -281,8 +288,11 @@ def _rank_benchmark(test: TestCase, rank: int, recheck: bool, max_repeats: int, 
     start_event = end_event = None
     if on_gpu and extra:
         start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    _set_phase("in the timing loop")
     bm_start = time.perf_counter_ns()
+    iterations = 0
     for i in range(max_repeats):
+        iterations += 1
         error_message = None
         if recheck:
             test.args["seed"] += 13
@@ -334,7 +344,7 @@ def _rank_benchmark(test: TestCase, rank: int, recheck: bool, max_repeats: int, 
         per_rank = torch.tensor(device_durations, dtype=torch.float64, device=device)
         dist.all_reduce(per_rank, op=dist.ReduceOp.MAX)
         result["device"] = calculate_stats(per_rank.tolist())
-        result["floor"] = _harness_floor(data, rank, len(durations))
+        result["floor"] = _harness_floor(data, rank, iterations)
     return True, result
 
 
@@ -366,6 +376,7 @@ def _rank_profile(test: TestCase, rank: int):
     data = _clone_data(generate_input(**test.args, rank=rank), rank)
     _synchronize()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _on_gpu() else [])
+    _set_phase("profiling")
     with profile(activities=activities) as prof:
         custom_kernel(data)
         _synchronize()
@@ -375,13 +386,28 @@ def _rank_profile(test: TestCase, rank: int):
 _RANK_JOBS = {"test": _rank_test, "benchmark": _rank_benchmark, "profile": _rank_profile}
 
 
-def _worker_loop(conn) -> None:
+# What a pool worker is doing, kept in shared memory so the watchdog can say where a stuck rank is.
+PHASES = ("idle", "joining the process group", "generating input", "in custom_kernel", "checking the output",
+          "in the timing loop", "profiling")
+_phase_slot = None
+
+
+def _set_phase(name: str) -> None:
+    if _phase_slot is not None:
+        _phase_slot.value = PHASES.index(name)
+
+
+def _worker_loop(conn, phase_slot) -> None:
     """A pool worker: runs one rank of a case per message until it gets None."""
+    global _phase_slot
+    _phase_slot = phase_slot
     while True:
         message = conn.recv()
         if message is None:
             return
-        conn.send(_rank_entry(*message))
+        result = _rank_entry(*message)
+        _set_phase("idle")
+        conn.send(result)
 
 
 class RankPool:
@@ -399,10 +425,11 @@ class RankPool:
 
     def _start(self):
         parent_end, child_end = self.context.Pipe()
-        process = self.context.Process(target=_worker_loop, args=(child_end,), daemon=True)
+        phase = self.context.RawValue("i", 0)
+        process = self.context.Process(target=_worker_loop, args=(child_end, phase), daemon=True)
         process.start()
         child_end.close()
-        return process, parent_end
+        return process, parent_end, phase
 
     def run(self, job: str, test: TestCase, timeout_s: float, params: Optional[dict] = None) -> list:
         world_size = test.args["world_size"]
@@ -414,7 +441,7 @@ class RankPool:
         deadline = time.monotonic() + timeout_s
         while len(results) < world_size:
             for rank, slot in enumerate(slots):
-                process, conn = self.workers[slot]
+                process, conn, _ = self.workers[slot]
                 if rank in results:
                     continue
                 if conn.poll():
@@ -428,8 +455,9 @@ class RankPool:
                 deadline = min(deadline, time.monotonic() + FAILED_PEER_GRACE_S)
             if len(results) < world_size and time.monotonic() > deadline:
                 missing = [rank for rank in range(world_size) if rank not in results]
+                where = ", ".join(f"rank {rank} {PHASES[self.workers[slots[rank]][2].value]}" for rank in missing)
                 note = (f"watchdog: case '{test.spec}' did not finish in {timeout_s:g} s; "
-                        f"rank(s) {', '.join(map(str, missing))} did not return and were killed")
+                        f"rank(s) {', '.join(map(str, missing))} did not return and were killed ({where})")
                 print(note, file=sys.stderr, flush=True)
                 self._replace(slots)
                 return [results.get(rank, (False, note)) for rank in range(world_size)]
@@ -441,7 +469,7 @@ class RankPool:
 
     def _replace(self, slots: list[int]) -> None:
         for slot in slots:
-            process, conn = self.workers[slot]
+            process, conn, _ = self.workers[slot]
             if process.is_alive():
                 os.kill(process.pid, signal.SIGKILL)
             process.join()
@@ -451,12 +479,12 @@ class RankPool:
         os.environ["A2A_MASTER_PORT"] = str(int(os.environ.get("A2A_MASTER_PORT", DEFAULT_MASTER_PORT)) + 1)
 
     def shutdown(self) -> None:
-        for process, conn in self.workers:
+        for _, conn, _ in self.workers:
             try:
                 conn.send(None)
             except OSError:
                 pass
-        for process, conn in self.workers:
+        for process, conn, _ in self.workers:
             process.join(timeout=10)
             if process.is_alive():
                 os.kill(process.pid, signal.SIGKILL)
