@@ -12,6 +12,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import platform
 import re
 import subprocess
@@ -49,6 +50,9 @@ def geomean(values) -> float:
 
 
 def commit() -> str:
+    """The commit measured; A2A_COMMIT names it where the tree travels without .git (the device machine)."""
+    if os.environ.get("A2A_COMMIT"):
+        return os.environ["A2A_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -64,7 +68,7 @@ def device_name(backend: str) -> str:
 
     if backend == "nccl":
         return torch.cuda.get_device_name(0)
-    return f"CPU ({platform.machine()}, {__import__('os').cpu_count()} cores)"
+    return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
 
 
 def run(versions: list[str], mode: str, cases: str, world_size, backend, timeout_s) -> tuple[pd.DataFrame, dict]:
