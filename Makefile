@@ -6,7 +6,7 @@ HAVE_DEPS := $(shell python3 -c 'import torch, pandas, tabulate, yaml, pytest' >
 PYTHON := $(if $(HAVE_DEPS),python3,.venv/bin/python)
 CPU_DEPS := torch==2.13.0 numpy pandas tabulate pyyaml pytest matplotlib
 
-.PHONY: setup test leaderboard clean
+.PHONY: setup test check-device leaderboard clean
 
 setup:
 ifeq ($(HAVE_DEPS),)
@@ -15,7 +15,11 @@ ifeq ($(HAVE_DEPS),)
 		.venv/bin/python -m pip install --quiet --disable-pip-version-check $(CPU_DEPS)
 endif
 
-test: setup
+# Compile-only check of every version's device code: nvcc sm_90, and hipify + hipcc gfx940/gfx90a.
+check-device: setup
+	$(PYTHON) tools/check_device.py
+
+test: setup check-device
 	$(PYTHON) -m pytest -q tests
 
 leaderboard: setup
