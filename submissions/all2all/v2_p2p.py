@@ -415,12 +415,15 @@ def _align(n: int) -> int:
 
 class P2PState:
     """One process group's symmetric heap and scratch buffers. Built on the first call in a group (a collective:
-    every rank builds at the same call); closed when the process joins another group, which may put it on another
-    GPU, or when the shape changes."""
+    every rank builds at the same call); closed when the group is destroyed (the next group may put this process on
+    another GPU) or when the shape changes.
+
+    NOTES: it must hold no reference to the process group: a live group object keeps its TCP store listening on
+    the rendezvous port, and the runner's next group, whose rank 0 may be another process, then fails with
+    EADDRINUSE (seen on H200x4 with the fixed port the runner uses)."""
 
     def __init__(self, cfg, rank: int, world_size: int, device: torch.device):
         self.key = _state_key(cfg, rank, world_size, device)
-        self.group = dist.group.WORLD
         self.device, self.rank, self.world = device, rank, world_size
         self.slots = cfg.max_num_tokens * cfg.experts_per_token
         self.num_local_experts = cfg.num_experts // world_size
@@ -465,15 +468,30 @@ def _state_key(cfg, rank, world_size, device):
     return (rank, world_size, device, cfg.num_experts, cfg.experts_per_token, cfg.hidden_dim, cfg.max_num_tokens)
 
 
-def _get_state(cfg, rank: int, world_size: int, device: torch.device) -> P2PState:
+def _close_state() -> None:
     global _state
-    if _state is not None and (_state.group is not dist.group.WORLD
-                               or _state.key != _state_key(cfg, rank, world_size, device)):
+    if _state is not None:
         _state.close()
         _state = None
+
+
+def _get_state(cfg, rank: int, world_size: int, device: torch.device) -> P2PState:
+    global _state
+    if _state is not None and _state.key != _state_key(cfg, rank, world_size, device):
+        _close_state()
     if _state is None:
         _state = P2PState(cfg, rank, world_size, device)
     return _state
+
+
+def _destroy_process_group_and_heap(*args, **kwargs):
+    _close_state()
+    return _destroy_process_group(*args, **kwargs)
+
+
+# The runner reuses processes across groups: a group's heap must go with the group.
+_destroy_process_group = dist.destroy_process_group
+dist.destroy_process_group = _destroy_process_group_and_heap
 
 
 def custom_kernel(data: input_t) -> output_t:
