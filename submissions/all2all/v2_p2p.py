@@ -15,7 +15,11 @@ The device source is CUDA with a small portable prelude (the only place where AM
 hipifies it when `load_inline` runs on ROCm. KERNELS holds no torch headers (it is what `make check-device`
 compiles for sm_90, gfx940 and gfx90a); BINDING is the thin torch layer.
 """
+import ctypes
 import os
+import sys
+import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -113,6 +117,7 @@ struct A2AParams {
   int4* expert_meta;   // [local experts][capacity] (src rank, slot, token, k)
   int* recv_list;      // [world * slots] arrival index -> local expert * capacity + position
   int* recv_total;     // [1] rows received this call, written by dispatch-recv
+  uint64_t* report;    // mapped pinned host word: a wait that gave up writes give_up_record() here (host reads it)
   int num_tokens, topk, hidden, num_local_experts, rank, world, slots, capacity, epoch;
   int64_t timeout_ns;
 };
@@ -124,27 +129,32 @@ __device__ __forceinline__ T* on_rank(const A2AParams& p, int rank, int64_t offs
 
 __device__ __forceinline__ int lane_id() { return threadIdx.x % A2A_WARP_SIZE; }
 
-// Spin-waits give up after timeout_ns and say what they waited for, instead of hanging the GPU forever.
-__device__ void give_up(const A2AParams& p, const char* what, int peer, int slot, long long seen) {
-  if (lane_id() == 0)
-    printf("[a2a v2] rank %d: gave up after %lld ms waiting for %s from rank %d (slot %d, epoch %d, saw %lld)\n",
-           p.rank, (long long)(p.timeout_ns / 1000000), what, peer, slot, p.epoch, seen);
+// Spin-waits give up after timeout_ns instead of hanging the GPU: the warp stores one packed record of what it
+// waited for into mapped host memory (read by a host thread even after the trap kills the context), then traps.
+enum WaitKind { WAIT_COUNT = 1, WAIT_DISPATCHED_ROW = 2, WAIT_COMBINED_ROW = 3 };
+
+__device__ void give_up(const A2AParams& p, int kind, int peer, int slot) {
+  if (lane_id() == 0) {
+    // [63:60] kind | [59:52] peer | [51:28] slot + 1 | [27:0] epoch
+    const uint64_t record = ((uint64_t)kind << 60) | ((uint64_t)(peer & 0xff) << 52) |
+                            ((uint64_t)((slot + 1) & 0xffffff) << 28) | (uint64_t)(p.epoch & 0xfffffff);
+    store_release_sys(p.report, record);
+  }
   A2A_TRAP();
 }
 
-__device__ void wait_flag(const A2AParams& p, const int* flag, const char* what, int peer, int slot) {
-  int seen = load_acquire_sys(flag);
-  if (seen == p.epoch) return;
+__device__ void wait_flag(const A2AParams& p, const int* flag, int kind, int peer, int slot) {
+  if (load_acquire_sys(flag) == p.epoch) return;
   const uint64_t start = realtime_ns();
-  while ((seen = load_acquire_sys(flag)) != p.epoch)
-    if (realtime_ns() - start > (uint64_t)p.timeout_ns) give_up(p, what, peer, slot, seen);
+  while (load_acquire_sys(flag) != p.epoch)
+    if (realtime_ns() - start > (uint64_t)p.timeout_ns) give_up(p, kind, peer, slot);
 }
 
 __device__ int wait_count(const A2AParams& p, const uint64_t* word, int peer) {
   uint64_t seen = load_acquire_sys(word);
   const uint64_t start = realtime_ns();
   while ((int)(seen >> 32) != p.epoch) {
-    if (realtime_ns() - start > (uint64_t)p.timeout_ns) give_up(p, "the row count", peer, -1, (long long)(seen >> 32));
+    if (realtime_ns() - start > (uint64_t)p.timeout_ns) give_up(p, WAIT_COUNT, peer, -1);
     seen = load_acquire_sys(word);
   }
   return (int)(seen & 0xffffffffu);
@@ -221,7 +231,7 @@ __global__ void __launch_bounds__(A2A_THREADS) dispatch_recv(A2AParams p) {
     int src = 0, slot = arrival;
     while (slot >= counts[src]) slot -= counts[src++];
     const int64_t index = (int64_t)src * p.slots + slot;
-    wait_flag(p, on_rank<int>(p, p.rank, p.off_disp_flag) + index, "a dispatched row", src, slot);
+    wait_flag(p, on_rank<int>(p, p.rank, p.off_disp_flag) + index, WAIT_DISPATCHED_ROW, src, slot);
     const int4 meta = on_rank<int4>(p, p.rank, p.off_disp_meta)[index];
     const int local = meta.z - first_expert;
     int position = 0;
@@ -271,7 +281,7 @@ __global__ void __launch_bounds__(A2A_THREADS) combine_recv(A2AParams p) {
   for (int token = warp; token < p.num_tokens; token += num_warps) {
     for (int k = 0; k < p.topk; ++k) {
       const int pair = token * p.topk + k;
-      wait_flag(p, comb_flag + (int64_t)p.pair_dst[pair] * p.slots + p.pair_slot[pair], "a combined row",
+      wait_flag(p, comb_flag + (int64_t)p.pair_dst[pair] * p.slots + p.pair_slot[pair], WAIT_COMBINED_ROW,
                 p.pair_dst[pair], p.pair_slot[pair]);
     }
     for (int v = lane_id(); v < p.hidden / 8; v += A2A_WARP_SIZE) {
@@ -307,6 +317,13 @@ int heap_import(void** base, cudaIpcMemHandle_t handle) {
   return (int)cudaIpcOpenMemHandle(base, handle, cudaIpcMemLazyEnablePeerAccess);
 }
 int heap_unimport(void* base) { return (int)cudaIpcCloseMemHandle(base); }
+// One zeroed 64-bit word of pinned host memory, mapped for every device; *device is its address on the GPU.
+int report_alloc(uint64_t** host, uint64_t** device) {
+  cudaError_t err = cudaHostAlloc((void**)host, sizeof(uint64_t), cudaHostAllocMapped | cudaHostAllocPortable);
+  if (err != cudaSuccess) return (int)err;
+  **host = 0;
+  return (int)cudaHostGetDevicePointer((void**)device, *host, 0);
+}
 int heap_release(void* base) { return (int)cudaFree(base); }
 
 int launch_all2all(const A2AParams& p, int grid, cudaStream_t stream) {
@@ -351,14 +368,22 @@ int64_t heap_open(torch::Tensor handle_bytes) {
   return reinterpret_cast<int64_t>(base);
 }
 
+// Returns (host address, device address) of the give-up report word.
+std::vector<int64_t> report_create() {
+  uint64_t *host = nullptr, *device = nullptr;
+  check(report_alloc(&host, &device), "allocating the give-up report");
+  return {reinterpret_cast<int64_t>(host), reinterpret_cast<int64_t>(device)};
+}
+
 // Teardown reports its error code instead of raising: a peer of a finished group may already have freed its heap.
 int64_t heap_close(int64_t base) { return heap_unimport(reinterpret_cast<void*>(base)); }
 int64_t heap_free(int64_t base) { return heap_release(reinterpret_cast<void*>(base)); }
 
 void all2all(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, torch::Tensor out,
              torch::Tensor heap_bases, std::vector<int64_t> offsets, torch::Tensor scratch, torch::Tensor expert_x,
-             torch::Tensor expert_meta, std::vector<int64_t> dims, int64_t grid) {
+             torch::Tensor expert_meta, std::vector<int64_t> dims, int64_t grid, int64_t report) {
   A2AParams p;
+  p.report = reinterpret_cast<uint64_t*>(report);
   p.x = reinterpret_cast<const __half*>(x.data_ptr());
   p.indices = indices.data_ptr<int>();
   p.weights = weights.data_ptr<float>();
@@ -392,7 +417,8 @@ int64_t heap_close(int64_t base);
 int64_t heap_free(int64_t base);
 void all2all(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, torch::Tensor out,
              torch::Tensor heap_bases, std::vector<int64_t> offsets, torch::Tensor scratch, torch::Tensor expert_x,
-             torch::Tensor expert_meta, std::vector<int64_t> dims, int64_t grid);
+             torch::Tensor expert_meta, std::vector<int64_t> dims, int64_t grid, int64_t report);
+std::vector<int64_t> report_create();
 """
 
 # Built at import, so the evaluator builds it once before any case.
@@ -400,12 +426,36 @@ _ext = load_inline(
     name="a2a_v2_p2p",
     cpp_sources=CPP_DECLS,
     cuda_sources=[KERNELS, BINDING],
-    functions=["heap_create", "heap_handle", "heap_open", "heap_close", "heap_free", "all2all"],
+    functions=["heap_create", "heap_handle", "heap_open", "heap_close", "heap_free", "all2all", "report_create"],
     extra_cuda_cflags=["-O3"] + ([] if torch.version.hip else ["-arch=sm_90"]),
     verbose=False,
 )
 
 SPIN_TIMEOUT_NS = int(float(os.environ.get("A2A_SPIN_TIMEOUT_S", "10")) * 1e9)
+WAIT_KINDS = {1: "the row count", 2: "a dispatched row", 3: "a combined row"}
+
+
+class GiveUpReport:
+    """The mapped host word a kernel writes when a spin-wait gives up, and a daemon thread that prints it at once
+    (the kernel then traps, and the rank's next CUDA call fails)."""
+
+    def __init__(self):
+        self.host, self.device = _ext.report_create()
+        self.rank = -1
+        self.word = ctypes.c_uint64.from_address(self.host)
+        threading.Thread(target=self._watch, name="a2a-give-up-report", daemon=True).start()
+
+    def _watch(self):
+        while not self.word.value:
+            time.sleep(0.02)
+        record = self.word.value
+        kind, peer, slot, epoch = record >> 60, (record >> 52) & 0xFF, ((record >> 28) & 0xFFFFFF) - 1, record & 0xFFFFFFF
+        where = "" if slot < 0 else f", slot {slot}"
+        print(f"[a2a v2] rank {self.rank}: gave up after {SPIN_TIMEOUT_NS // 1_000_000} ms waiting for "
+              f"{WAIT_KINDS.get(kind, kind)} from rank {peer}{where} (call {epoch})", file=sys.stderr, flush=True)
+
+
+_report = None
 ALIGN = 256
 
 
@@ -499,11 +549,15 @@ def custom_kernel(data: input_t) -> output_t:
     x = rank_data.x.contiguous()
     if cfg.hidden_dim % 8:
         raise ValueError(f"v2 moves rows in 16-byte pieces: hidden_dim must be a multiple of 8, not {cfg.hidden_dim}")
+    global _report
+    if _report is None:
+        _report = GiveUpReport()
+    _report.rank = rank
     state = _get_state(cfg, rank, world_size, x.device)
     state.epoch += 1
     out = torch.empty(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=x.device)
     dims = [rank_data.num_tokens, cfg.experts_per_token, cfg.hidden_dim, state.num_local_experts, rank, world_size,
             state.slots, state.capacity, state.epoch, SPIN_TIMEOUT_NS]
     _ext.all2all(x, rank_data.indices.contiguous(), rank_data.weights.contiguous(), out, state.heap_bases,
-                 state.offsets, state.scratch, state.expert_x, state.expert_meta, dims, state.grid)
+                 state.offsets, state.scratch, state.expert_x, state.expert_meta, dims, state.grid, _report.device)
     return out
