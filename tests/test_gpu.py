@@ -146,26 +146,22 @@ def _v2_peer_never_comes(rank, world_size, spec):
     dist.barrier()
     if rank == 0:
         started = time.monotonic()
-        try:
-            v2.custom_kernel(data)
-            torch.cuda.synchronize()
-        except RuntimeError as error:
-            return f"raised after {time.monotonic() - started:.1f} s: {error}"
-        return "no error"
+        v2.custom_kernel(data)
+        torch.cuda.synchronize()
+        elapsed = time.monotonic() - started
+        time.sleep(0.5)  # the report thread polls every 20 ms
+        return elapsed
     time.sleep(8)
-    return "idle"
+    return 0.0
 
 
 def test_v2_spin_wait_gives_up_and_says_what_it_waited_for(capfd, monkeypatch):
-    from launch import LaunchError
-
+    """Rank 1 skips a call: rank 0's kernels give up after the 2 s spin timeout instead of hanging, and rank 0
+    says what it waited for."""
     monkeypatch.setenv("A2A_SPIN_TIMEOUT_S", "2")
     spec = dict(num_experts=8, experts_per_token=2, hidden_dim=256, max_num_tokens=8, seed=3)
-    try:
-        results = parallel_launch(2, _v2_peer_never_comes, spec, backend="nccl", timeout_s=120)
-        assert results[0].startswith("raised after"), results
-    except LaunchError:
-        pass  # a trapped kernel may also break the rank's teardown; the message below is what matters
+    elapsed, _ = parallel_launch(2, _v2_peer_never_comes, spec, backend="nccl", timeout_s=120)
+    assert 2.0 <= elapsed < 8.0
     printed = capfd.readouterr()
     text = printed.out + printed.err
-    assert "[a2a v2] rank 0: gave up after 2000 ms waiting for" in text, text[-3000:]
+    assert "[a2a v2] rank 0: gave up after 2000 ms waiting for the row count from rank 1" in text, text[-3000:]

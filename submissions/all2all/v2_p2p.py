@@ -53,7 +53,6 @@ __device__ __forceinline__ void store_release_sys(uint64_t* p, uint64_t v) {
 }
 // s_memrealtime runs at a constant 100 MHz on MI300X.
 __device__ __forceinline__ uint64_t realtime_ns() { return __builtin_amdgcn_s_memrealtime() * 10ull; }
-#define A2A_TRAP() abort()
 // Remotely accessed memory is fine-grained on AMD: coherent across devices, so peers' stores are seen.
 static inline cudaError_t alloc_remote_buffer(void** ptr, size_t bytes) {
   return hipExtMallocWithFlags(ptr, bytes, hipDeviceMallocFinegrained);
@@ -85,7 +84,6 @@ __device__ __forceinline__ uint64_t realtime_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-#define A2A_TRAP() __trap()
 static inline cudaError_t alloc_remote_buffer(void** ptr, size_t bytes) { return cudaMalloc(ptr, bytes); }
 #endif
 // ---------------------------------------------------------------------------------------------------------------
@@ -117,7 +115,9 @@ struct A2AParams {
   int4* expert_meta;   // [local experts][capacity] (src rank, slot, token, k)
   int* recv_list;      // [world * slots] arrival index -> local expert * capacity + position
   int* recv_total;     // [1] rows received this call, written by dispatch-recv
-  uint64_t* report;    // mapped pinned host word: a wait that gave up writes give_up_record() here (host reads it)
+  uint64_t* report;    // mapped pinned host word: the first wait that gives up writes its record here
+  int* abandon;        // [1] local; NOTES: set once by the first wait that gives up, never reset: every later wait
+                       // of this group returns at once (the group's data is no longer trustworthy)
   int num_tokens, topk, hidden, num_local_experts, rank, world, slots, capacity, epoch;
   int64_t timeout_ns;
 };
@@ -129,32 +129,41 @@ __device__ __forceinline__ T* on_rank(const A2AParams& p, int rank, int64_t offs
 
 __device__ __forceinline__ int lane_id() { return threadIdx.x % A2A_WARP_SIZE; }
 
-// Spin-waits give up after timeout_ns instead of hanging the GPU: the warp stores one packed record of what it
-// waited for into mapped host memory (read by a host thread even after the trap kills the context), then traps.
+// Spin-waits give up after timeout_ns instead of hanging the GPU. The first one to give up raises `abandon` and
+// stores one packed record of what it waited for into mapped host memory, where a host thread reads it; every
+// other wait then returns at once, the kernels finish (with wrong data) and the context stays usable.
 enum WaitKind { WAIT_COUNT = 1, WAIT_DISPATCHED_ROW = 2, WAIT_COMBINED_ROW = 3 };
 
+__device__ bool abandoned(const A2AParams& p) { return *(volatile int*)p.abandon != 0; }
+
 __device__ void give_up(const A2AParams& p, int kind, int peer, int slot) {
-  if (lane_id() == 0) {
+  if (lane_id() == 0 && atomicExch(p.abandon, 1) == 0) {
     // [63:60] kind | [59:52] peer | [51:28] slot + 1 | [27:0] epoch
     const uint64_t record = ((uint64_t)kind << 60) | ((uint64_t)(peer & 0xff) << 52) |
                             ((uint64_t)((slot + 1) & 0xffffff) << 28) | (uint64_t)(p.epoch & 0xfffffff);
     store_release_sys(p.report, record);
+    __threadfence_system();
   }
-  A2A_TRAP();
 }
 
 __device__ void wait_flag(const A2AParams& p, const int* flag, int kind, int peer, int slot) {
   if (load_acquire_sys(flag) == p.epoch) return;
   const uint64_t start = realtime_ns();
-  while (load_acquire_sys(flag) != p.epoch)
-    if (realtime_ns() - start > (uint64_t)p.timeout_ns) give_up(p, kind, peer, slot);
+  while (load_acquire_sys(flag) != p.epoch) {
+    if (abandoned(p)) return;
+    if (realtime_ns() - start > (uint64_t)p.timeout_ns) return give_up(p, kind, peer, slot);
+  }
 }
 
 __device__ int wait_count(const A2AParams& p, const uint64_t* word, int peer) {
   uint64_t seen = load_acquire_sys(word);
   const uint64_t start = realtime_ns();
   while ((int)(seen >> 32) != p.epoch) {
-    if (realtime_ns() - start > (uint64_t)p.timeout_ns) give_up(p, WAIT_COUNT, peer, -1);
+    if (abandoned(p)) return 0;
+    if (realtime_ns() - start > (uint64_t)p.timeout_ns) {
+      give_up(p, WAIT_COUNT, peer, -1);
+      return 0;
+    }
     seen = load_acquire_sys(word);
   }
   return (int)(seen & 0xffffffffu);
@@ -394,7 +403,7 @@ void all2all(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, torc
   p.num_tokens = dims[0]; p.topk = dims[1]; p.hidden = dims[2]; p.num_local_experts = dims[3]; p.rank = dims[4];
   p.world = dims[5]; p.slots = dims[6]; p.capacity = dims[7]; p.epoch = dims[8]; p.timeout_ns = dims[9];
   // scratch (int32): send_counter[world] | blocks_done[1] | recv_total[1] | expert_count[local] | pair_slot[slots]
-  //                  | pair_dst[slots] | recv_list[world * slots]
+  //                  | pair_dst[slots] | abandon[1] | recv_list[world * slots]
   int* s = scratch.data_ptr<int>();
   p.send_counter = s; s += p.world;
   p.blocks_done = s; s += 1;
@@ -402,6 +411,7 @@ void all2all(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, torc
   p.expert_count = s; s += p.num_local_experts;
   p.pair_slot = s; s += p.slots;
   p.pair_dst = s; s += p.slots;
+  p.abandon = s; s += 1;
   p.recv_list = s;
   p.expert_x = reinterpret_cast<__half*>(expert_x.data_ptr());
   p.expert_meta = reinterpret_cast<int4*>(expert_meta.data_ptr());
@@ -436,8 +446,8 @@ WAIT_KINDS = {1: "the row count", 2: "a dispatched row", 3: "a combined row"}
 
 
 class GiveUpReport:
-    """The mapped host word a kernel writes when a spin-wait gives up, and a daemon thread that prints it at once
-    (the kernel then traps, and the rank's next CUDA call fails)."""
+    """The mapped host word a kernel writes when a spin-wait gives up, and a daemon thread that prints it at once.
+    The kernels themselves finish (with wrong data, which the check then reports)."""
 
     def __init__(self):
         self.host, self.device = _ext.report_create()
@@ -493,7 +503,7 @@ class P2PState:
         self.peers = {r: _ext.heap_open(handles[r]) for r in range(world_size) if r != rank}
         bases = [self.base if r == rank else self.peers[r] for r in range(world_size)]
         self.heap_bases = torch.tensor(bases, dtype=torch.int64, device=device)
-        self.scratch = torch.zeros(world_size + 2 + self.num_local_experts + 2 * self.slots + region,
+        self.scratch = torch.zeros(world_size + 2 + self.num_local_experts + 2 * self.slots + 1 + region,
                                    dtype=torch.int32, device=device)
         self.expert_x = torch.empty(self.num_local_experts * self.capacity, cfg.hidden_dim, dtype=torch.float16,
                                     device=device)
