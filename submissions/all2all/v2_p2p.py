@@ -136,8 +136,9 @@ enum WaitKind { WAIT_COUNT = 1, WAIT_DISPATCHED_ROW = 2, WAIT_COMBINED_ROW = 3 }
 
 __device__ bool abandoned(const A2AParams& p) { return *(volatile int*)p.abandon != 0; }
 
-__device__ void give_up(const A2AParams& p, int kind, int peer, int slot) {
-  if (lane_id() == 0 && atomicExch(p.abandon, 1) == 0) {
+// `leader`: the one thread of the waiting group (a warp's lane 0, or a lone thread) that records.
+__device__ void give_up(const A2AParams& p, bool leader, int kind, int peer, int slot) {
+  if (leader && atomicExch(p.abandon, 1) == 0) {
     // [63:60] kind | [59:52] peer | [51:28] slot + 1 | [27:0] epoch
     const uint64_t record = ((uint64_t)kind << 60) | ((uint64_t)(peer & 0xff) << 52) |
                             ((uint64_t)((slot + 1) & 0xffffff) << 28) | (uint64_t)(p.epoch & 0xfffffff);
@@ -151,17 +152,18 @@ __device__ void wait_flag(const A2AParams& p, const int* flag, int kind, int pee
   const uint64_t start = realtime_ns();
   while (load_acquire_sys(flag) != p.epoch) {
     if (abandoned(p)) return;
-    if (realtime_ns() - start > (uint64_t)p.timeout_ns) return give_up(p, kind, peer, slot);
+    if (realtime_ns() - start > (uint64_t)p.timeout_ns) return give_up(p, lane_id() == 0, kind, peer, slot);
   }
 }
 
+// Waited on by single threads (one per source rank).
 __device__ int wait_count(const A2AParams& p, const uint64_t* word, int peer) {
   uint64_t seen = load_acquire_sys(word);
   const uint64_t start = realtime_ns();
   while ((int)(seen >> 32) != p.epoch) {
     if (abandoned(p)) return 0;
     if (realtime_ns() - start > (uint64_t)p.timeout_ns) {
-      give_up(p, WAIT_COUNT, peer, -1);
+      give_up(p, true, WAIT_COUNT, peer, -1);
       return 0;
     }
     seen = load_acquire_sys(word);
