@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import math
 import multiprocessing
 import os
@@ -135,12 +136,15 @@ def calculate_stats(durations: list[float]) -> Stats:
                  worst=float(max(durations)))
 
 
+@functools.lru_cache(maxsize=None)
 def _backend() -> str:
+    """Fixed for a process's life: workers inherit A2A_BACKEND when they start."""
     import torch
 
     return os.environ.get("A2A_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
 
 
+@functools.lru_cache(maxsize=None)
 def _on_gpu() -> bool:
     import torch
 
@@ -383,7 +387,12 @@ def _rank_profile(test: TestCase, rank: int):
     return True, prof.events()
 
 
-_RANK_JOBS = {"test": _rank_test, "benchmark": _rank_benchmark, "profile": _rank_profile}
+def _rank_call(test: TestCase, rank: int, fn, args: tuple):
+    """Any picklable fn(rank, world_size, *args): what launch.parallel_launch runs."""
+    return True, fn(rank, test.args["world_size"], *args)
+
+
+_RANK_JOBS = {"test": _rank_test, "benchmark": _rank_benchmark, "profile": _rank_profile, "call": _rank_call}
 
 
 # What a pool worker is doing, kept in shared memory so the watchdog can say where a stuck rank is.
