@@ -624,12 +624,17 @@ def validate_cases(tests: list[TestCase], pool_size: int, backend: str, gpus: in
                             f"use --world-size {gpus} or --backend gloo")
 
 
+def builds_device_code(source: str) -> bool:
+    """A submission that builds device code with load_inline: built once before any case, GPU-only."""
+    return "load_inline" in source
+
+
 def build_submission(folder: Path) -> None:
     """Imports the submission once, in a separate process, before any case: a load_inline build happens here,
     once, outside the per-case timeouts, and the pool's ranks then load it from the extension cache. Also
     reports an import error or a missing custom_kernel as one line."""
-    source = (folder / "submission.py").read_text()
-    if "load_inline" in source:
+    compiles = builds_device_code((folder / "submission.py").read_text())
+    if compiles:
         print("compiling submission extensions (once, before any case; ranks load the cached build) ...",
               file=sys.stderr, flush=True)
     probe = ("import sys, submission\n"
@@ -645,7 +650,7 @@ def build_submission(folder: Path) -> None:
     if done.returncode != 0:
         last = [line for line in done.stderr.strip().splitlines() if line.strip()][-1:] or ["(no message)"]
         raise UserError(f"importing submission.py failed: {last[0].strip()}")
-    if "load_inline" in source:
+    if compiles:
         print(f"compiled in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
 
 
@@ -763,11 +768,10 @@ def submission_problem(path: Path) -> Optional[str]:
 
 
 def needs_gpu(path: Path) -> bool:
-    """A version that builds device code (load_inline) runs on GPUs only."""
-    return "load_inline" in path.read_text()
+    return builds_device_code(path.read_text())
 
 
-def stage(version: Path, folder: Path, task_path: Path = TASK_YML, cases: Optional[dict] = None) -> Path:
+def stage(version: Path, folder: Path, task_path: Path = TASK_YML) -> Path:
     """Writes the leaderboard bundle for `version` into `folder`: the files task.yml lists (submission.py,
     task.py, utils.py, reference.py, eval.py), plus tests.txt and benchmarks.txt, the test files the runner
     makes from task.yml and passes to eval.py."""
@@ -781,12 +785,11 @@ def stage(version: Path, folder: Path, task_path: Path = TASK_YML, cases: Option
             raise UserError(f"{task_path}: file '{entry['source']}' for {entry['name']} does not exist")
         shutil.copyfile(source, folder / entry["name"])
     for section in ("tests", "benchmarks"):
-        lines = (cases or {}).get(section) or [spec_line(case) for case in task[section]]
-        (folder / f"{section}.txt").write_text("\n".join(lines) + "\n")
+        (folder / f"{section}.txt").write_text("\n".join(spec_line(case) for case in task[section]) + "\n")
     return folder
 
 
-def select_cases(task: dict, selector: str, mode: str) -> list[str]:
+def select_cases(task: dict, selector: str) -> list[str]:
     """`tests`, `benchmarks`, `tests:0,3`, `benchmarks:4`, or a file of spec lines."""
     section, _, picks = selector.partition(":")
     if section in ("tests", "benchmarks"):
@@ -825,7 +828,7 @@ class EvalResult:
     exit_code: int
     keys: dict
     cases: list  # one dict per case: index, spec, status, error, and timing fields in microseconds
-    stderr_tail: str
+    stderr: str
 
 
 def parse_popcorn(text: str) -> dict:
@@ -904,7 +907,7 @@ def evaluate(version: str, mode: str, cases: str = "", world_size: Optional[int]
         raise UserError(f"{path.stem} builds GPU code (load_inline) and cannot run on gloo/CPU")
     task = load_task(task_path)
     selector = cases or ("tests" if mode == "test" else "benchmarks")
-    lines = [with_world_size(line, world_size) for line in select_cases(task, selector, mode)]
+    lines = [with_world_size(line, world_size) for line in select_cases(task, selector)]
     validate_cases(get_test_cases("\n".join(lines), None), world_size, backend, machine_gpus())
     with tempfile.TemporaryDirectory(prefix=f"a2a-{path.stem}-") as tmp:
         bundle = stage(path, Path(tmp), task_path)
@@ -918,10 +921,10 @@ def evaluate(version: str, mode: str, cases: str = "", world_size: Optional[int]
             env["A2A_TIMEOUT"] = str(timeout_s)
         progress(f"{mode} {path.stem}: {len(lines)} case(s), world size {world_size}, backend {backend}"
                  + ("" if backend == "nccl" else " (CPU: timings are CPU timings)"))
-        exit_code, output, stderr_tail = _run_protocol(bundle, mode, env, progress, len(lines))
+        exit_code, output, stderr = run_protocol(bundle, mode, "cases.txt", env, progress)
     keys = parse_popcorn(output)
     return EvalResult(version=path.stem, mode=mode, world_size=world_size, backend=backend, exit_code=exit_code,
-                      keys=keys, cases=_cases_from_keys(keys, mode), stderr_tail=stderr_tail)
+                      keys=keys, cases=_cases_from_keys(keys, mode), stderr=stderr)
 
 
 def _free_port() -> int:
@@ -932,15 +935,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _run_protocol(bundle: Path, mode: str, env: dict, progress, n_cases: int) -> tuple[int, str, str]:
-    """Runs `eval.py MODE cases.txt` in the bundle, reading POPCORN_FD live for progress lines. The child runs
-    in its own session and its whole process group is killed on the way out, so no rank outlives the run."""
+def run_protocol(bundle: Path, mode: str, test_file: str, env: dict, progress=None) -> tuple[int, str, str]:
+    """Runs a bundle's `eval.py MODE TEST_FILE` as the leaderboard runner does (POPCORN_FD is a pipe) and returns
+    (exit code, the POPCORN output, stderr). With `progress`, reports each case as its result arrives. The child
+    runs in its own session and its whole process group is killed on the way out, so no rank outlives the run."""
     import threading
 
+    n_cases = len([line for line in (bundle / test_file).read_text().splitlines() if line.strip()]) \
+        if (bundle / test_file).is_file() else 0
     read_fd, write_fd = os.pipe()
-    env["POPCORN_FD"] = str(write_fd)
+    env = dict(env, POPCORN_FD=str(write_fd))
     stderr_lines: list[str] = []
-    child = subprocess.Popen([sys.executable, "eval.py", mode, "cases.txt"], cwd=bundle, env=env,
+    child = subprocess.Popen([sys.executable, "eval.py", mode, test_file], cwd=bundle, env=env,
                              pass_fds=(write_fd,), stdout=sys.stdout, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)
     os.close(write_fd)
@@ -958,8 +964,8 @@ def _run_protocol(bundle: Path, mode: str, env: dict, progress, n_cases: int) ->
         with os.fdopen(read_fd) as results:
             for line in results:
                 output.append(line)
-                matched = re.match(r"^(test|benchmark)\.(\d+)\.(status|mean|error): ?(.*)$", line)
-                if matched and matched[3] != "error":
+                matched = re.match(r"^(test|benchmark)\.(\d+)\.(status|mean): ?(.*)$", line)
+                if matched and progress:
                     status = matched[4] if matched[3] == "status" else f"mean {float(matched[4]) / 1e3:.1f} us"
                     progress(f"  [{int(matched[2]) + 1}/{n_cases}] {status} "
                              f"({time.monotonic() - started:.0f} s elapsed)")
@@ -971,7 +977,17 @@ def _run_protocol(bundle: Path, mode: str, env: dict, progress, n_cases: int) ->
             pass
         child.wait()
         pump.join(timeout=5)
-    return exit_code, "".join(output), "".join(stderr_lines[-20:])
+    return exit_code, "".join(output), "".join(stderr_lines)
+
+
+def geomean(values) -> float:
+    """Geometric mean of the positive values (NaN when there are none)."""
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def shape_label(num_experts: int, experts_per_token: int, hidden_dim: int, max_num_tokens: int, **_) -> str:
+    return f"E={num_experts} k={experts_per_token} H={hidden_dim} T={max_num_tokens}"
 
 
 def render(result: EvalResult) -> str:
@@ -985,15 +1001,13 @@ def render(result: EvalResult) -> str:
     unit = "" if result.backend == "nccl" else " [CPU]"
     rows = []
     for c in result.cases:
-        args = parse_test_line(c["spec"])
-        shape = f"E={args['num_experts']} k={args['experts_per_token']} H={args['hidden_dim']} T={args['max_num_tokens']}"
-        rows.append([c["index"], shape, c["status"], c.get("runs", ""), c.get("mean_us"), c.get("best_us"),
+        rows.append([c["index"], shape_label(**parse_test_line(c["spec"])), c["status"], c.get("runs", ""), c.get("mean_us"), c.get("best_us"),
                      c.get("device_mean_us"), c.get("floor_mean_us"), c["error"].replace("\n", " | ")[:200]])
     headers = ["#", "shape", "status", "runs", f"mean µs{unit}", "best µs", "device µs", "floor µs", "error"]
     table = tabulate(rows, headers=headers, tablefmt="github", floatfmt=".1f")
     means = [c["mean_us"] for c in result.cases if c.get("mean_us")]
     if len(means) == len(result.cases) and means:
-        table += f"\ngeomean of means: {math.exp(sum(map(math.log, means)) / len(means)):.1f} µs{unit}"
+        table += f"\ngeomean of means: {geomean(means):.1f} µs{unit}"
     return table
 
 

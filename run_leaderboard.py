@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import re
@@ -42,11 +41,6 @@ def speed_of_light(task: dict) -> dict:
 def published_by_version() -> dict:
     steps = yaml.safe_load(PUBLISHED.read_text())["blog_series"]["steps"]
     return {s["version"]: (s["step"], s["us"]) for s in steps if "version" in s}
-
-
-def geomean(values) -> float:
-    values = [v for v in values if v and v > 0]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
 def commit() -> str:
@@ -102,9 +96,8 @@ def tables(df: pd.DataFrame, meta: dict, task: dict) -> str:
     published = published_by_version()
     versions = list(dict.fromkeys(df["version"]))
     cpu = meta["backend"] == "gloo"
-    df = df.assign(shape=[f"E={e} k={k} H={h} T={t}" for e, k, h, t in
-                          zip(df.num_experts, df.experts_per_token, df.hidden_dim, df.max_num_tokens)])
-    shape_sol = {f"E={e} k={k} H={h} T={t}": us for (e, k, h, t), us in sol.items()}
+    df = df.assign(shape=[harness.shape_label(**row) for row in df[list(harness.SPEC_KEYS)].to_dict("records")])
+    shape_sol = {harness.shape_label(*dims): us for dims, us in sol.items()}
     per_shape = df.pivot_table(index="shape", columns="version", values="mean_us", sort=False)[versions]
     per_shape["floor µs"] = df.groupby("shape", sort=False)["floor_mean_us"].median()
     per_shape["SoL MI300X µs (given)"] = [shape_sol.get(s) for s in per_shape.index]
@@ -118,16 +111,16 @@ def tables(df: pd.DataFrame, meta: dict, task: dict) -> str:
     for version in versions:
         rows = df[df.version == version]
         ok = (rows.status == "pass").all()
-        gm = geomean(rows.mean_us) if ok else float("nan")
+        gm = harness.geomean(rows.mean_us) if ok else float("nan")
         first = gm if first is None else first
         step, pub = published.get(version.split("_")[0], ("", None))
-        summary.append({"version": version, f"geomean {unit}": gm, f"device geomean {unit}": geomean(rows.device_mean_us),
-                        f"floor geomean {unit}": geomean(rows.floor_mean_us), "speedup vs first": first / gm,
+        summary.append({"version": version, f"geomean {unit}": gm, f"device geomean {unit}": harness.geomean(rows.device_mean_us),
+                        f"floor geomean {unit}": harness.geomean(rows.floor_mean_us), "speedup vs first": first / gm,
                         "published MI300X µs (blog step)": f"{pub} ({step})" if pub else "",
                         "all pass": "yes" if ok else "no"})
     out += ["", "Per version (geometric means over the shapes run):", "",
             tabulate(summary, headers="keys", tablefmt="github", floatfmt=".2f")]
-    out += ["", f"SoL geomean (MI300X, given with the task): {geomean(sol.values()):.1f} µs. Published figures are "
+    out += ["", f"SoL geomean (MI300X, given with the task): {harness.geomean(sol.values()):.1f} µs. Published figures are "
             "8x MI300X leaderboard numbers, not measured here."]
     out += meta["skipped"]
     return "\n".join(out)

@@ -27,21 +27,16 @@ def run_eval(*args: str, timeout: float = 600, env: dict | None = None) -> subpr
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def run_bundle(bundle: Path, mode: str, test_file: str, extra_env: dict | None = None,
-               timeout: float = 600) -> tuple[int, str, str]:
-    """Runs a staged bundle's eval.py as the leaderboard runner does; returns (exit code, POPCORN output, stderr)."""
-    read_fd, write_fd = os.pipe()
-    env = {**os.environ, "POPCORN_FD": str(write_fd), "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo", **(extra_env or {})}
+def run_bundle(bundle: Path, mode: str, test_file: str, extra_env: dict | None = None) -> tuple[int, str, str]:
+    """Runs a staged bundle's eval.py as the leaderboard runner does (gloo, 2 ranks, no human-face extras unless
+    extra_env asks); returns (exit code, POPCORN output, stderr)."""
+    import eval as harness
+
+    env = {**os.environ, "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo", **(extra_env or {})}
     for key in ("A2A_EXTRA", "A2A_RANK_PREFIX"):
         if key not in (extra_env or {}):
             env.pop(key, None)
-    child = subprocess.Popen([sys.executable, "eval.py", mode, test_file], cwd=bundle, env=env, pass_fds=(write_fd,),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    os.close(write_fd)
-    with os.fdopen(read_fd) as results:
-        output = results.read()
-    _, stderr = child.communicate(timeout=timeout)
-    return child.returncode, output, stderr
+    return harness.run_protocol(bundle, mode, test_file, env)
 
 
 @pytest.fixture

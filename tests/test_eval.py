@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eval import parse_popcorn
+from eval import needs_gpu, parse_popcorn
 from tests.conftest import ROOT, run_bundle, run_eval
 
 SMALL_LINE = "num_experts: 8; experts_per_token: 2; hidden_dim: 256; max_num_tokens: 12; seed: {seed}; world_size: 2"
@@ -167,7 +167,7 @@ def test_every_version_is_self_contained(version, tmp_path):
     assert path.read_text().startswith("#!POPCORN leaderboard amd-all2all")
     staged = run_eval("stage", path.stem, str(tmp_path / "b"))
     assert staged.returncode == 0, staged.stderr
-    if "load_inline" in path.read_text():
+    if needs_gpu(path):
         pytest.skip(f"{version} builds GPU code; its staged bundle runs in tests/test_gpu.py")
     (tmp_path / "b" / "two.txt").write_text("\n".join(SMALL_LINE.format(seed=s) for s in (8, 9)) + "\n")
     code, output, stderr = run_bundle(tmp_path / "b", "test", "two.txt")

@@ -486,7 +486,7 @@ class P2PState:
 
     def __init__(self, cfg, rank: int, world_size: int, device: torch.device):
         self.key = _state_key(cfg, rank, world_size, device)
-        self.device, self.rank, self.world = device, rank, world_size
+        self.device = device
         self.slots = cfg.max_num_tokens * cfg.experts_per_token
         self.num_local_experts = cfg.num_experts // world_size
         self.capacity = cfg.max_num_tokens * world_size  # a source token reaches an expert at most once
