@@ -1,29 +1,33 @@
 #!/usr/bin/env python3
-"""The all2all evaluator: one core, two faces.
+"""The all2all evaluator's protocol core: the file a leaderboard bundle runs as eval.py.
 
-Protocol face (what the leaderboard runs; this file is the bundle's eval.py):
     POPCORN_FD=3 [POPCORN_SEED=S] [POPCORN_GPUS=N] python eval.py test|benchmark|leaderboard|profile TESTFILE
-  It imports `reference`, `utils`, `task` and `submission` from its own folder, writes `key: value` lines to the
-  file descriptor POPCORN_FD and exits 112 when a check fails. Keys, timing steps and stop rules are those of the
-  official runner.
 
-Human face (run from the repository):
-    python eval.py test|benchmark|leaderboard|profile VERSION [--world-size N] [--cases tests|benchmarks|...]
-                   [--seed S] [--backend nccl|gloo] [--timeout S]
-    python eval.py stage VERSION DIR
-  It stages VERSION as a leaderboard bundle, runs the protocol face on it, and prints a table. Beside the
-  leaderboard-style time it reports a device-side time and the harness floor (see README, "How numbers are timed").
+It imports `reference`, `utils`, `task` and `submission` from its own folder, writes `key: value` lines to the file
+descriptor POPCORN_FD and exits 112 when a check fails. Keys, timing steps and stop rules are those of the official
+runner. Run from the repository without POPCORN_FD, it hands over to the human face (`a2a/harness.py`: check, time,
+stage, trace a version).
 
-Additions over the official runner, none of which changes its output for a working submission: a build step that
-imports the submission once before any case (so load_inline compiles once, outside the timeouts); a watchdog that
-kills the ranks of a case that runs past its timeout and rebuilds the pool; clear one-line errors for bad input;
-CPU runs on gloo. Options the human face passes to the protocol face travel as A2A_* environment variables.
+Additions over the official runner, none of which changes its output for a working submission:
+- the submission is imported once in a separate process before any case (a load_inline build happens once, outside
+  the per-case timeouts);
+- a watchdog kills the ranks of a case that runs past its timeout, names where each rank was, and rebuilds the pool;
+- the failing rank's own error is reported first and whole; errors its peers hit because of it are marked follow-on;
+- the check compares against a copy of the input taken before the call (a submission that edits its input cannot
+  make the check agree with a wrong answer);
+- SIGTERM, SIGHUP and SIGINT end the whole process tree (ranks and whatever a submission started); ranks die with
+  this process;
+- bad input gets one line and a non-zero exit; CPU runs on gloo.
+The human face passes its options as A2A_* environment variables, read once in `protocol_main`: A2A_BACKEND,
+A2A_EXTRA (device-side time and harness floor), A2A_RANK_PREFIX, A2A_TIMEOUT, A2A_RENDEZVOUS=private (ranks join a
+store this process holds on a port the OS gave it, instead of the runner's fixed port).
 """
 from __future__ import annotations
 
 import base64
+import copy
+import ctypes
 import dataclasses
-import functools
 import math
 import multiprocessing
 import os
@@ -33,20 +37,22 @@ import subprocess
 import sys
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 HERE = Path(__file__).resolve().parent
 MODES = ("test", "benchmark", "leaderboard", "profile")
 EXIT_CHECK_FAILED = 112
 EXIT_BAD_TEST_FILE = 113
 EXIT_USAGE = 2
+SPEC_KEYS = ("num_experts", "experts_per_token", "hidden_dim", "max_num_tokens", "seed", "world_size")
 
 # Per-case timeouts of the official runner (seconds); A2A_TIMEOUT replaces them.
 OFFICIAL_TIMEOUT_S = {"test": 60, "benchmark": 180, "leaderboard": 180, "profile": 120}
 # After one rank of a case has failed, how long the others get to return before the watchdog kills them.
 FAILED_PEER_GRACE_S = 10.0
-DEFAULT_MASTER_PORT = 12356
+DEFAULT_MASTER_PORT = 12356  # the runner's fixed rendezvous port
 BUILD_TIMEOUT_S = 900
 
 # NVLink multicast stays off on every machine this runs on (it can take a shared host's GPUs down).
@@ -58,8 +64,91 @@ class UserError(Exception):
     """Bad input: reported as one line, non-zero exit, no traceback."""
 
 
+class Terminated(BaseException):
+    """Raised in the main thread by SIGTERM, SIGHUP or SIGINT so that every `finally` runs and the tree is ended."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+def _raise_terminated(signum, _frame):
+    # The clean-up that follows must not be cut short by a second signal (seen: a second SIGTERM while the pool was
+    # being killed left a submission's child behind).
+    for other in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(other, signal.SIG_IGN)
+    raise Terminated(signum)
+
+
+def install_signal_handlers() -> None:
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, _raise_terminated)
+
+
 # --------------------------------------------------------------------------------------------------------------
-# Protocol core
+# Process trees (Linux): ranks die with their parent, and nothing a submission starts outlives the run.
+# --------------------------------------------------------------------------------------------------------------
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the signal handlers and kill_tree still clean up
+        pass
+
+
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """The kernel sends `signum` to this process when its parent dies."""
+    _prctl(_PR_SET_PDEATHSIG, signum)
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants (a submission's children whose rank died) are re-parented here, not to init, so that
+    kill_tree still finds them."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def kill_tree(pid: int, include_root: bool = True) -> None:
+    """SIGKILLs every descendant of `pid` (and `pid` itself when include_root) and reaps the descendants that were
+    re-parented to this process. The root is left for its owner to reap (multiprocessing joins its workers)."""
+    below = descendants(pid)
+    for victim in below + ([pid] if include_root else []):
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for victim in below:
+        try:
+            os.waitpid(victim, 0)
+        except ChildProcessError:
+            pass
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Test files
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -118,11 +207,16 @@ def parse_test_line(line: str) -> dict:
     return case
 
 
+def spec_line(case: dict) -> str:
+    """The runner's test line for a case (SPEC_KEYS order)."""
+    return "; ".join(f"{key}: {case[key]}" for key in SPEC_KEYS)
+
+
 def get_test_cases(text: str, seed: Optional[int]) -> list[TestCase]:
     tests = [TestCase(args=parse_test_line(line), spec=line) for line in text.splitlines()]
     if seed is not None:
         for test in tests:
-            if "seed" in test.args:
+            if isinstance(test.args.get("seed"), int):
                 test.args["seed"] = cantor_combine(test.args["seed"], seed)
     return tests
 
@@ -136,19 +230,78 @@ def calculate_stats(durations: list[float]) -> Stats:
                  worst=float(max(durations)))
 
 
-@functools.lru_cache(maxsize=None)
-def _backend() -> str:
-    """Fixed for a process's life: workers inherit A2A_BACKEND when they start."""
-    import torch
-
-    return os.environ.get("A2A_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
+# Smallest value of each field for which a case can run.
+CASE_MINIMUM = {"num_experts": 1, "experts_per_token": 1, "hidden_dim": 1, "max_num_tokens": 2, "world_size": 1}
 
 
-@functools.lru_cache(maxsize=None)
+def case_problem(args: dict) -> Optional[str]:
+    """None when the case's fields can make a run, else what is wrong (one line, no test prefix)."""
+    missing = [key for key in SPEC_KEYS if key not in args]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    for key in SPEC_KEYS:
+        if not isinstance(args[key], int):
+            return f"{key} must be an integer, not '{args[key]}'"
+    for key, minimum in CASE_MINIMUM.items():
+        if args[key] < minimum:
+            why = " (token counts are drawn from [1, max_num_tokens))" if key == "max_num_tokens" else ""
+            return f"{key} must be at least {minimum}, not {args[key]}{why}"
+    if args["experts_per_token"] > args["num_experts"]:
+        return f"experts_per_token ({args['experts_per_token']}) must not exceed num_experts ({args['num_experts']})"
+    if args["num_experts"] % args["world_size"]:
+        return f"{args['num_experts']} experts cannot be split evenly over {args['world_size']} ranks"
+    return None
+
+
+def validate_cases(tests: list[TestCase], pool_size: int, backend: str, gpus: int) -> None:
+    """Rejects cases no run could finish: raises UserError with one line."""
+    if not tests:
+        raise UserError("there are no test cases to run")
+    for test in tests:
+        problem = case_problem(test.args)
+        if problem:
+            raise UserError(f"test '{test.spec}': {problem}")
+        ws = test.args["world_size"]
+        if ws > pool_size:
+            raise UserError(f"test '{test.spec}' needs {ws} ranks but the pool has {pool_size} "
+                            f"(POPCORN_GPUS={pool_size})")
+        if backend != "gloo" and ws > gpus:
+            raise UserError(f"test '{test.spec}' needs {ws} ranks but this machine has {gpus} GPU(s); "
+                            f"use --world-size {gpus} or --backend gloo")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Rank side: what a pool worker runs for one rank of one case
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RankSetup:
+    """How a rank joins its case's process group. With `store_port`, it joins as a client of the store the pool's
+    owner holds for the whole run (one key prefix per case); otherwise rank 0 hosts the rendezvous on
+    `master_port` (env://), as the official runner does."""
+    backend: str
+    store_port: Optional[int] = None
+    master_port: int = DEFAULT_MASTER_PORT
+    rank_prefix: bool = False
+
+
+@dataclasses.dataclass
+class RankFailure:
+    """Why a rank failed. `follow_on`: it failed because a peer did first (a collective lost its peer, a shared
+    check failed), so the report puts it after the cause."""
+    message: str
+    follow_on: bool = False
+    at: float = dataclasses.field(default_factory=time.time)
+
+
+_setup: Optional[RankSetup] = None
+
+
 def _on_gpu() -> bool:
     import torch
 
-    return _backend() != "gloo" and torch.cuda.is_available()
+    return _setup is not None and _setup.backend != "gloo" and torch.cuda.is_available()
 
 
 def _synchronize():
@@ -176,6 +329,12 @@ def _clone_data(data, rank: int):
     return data
 
 
+def _snapshot(data):
+    """A deep copy of a case's input taken before the submission sees it: the check runs against this, so a
+    submission that writes into `rank_data` cannot change what it is checked against."""
+    return copy.deepcopy(data)
+
+
 class _RankPrefix:
     """Line-prefixing wrapper for a worker's stdout/stderr (`[rank3] ...`), human face only."""
 
@@ -199,22 +358,30 @@ class _RankPrefix:
         return getattr(self.stream, name)
 
 
-def _join_group(rank: int, world_size: int):
+def _join_group(rank: int, world_size: int, setup: RankSetup, case_id: int):
     import torch
     import torch.distributed as dist
 
-    if os.environ.get("A2A_RANK_PREFIX") and not isinstance(sys.stdout, _RankPrefix):
-        sys.stdout = _RankPrefix(sys.stdout, f"[rank{rank}] ")
-        sys.stderr = _RankPrefix(sys.stderr, f"[rank{rank}] ")
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = os.environ.get("A2A_MASTER_PORT", str(DEFAULT_MASTER_PORT))
-    backend = _backend()
-    if backend == "gloo":
-        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size)
+    if setup.rank_prefix:
+        if not isinstance(sys.stdout, _RankPrefix):
+            sys.stdout, sys.stderr = _RankPrefix(sys.stdout, ""), _RankPrefix(sys.stderr, "")
+        sys.stdout.prefix = sys.stderr.prefix = f"[rank{rank}] "
+    if setup.store_port is not None:
+        client = dist.TCPStore("127.0.0.1", setup.store_port, is_master=False, timeout=timedelta(seconds=120))
+        rendezvous = {"store": dist.PrefixStore(f"case{case_id}/", client)}
+    else:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(setup.master_port)
+        rendezvous = {"init_method": "env://"}
+    if setup.backend == "gloo":
+        # CPU runs: ranks share the cores instead of each running a full thread pool over all of them (measured on
+        # 2 cores, 2 ranks: the same code timed against itself spread 0.66-1.31x with full pools, 0.82-1.08x so).
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, **rendezvous)
     else:
         torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
-                                device_id=torch.device(f"cuda:{rank}"))
+        dist.init_process_group(setup.backend, rank=rank, world_size=world_size,
+                                device_id=torch.device(f"cuda:{rank}"), **rendezvous)
 
 
 def _leave_group():
@@ -224,27 +391,39 @@ def _leave_group():
         dist.destroy_process_group()
 
 
-def _describe_exception(exc: BaseException) -> str:
-    """One line: exception type, message and the innermost frame of the submission, if any."""
+# What a peer's failure looks like from a rank that was waiting on it in a collective.
+_FOLLOW_ON = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|NCCL communicator|"
+                        r"ProcessGroup(Gloo|NCCL)|gloo/transport|another rank failed", re.IGNORECASE)
+
+
+def _failure_from_exception(exc: BaseException) -> RankFailure:
+    """The exception type, its whole message on one line and the innermost frame of the submission, if any."""
+    import torch.distributed as dist
+
     frames = traceback.extract_tb(exc.__traceback__)
     where = next((f for f in reversed(frames) if f.filename.endswith("submission.py")), frames[-1] if frames else None)
     location = f" (at {Path(where.filename).name}:{where.lineno})" if where else ""
-    message = " ".join(str(exc).split())[:400]
-    return f"{type(exc).__name__}: {message}{location}"
+    message = " ".join(str(exc).split())
+    follow_on = isinstance(exc, getattr(dist, "DistError", ())) or bool(_FOLLOW_ON.search(message))
+    return RankFailure(f"{type(exc).__name__}: {message}{location}", follow_on=follow_on)
 
 
-def _rank_entry(job: str, test: TestCase, rank: int, params: dict):
-    """Runs one rank of one case in a pool worker. Returns (ok, value): value is a message, Stats or a report."""
+def _rank_entry(job: str, test: TestCase, rank: int, params: dict, setup: RankSetup, case_id: int):
+    """Runs one rank of one case in a pool worker. Returns (True, value) or (False, RankFailure)."""
+    global _setup
+    _setup = setup
     try:
         _set_phase("joining the process group")
-        _join_group(rank, test.args["world_size"])
+        _join_group(rank, test.args["world_size"], setup, case_id)
         try:
-            _set_phase("generating input")
-            return _RANK_JOBS[job](test, rank, **params)
+            ok, value = _RANK_JOBS[job](test, rank, **params)
         finally:
             _leave_group()
+        if not ok and not isinstance(value, RankFailure):
+            value = RankFailure(str(value))
+        return ok, value
     except BaseException as exc:  # reported to the parent, which owns the exit status
-        return False, _describe_exception(exc)
+        return False, _failure_from_exception(exc)
 
 
 def _all_ok(ok: bool, rank: int) -> bool:
@@ -257,17 +436,53 @@ def _all_ok(ok: bool, rank: int) -> bool:
     return flag.item() == 0
 
 
+def timed_step(call: Optional[Callable], data, rank: int, device_clock: bool = False):
+    """One leaderboard-style step, the same code for a case and for the harness floor (`call` None): clear the L2,
+    synchronize, barrier, start the host clock, clone the input, call, synchronize, barrier, stop. Returns
+    (host ns, output, device ns). The host time is the official number on rank 0. With `device_clock`, the device
+    time is taken around the call alone: CUDA events on a GPU run, this rank's host clock on a CPU run."""
+    import torch
+    import torch.distributed as dist
+    from utils import clear_l2_cache
+
+    clear_l2_cache()
+    _synchronize()
+    dist.barrier()
+    start = time.perf_counter_ns()
+    cloned = _clone_data(data, rank)
+    output = device_ns = None
+    if call is not None and device_clock and _on_gpu():
+        events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        events[0].record()
+        output = call(cloned)
+        events[1].record()
+    elif call is not None and device_clock:
+        call_start = time.perf_counter_ns()
+        output = call(cloned)
+        device_ns = time.perf_counter_ns() - call_start
+    elif call is not None:
+        output = call(cloned)
+    _synchronize()
+    dist.barrier()
+    host_ns = time.perf_counter_ns() - start
+    if call is not None and device_clock and _on_gpu():
+        device_ns = events[0].elapsed_time(events[1]) * 1e6
+    return host_ns, output, device_ns
+
+
 def _rank_test(test: TestCase, rank: int):
     from reference import check_implementation, generate_input
     from submission import custom_kernel
 
+    _set_phase("generating input")
     data = generate_input(**test.args, rank=rank)
+    unchanged = _snapshot(data)
     _synchronize()
     _set_phase("in custom_kernel")
     output = custom_kernel(_clone_data(data, rank))
     _synchronize()
     _set_phase("checking the output")
-    return check_implementation(data, output)
+    return check_implementation(unchanged, output)
 
 
 def _rank_benchmark(test: TestCase, rank: int, recheck: bool, max_repeats: int, max_time_ns: float, extra: bool):
@@ -275,63 +490,38 @@ def _rank_benchmark(test: TestCase, rank: int, recheck: bool, max_repeats: int, 
     import torch.distributed as dist
     from reference import check_implementation, generate_input
     from submission import custom_kernel
-    from utils import clear_l2_cache
 
-    on_gpu = _on_gpu()
-    device = f"cuda:{rank}" if on_gpu else "cpu"
+    device = f"cuda:{rank}" if _on_gpu() else "cpu"
+    _set_phase("generating input")
     data = generate_input(**test.args, rank=rank)
-    check_copy = _clone_data(data, rank)
+    unchanged = _snapshot(data)
     _set_phase("in custom_kernel")
     output = custom_kernel(_clone_data(data, rank))
     _set_phase("checking the output")
-    good, message = check_implementation(check_copy, output)
+    good, message = check_implementation(unchanged, output)
     if not _all_ok(good, rank):
-        return False, message or "another rank failed its check"
+        return False, RankFailure(message) if not good else RankFailure("another rank failed its check", True)
 
     durations, device_durations = [], []
-    start_event = end_event = None
-    if on_gpu and extra:
-        start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     _set_phase("in the timing loop")
     bm_start = time.perf_counter_ns()
-    iterations = 0
     for i in range(max_repeats):
-        iterations += 1
         error_message = None
         if recheck:
             test.args["seed"] += 13
             data = generate_input(**test.args, rank=rank)
-            check_copy = _clone_data(data, rank)
-        clear_l2_cache()
-        _synchronize()
-        dist.barrier()
-        if rank == 0:
-            start_time = time.perf_counter_ns()
-        cloned = _clone_data(data, rank)
-        if extra and on_gpu:
-            start_event.record()
-            output = custom_kernel(cloned)
-            end_event.record()
-        elif extra:
-            rank_start = time.perf_counter_ns()
-            output = custom_kernel(cloned)
-            device_durations.append(time.perf_counter_ns() - rank_start)
-        else:
-            output = custom_kernel(cloned)
-        _synchronize()
-        dist.barrier()
-        if rank == 0:
-            durations.append(time.perf_counter_ns() - start_time)
-        if extra and on_gpu:
-            device_durations.append(start_event.elapsed_time(end_event) * 1e6)
+            unchanged = _snapshot(data)
+        host_ns, output, device_ns = timed_step(custom_kernel, data, rank, device_clock=extra)
+        durations.append(host_ns)
+        device_durations.append(device_ns)
         if recheck:
-            good, message = check_implementation(check_copy, output)
+            good, message = check_implementation(unchanged, output)
             if not good:
                 error_message = message
         del output
         if not _all_ok(error_message is None, rank):
-            return False, error_message or "another rank failed its check"
-
+            return False, RankFailure(error_message) if error_message else RankFailure("another rank failed its "
+                                                                                       "check", True)
         should_stop = False
         if rank == 0 and i > 1:
             stats = calculate_stats(durations)
@@ -348,27 +538,9 @@ def _rank_benchmark(test: TestCase, rank: int, recheck: bool, max_repeats: int, 
         per_rank = torch.tensor(device_durations, dtype=torch.float64, device=device)
         dist.all_reduce(per_rank, op=dist.ReduceOp.MAX)
         result["device"] = calculate_stats(per_rank.tolist())
-        result["floor"] = _harness_floor(data, rank, iterations)
+        floor = [timed_step(None, data, rank)[0] for _ in range(max(len(durations), 10))]
+        result["floor"] = calculate_stats(floor) if rank == 0 else None
     return True, result
-
-
-def _harness_floor(data, rank: int, runs: int) -> Optional[Stats]:
-    """The leaderboard-style timing of an empty step (L2 clear, sync, barrier, clone, sync, barrier): the part
-    of every leaderboard-style number that is not the submission."""
-    import torch.distributed as dist
-    from utils import clear_l2_cache
-
-    durations = []
-    for _ in range(max(runs, 10)):
-        clear_l2_cache()
-        _synchronize()
-        dist.barrier()
-        start = time.perf_counter_ns()
-        _clone_data(data, rank)
-        _synchronize()
-        dist.barrier()
-        durations.append(time.perf_counter_ns() - start)
-    return calculate_stats(durations) if rank == 0 else None
 
 
 def _rank_profile(test: TestCase, rank: int):
@@ -377,6 +549,7 @@ def _rank_profile(test: TestCase, rank: int):
     from reference import generate_input
     from submission import custom_kernel
 
+    _set_phase("generating input")
     data = _clone_data(generate_input(**test.args, rank=rank), rank)
     _synchronize()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _on_gpu() else [])
@@ -389,6 +562,7 @@ def _rank_profile(test: TestCase, rank: int):
 
 def _rank_call(test: TestCase, rank: int, fn, args: tuple):
     """Any picklable fn(rank, world_size, *args): what launch.parallel_launch runs."""
+    _set_phase("in the launched function")
     return True, fn(rank, test.args["world_size"], *args)
 
 
@@ -397,7 +571,7 @@ _RANK_JOBS = {"test": _rank_test, "benchmark": _rank_benchmark, "profile": _rank
 
 # What a pool worker is doing, kept in shared memory so the watchdog can say where a stuck rank is.
 PHASES = ("idle", "joining the process group", "generating input", "in custom_kernel", "checking the output",
-          "in the timing loop", "profiling")
+          "in the timing loop", "profiling", "in the launched function")
 _phase_slot = None
 
 
@@ -406,9 +580,12 @@ def _set_phase(name: str) -> None:
         _phase_slot.value = PHASES.index(name)
 
 
-def _worker_loop(conn, phase_slot) -> None:
-    """A pool worker: runs one rank of a case per message until it gets None."""
+def _worker_loop(conn, phase_slot, parent_pid: int) -> None:
+    """A pool worker: runs one rank of a case per message until it gets None. Dies with the pool's owner."""
     global _phase_slot
+    die_with_parent()
+    if os.getppid() != parent_pid:  # the owner died before the line above took effect
+        os._exit(1)
     _phase_slot = phase_slot
     while True:
         message = conn.recv()
@@ -419,33 +596,67 @@ def _worker_loop(conn, phase_slot) -> None:
         conn.send(result)
 
 
+def _death_message(exitcode: Optional[int]) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"rank process died (exit code {exitcode}, {signal.Signals(-exitcode).name})"
+        except ValueError:
+            pass
+    return f"rank process died (exit code {exitcode})"
+
+
 class RankPool:
     """Processes reused across cases, like the official runner's spawn pool, with a watchdog.
 
     As on the leaderboard, a process does not keep its rank: worker (rank + case number) % size runs `rank`, so
     per-process GPU state must be rebuilt for every process group. A case that runs past its timeout has its
-    workers killed (SIGKILL), the ranks that did not return are named, and fresh workers take their place. Each
-    worker talks over its own pipe, so a killed worker leaves no lock held."""
+    workers killed (SIGKILL, with whatever they started), the ranks that did not return are named, and fresh
+    workers take their place. Each worker talks over its own pipe, so a killed worker leaves no lock held.
 
-    def __init__(self, size: int):
+    `master_port` None: this process holds a TCP store on a port the OS gave it for the pool's whole life and the
+    ranks of case n join it as clients under the prefix `case<n>/`, so no port is ever bound twice. A port number:
+    rank 0 of every case hosts the rendezvous there (the runner's way); after a watchdog kill the next port is
+    used, since the killed rank 0 may leave it in TIME_WAIT."""
+
+    def __init__(self, size: int, backend: str, master_port: Optional[int] = None, rank_prefix: bool = False):
         self.context = multiprocessing.get_context("spawn")
+        self.backend, self.rank_prefix = backend, rank_prefix
+        self.store = self.master_port = None
+        if master_port is None:
+            import torch.distributed as dist
+
+            self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        else:
+            self.master_port = master_port
         self.workers = [self._start() for _ in range(size)]
         self.cases_run = 0
+
+    def _setup(self) -> RankSetup:
+        if self.store is not None:
+            return RankSetup(self.backend, store_port=self.store.port, rank_prefix=self.rank_prefix)
+        return RankSetup(self.backend, master_port=self.master_port, rank_prefix=self.rank_prefix)
 
     def _start(self):
         parent_end, child_end = self.context.Pipe()
         phase = self.context.RawValue("i", 0)
-        process = self.context.Process(target=_worker_loop, args=(child_end, phase), daemon=True)
+        process = self.context.Process(target=_worker_loop, args=(child_end, phase, os.getpid()), daemon=True)
         process.start()
         child_end.close()
         return process, parent_end, phase
 
+    def _where(self, slot: int, test: TestCase) -> str:
+        phase = PHASES[self.workers[slot][2].value]
+        return f"in {test.spec}" if phase == "in the launched function" else phase
+
     def run(self, job: str, test: TestCase, timeout_s: float, params: Optional[dict] = None) -> list:
+        """Runs `job` on every rank of `test`; returns one (ok, value) per rank, value a RankFailure when not ok."""
         world_size = test.args["world_size"]
         slots = [(rank + self.cases_run) % len(self.workers) for rank in range(world_size)]
+        case_id = self.cases_run
         self.cases_run += 1
+        setup = self._setup()
         for rank, slot in enumerate(slots):
-            self.workers[slot][1].send((job, test, rank, params or {}))
+            self.workers[slot][1].send((job, test, rank, params or {}, setup, case_id))
         results: dict = {}
         deadline = time.monotonic() + timeout_s
         while len(results) < world_size:
@@ -456,20 +667,27 @@ class RankPool:
                 if conn.poll():
                     try:
                         results[rank] = conn.recv()
-                    except EOFError:
-                        results[rank] = (False, f"rank process died (exit code {process.exitcode})")
+                    except EOFError:  # the pipe closes before the dying process is reaped: wait for its code
+                        process.join(timeout=5)
+                        results[rank] = (False, RankFailure(_death_message(process.exitcode)))
                 elif not process.is_alive():
-                    results[rank] = (False, f"rank process died (exit code {process.exitcode})")
-            if any(not ok for ok, _ in results.values()):
+                    results[rank] = (False, RankFailure(_death_message(process.exitcode)))
+            failed = [rank for rank, (ok, _) in results.items() if not ok]
+            if failed:
                 deadline = min(deadline, time.monotonic() + FAILED_PEER_GRACE_S)
             if len(results) < world_size and time.monotonic() > deadline:
                 missing = [rank for rank in range(world_size) if rank not in results]
-                where = ", ".join(f"rank {rank} {PHASES[self.workers[slots[rank]][2].value]}" for rank in missing)
-                note = (f"watchdog: case '{test.spec}' did not finish in {timeout_s:g} s; "
-                        f"rank(s) {', '.join(map(str, missing))} did not return and were killed ({where})")
-                print(note, file=sys.stderr, flush=True)
+                where = ", ".join(f"rank {rank} {self._where(slots[rank], test)}" for rank in missing)
+                if failed:
+                    failure = RankFailure(f"did not return within {FAILED_PEER_GRACE_S:g} s after rank(s) "
+                                          f"{', '.join(map(str, failed))} failed; killed ({where})", follow_on=True)
+                else:
+                    failure = RankFailure(f"watchdog: case '{test.spec}' did not finish in {timeout_s:g} s; "
+                                          f"rank(s) {', '.join(map(str, missing))} did not return and were killed "
+                                          f"({where})")
+                    print(failure.message, file=sys.stderr, flush=True)
                 self._replace(slots)
-                return [results.get(rank, (False, note)) for rank in range(world_size)]
+                return [results.get(rank, (False, failure)) for rank in range(world_size)]
             time.sleep(0.002)
         dead = [slot for slot in slots if not self.workers[slot][0].is_alive()]
         if dead:
@@ -479,16 +697,17 @@ class RankPool:
     def _replace(self, slots: list[int]) -> None:
         for slot in slots:
             process, conn, _ = self.workers[slot]
-            if process.is_alive():
-                os.kill(process.pid, signal.SIGKILL)
+            kill_tree(process.pid, include_root=process.is_alive())
             process.join()
             conn.close()
             self.workers[slot] = self._start()
-        # A killed rank 0 may leave its rendezvous port in TIME_WAIT: later groups use the next port.
-        os.environ["A2A_MASTER_PORT"] = str(int(os.environ.get("A2A_MASTER_PORT", DEFAULT_MASTER_PORT)) + 1)
+        if self.master_port is not None:
+            self.master_port += 1
 
     def shutdown(self) -> None:
-        for _, conn, _ in self.workers:
+        """Ends what the submission started in each worker, then lets the workers exit (SIGKILL after 10 s)."""
+        for process, conn, _ in self.workers:
+            kill_tree(process.pid, include_root=False)
             try:
                 conn.send(None)
             except OSError:
@@ -496,42 +715,88 @@ class RankPool:
         for process, conn, _ in self.workers:
             process.join(timeout=10)
             if process.is_alive():
-                os.kill(process.pid, signal.SIGKILL)
+                kill_tree(process.pid)
                 process.join()
             conn.close()
 
+    def kill(self) -> None:
+        """Ends every worker and everything below it at once (a signal or an error)."""
+        for process, conn, _ in self.workers:
+            kill_tree(process.pid, include_root=process.is_alive())
+            process.join()
+            conn.close()
+        self.workers = []
 
-def _case_timeout(mode: str) -> float:
-    return float(os.environ.get("A2A_TIMEOUT") or OFFICIAL_TIMEOUT_S[mode])
+
+# --------------------------------------------------------------------------------------------------------------
+# Protocol modes
+# --------------------------------------------------------------------------------------------------------------
+
+FOLLOW_ON_SUMMARY_CHARS = 160
 
 
-def _rank_failures(results: list) -> str:
-    return "\n".join(f"rank {rank} - {value}" for rank, (ok, value) in enumerate(results) if not ok)
+def rank_failures(results: list) -> str:
+    """The failing ranks' own errors first, whole, in the order they happened; then, summarised, what their peers
+    hit because of them."""
+    failures = [(rank, value) for rank, (ok, value) in enumerate(results) if not ok]
+    causes = sorted((f for f in failures if not f[1].follow_on), key=lambda f: f[1].at)
+    follow_ons = sorted((f for f in failures if f[1].follow_on), key=lambda f: f[1].at)
+    if not causes:
+        causes, follow_ons = follow_ons, []
+    lines = [f"rank {rank} - {failure.message}" for rank, failure in causes]
+    if follow_ons:
+        summary = "; ".join(f"rank {rank}: {failure.message[:FOLLOW_ON_SUMMARY_CHARS]}"
+                            + ("..." if len(failure.message) > FOLLOW_ON_SUMMARY_CHARS else "")
+                            for rank, failure in follow_ons)
+        lines.append(f"follow-on (after the failure above): {summary}")
+    return "\n".join(lines)
 
 
-def run_testing(logger: PopcornOutput, pool: RankPool, tests: list[TestCase]) -> int:
+@dataclasses.dataclass
+class ProtocolOptions:
+    """What the human face asks of the protocol face (A2A_* variables, read once)."""
+    backend: str
+    extra: bool
+    rank_prefix: bool
+    private_rendezvous: bool
+    timeout_s: Optional[float]
+
+    @classmethod
+    def from_environment(cls) -> "ProtocolOptions":
+        import torch
+
+        timeout = os.environ.get("A2A_TIMEOUT")
+        return cls(backend=os.environ.get("A2A_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo"),
+                   extra=bool(os.environ.get("A2A_EXTRA")), rank_prefix=bool(os.environ.get("A2A_RANK_PREFIX")),
+                   private_rendezvous=os.environ.get("A2A_RENDEZVOUS") == "private",
+                   timeout_s=float(timeout) if timeout else None)
+
+    def case_timeout(self, mode: str) -> float:
+        return self.timeout_s or OFFICIAL_TIMEOUT_S[mode]
+
+
+def run_testing(logger: PopcornOutput, pool: RankPool, tests: list[TestCase], options: ProtocolOptions) -> int:
     passed = True
     logger.log("test-count", len(tests))
     for idx, test in enumerate(tests):
         logger.log(f"test.{idx}.spec", test.spec)
-        results = pool.run("test", test, _case_timeout("test"))
+        results = pool.run("test", test, options.case_timeout("test"))
         if all(ok for ok, _ in results):
             logger.log(f"test.{idx}.status", "pass")
         else:
             passed = False
             logger.log(f"test.{idx}.status", "fail")
-            logger.log(f"test.{idx}.error", _rank_failures(results))
+            logger.log(f"test.{idx}.error", rank_failures(results))
     logger.log("check", "pass" if passed else "fail")
     return 0 if passed else EXIT_CHECK_FAILED
 
 
 def run_single_benchmark(pool: RankPool, test: TestCase, recheck: bool, max_repeats: int, max_time_ns: float,
-                         mode: str):
-    extra = bool(os.environ.get("A2A_EXTRA"))
-    params = dict(recheck=recheck, max_repeats=max_repeats, max_time_ns=max_time_ns, extra=extra)
-    results = pool.run("benchmark", test, _case_timeout(mode), params)
+                         mode: str, options: ProtocolOptions):
+    params = dict(recheck=recheck, max_repeats=max_repeats, max_time_ns=max_time_ns, extra=options.extra)
+    results = pool.run("benchmark", test, options.case_timeout(mode), params)
     if not all(ok for ok, _ in results):
-        return _rank_failures(results)
+        return rank_failures(results)
     return results[0][1]
 
 
@@ -544,19 +809,20 @@ def _log_benchmark(logger: PopcornOutput, idx: int, result) -> bool:
         logger.log(f"benchmark.{idx}.{field.name}", getattr(result["stats"], field.name))
     for kind in ("device", "floor"):
         if result.get(kind) is not None:
-            for field in ("runs", "mean", "std", "best", "worst"):
+            for field in ("runs", "mean", "best"):
                 logger.log(f"benchmark.{idx}.{kind}_{field}", getattr(result[kind], field))
     return True
 
 
-def run_benchmarking(logger: PopcornOutput, pool: RankPool, tests: list[TestCase], mode: str) -> int:
+def run_benchmarking(logger: PopcornOutput, pool: RankPool, tests: list[TestCase], mode: str,
+                     options: ProtocolOptions) -> int:
     recheck, max_time_ns, warmup_time_ns = (True, 30e9, 1e7) if mode == "leaderboard" else (False, 10e9, 10e7)
-    run_single_benchmark(pool, tests[0], False, 100, warmup_time_ns, mode)
+    run_single_benchmark(pool, tests[0], False, 100, warmup_time_ns, mode, options)
     logger.log("benchmark-count", len(tests))
     passed = True
     for idx, test in enumerate(tests):
         logger.log(f"benchmark.{idx}.spec", test.spec)
-        result = run_single_benchmark(pool, test, recheck, 100, max_time_ns, mode)
+        result = run_single_benchmark(pool, test, recheck, 100, max_time_ns, mode, options)
         passed = _log_benchmark(logger, idx, result) and passed
         if not passed and mode == "leaderboard":
             break
@@ -581,47 +847,22 @@ def _combine_traces(traces: list) -> Any:
     return averaged
 
 
-def run_profiling(logger: PopcornOutput, pool: RankPool, tests: list[TestCase]) -> int:
+def run_profiling(logger: PopcornOutput, pool: RankPool, tests: list[TestCase], options: ProtocolOptions) -> int:
     passed = True
     logger.log("benchmark-count", len(tests))
     for idx, test in enumerate(tests):
         logger.log(f"benchmark.{idx}.spec", test.spec)
-        results = pool.run("profile", test, _case_timeout("profile"))
+        results = pool.run("profile", test, options.case_timeout("profile"))
         if not all(ok for ok, _ in results):
             passed = False
             logger.log(f"benchmark.{idx}.status", "fail")
-            logger.log(f"benchmark.{idx}.error", _rank_failures(results))
+            logger.log(f"benchmark.{idx}.error", rank_failures(results))
             continue
-        sort_key = "self_cuda_time_total" if _on_gpu() else "self_cpu_time_total"
+        sort_key = "self_cuda_time_total" if options.backend != "gloo" else "self_cpu_time_total"
         report = _combine_traces([events for _, events in results]).table(sort_by=sort_key, row_limit=20)
         logger.log(f"benchmark.{idx}.report", base64.b64encode(report.encode("utf-8"), b"+*").decode("utf-8"))
     logger.log("check", "pass" if passed else "fail")
     return 0 if passed else EXIT_CHECK_FAILED
-
-
-def validate_cases(tests: list[TestCase], pool_size: int, backend: str, gpus: int) -> None:
-    """Rejects cases no run could finish: raises UserError with one line."""
-    for test in tests:
-        args = test.args
-        missing = [k for k in ("num_experts", "experts_per_token", "hidden_dim", "max_num_tokens", "seed",
-                               "world_size") if k not in args]
-        if missing:
-            raise UserError(f"test '{test.spec}' lacks {', '.join(missing)}")
-        ws = args["world_size"]
-        if ws < 1 or args["num_experts"] % ws:
-            raise UserError(f"test '{test.spec}': {args['num_experts']} experts cannot be split evenly over "
-                            f"{ws} ranks")
-        if args["max_num_tokens"] < 2:
-            raise UserError(f"test '{test.spec}': max_num_tokens must be at least 2 (token counts are drawn "
-                            f"from [1, max_num_tokens))")
-        if not 0 < args["experts_per_token"] <= args["num_experts"]:
-            raise UserError(f"test '{test.spec}': experts_per_token must be in 1..num_experts")
-        if ws > pool_size:
-            raise UserError(f"test '{test.spec}' needs {ws} ranks but the pool has {pool_size} "
-                            f"(POPCORN_GPUS={pool_size})")
-        if backend != "gloo" and ws > gpus:
-            raise UserError(f"test '{test.spec}' needs {ws} ranks but this machine has {gpus} GPU(s); "
-                            f"use --world-size {gpus} or --backend gloo")
 
 
 def builds_device_code(source: str) -> bool:
@@ -629,27 +870,27 @@ def builds_device_code(source: str) -> bool:
     return "load_inline" in source
 
 
-def build_submission(folder: Path) -> None:
-    """Imports the submission once, in a separate process, before any case: a load_inline build happens here,
-    once, outside the per-case timeouts, and the pool's ranks then load it from the extension cache. Also
-    reports an import error or a missing custom_kernel as one line."""
-    compiles = builds_device_code((folder / "submission.py").read_text())
+def import_once(folder: Path, module: str = "submission", env: Optional[dict] = None,
+                compiles: bool = False) -> None:
+    """Imports `module` from `folder` in a separate process: a load_inline build happens there, once, and later
+    processes load it from the extension cache. Reports an import error or a missing custom_kernel as one line."""
     if compiles:
-        print("compiling submission extensions (once, before any case; ranks load the cached build) ...",
+        print(f"compiling {module} extensions (once, before any case; ranks load the cached build) ...",
               file=sys.stderr, flush=True)
-    probe = ("import sys, submission\n"
-             "sys.exit(0 if callable(getattr(submission, 'custom_kernel', None)) else 3)\n")
+    probe = (f"import sys, {module}\n"
+             f"sys.exit(0 if callable(getattr({module}, 'custom_kernel', None)) else 3)\n")
     started = time.monotonic()
     try:
         done = subprocess.run([sys.executable, "-c", probe], cwd=folder, capture_output=True, text=True,
-                              timeout=float(os.environ.get("A2A_BUILD_TIMEOUT", BUILD_TIMEOUT_S)))
+                              timeout=float(os.environ.get("A2A_BUILD_TIMEOUT", BUILD_TIMEOUT_S)),
+                              env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired:
-        raise UserError("importing submission.py (and building its extensions) did not finish in time")
+        raise UserError(f"importing {module}.py (and building its extensions) did not finish in time")
     if done.returncode == 3:
-        raise UserError("submission.py defines no custom_kernel(data)")
+        raise UserError(f"{module}.py defines no custom_kernel(data)")
     if done.returncode != 0:
         last = [line for line in done.stderr.strip().splitlines() if line.strip()][-1:] or ["(no message)"]
-        raise UserError(f"importing submission.py failed: {last[0].strip()}")
+        raise UserError(f"importing {module}.py failed: {last[0].strip()}")
     if compiles:
         print(f"compiled in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
 
@@ -662,8 +903,12 @@ def protocol_main() -> int:
     mode, test_file = sys.argv[1], sys.argv[2]
     seed = os.getenv("POPCORN_SEED")
     os.unsetenv("POPCORN_SEED")
-    seed = int(seed) if seed else None
-    n_gpus = int(os.getenv("POPCORN_GPUS", "1"))
+    try:
+        seed = int(seed) if seed else None
+        n_gpus = int(os.getenv("POPCORN_GPUS", "1"))
+    except ValueError:
+        print("POPCORN_SEED and POPCORN_GPUS must be integers", file=sys.stderr)
+        return EXIT_USAGE
     try:
         text = Path(test_file).read_text()
     except OSError as exc:
@@ -674,384 +919,51 @@ def protocol_main() -> int:
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return EXIT_BAD_TEST_FILE
+    if not tests:
+        print(f"test file `{test_file}` holds no test cases", file=sys.stderr)
+        return EXIT_BAD_TEST_FILE
     import torch
     from utils import set_seed
 
+    install_signal_handlers()
+    become_subreaper()
     set_seed(seed or 42)
+    options = ProtocolOptions.from_environment()
+    pool = None
     try:
-        validate_cases(tests, n_gpus, _backend(), torch.cuda.device_count())
-        build_submission(HERE)
+        validate_cases(tests, n_gpus, options.backend, torch.cuda.device_count())
+        submission = HERE / "submission.py"
+        import_once(HERE, compiles=submission.is_file() and builds_device_code(submission.read_text()))
+        with PopcornOutput(int(os.environ["POPCORN_FD"])) as logger:
+            pool = RankPool(n_gpus, options.backend, None if options.private_rendezvous else DEFAULT_MASTER_PORT,
+                            options.rank_prefix)
+            if mode == "test":
+                code = run_testing(logger, pool, tests, options)
+            elif mode == "profile":
+                code = run_profiling(logger, pool, tests, options)
+            else:
+                code = run_benchmarking(logger, pool, tests, mode, options)
+            pool.shutdown()
+            pool = None
+            return code
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CHECK_FAILED
-    with PopcornOutput(int(os.environ["POPCORN_FD"])) as logger:
-        pool = RankPool(n_gpus)
-        try:
-            if mode == "test":
-                return run_testing(logger, pool, tests)
-            if mode == "profile":
-                return run_profiling(logger, pool, tests)
-            return run_benchmarking(logger, pool, tests, mode)
-        finally:
-            pool.shutdown()
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Human face
-# --------------------------------------------------------------------------------------------------------------
-
-TASK_YML = HERE / "problems" / "all2all" / "task.yml"
-SUBMISSIONS = HERE / "submissions" / "all2all"
-SPEC_KEYS = ("num_experts", "experts_per_token", "hidden_dim", "max_num_tokens", "seed", "world_size")
-
-
-def load_task(path: Path = TASK_YML) -> dict:
-    import yaml
-
-    try:
-        task = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}")
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path} is not valid YAML: {' '.join(str(exc).split())}")
-    if not isinstance(task, dict):
-        raise UserError(f"{path}: expected a mapping at the top level")
-    for key in ("files", "tests", "benchmarks"):
-        if not isinstance(task.get(key), list) or not task[key]:
-            raise UserError(f"{path}: '{key}' must be a non-empty list")
-    for section in ("tests", "benchmarks"):
-        for i, case in enumerate(task[section]):
-            if not isinstance(case, dict) or set(case) != set(SPEC_KEYS) or not all(
-                    isinstance(v, int) for v in case.values()):
-                raise UserError(f"{path}: {section}[{i}] must give exactly the integer fields "
-                                f"{', '.join(SPEC_KEYS)}")
-    for i, entry in enumerate(task["files"]):
-        if not isinstance(entry, dict) or not {"name", "source"} <= set(entry):
-            raise UserError(f"{path}: files[{i}] must have 'name' and 'source'")
-    return task
-
-
-def spec_line(case: dict) -> str:
-    return "; ".join(f"{key}: {case[key]}" for key in SPEC_KEYS)
-
-
-def list_versions() -> list[Path]:
-    return sorted(p for p in SUBMISSIONS.glob("v*.py"))
-
-
-def resolve_version(name: str) -> Path:
-    """A version name (`v1`, `v1_torch_sort`) or a path to a submission file."""
-    path = Path(name)
-    if path.suffix == ".py" or os.sep in name:
-        if not path.is_file():
-            raise UserError(f"no such file: {name}")
-        return path.resolve()
-    matches = [p for p in list_versions() if p.stem == name or p.stem.split("_")[0] == name]
-    if len(matches) != 1:
-        known = ", ".join(p.stem for p in list_versions()) or "none"
-        raise UserError(f"unknown version '{name}' (known: {known})")
-    return matches[0]
-
-
-def submission_problem(path: Path) -> Optional[str]:
-    """None when the file parses and defines custom_kernel; otherwise what is wrong, in one line."""
-    import ast
-
-    try:
-        tree = ast.parse(path.read_text(), filename=str(path))
-    except SyntaxError as exc:
-        return f"{path.name} does not parse: line {exc.lineno}: {exc.msg}"
-    names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
-    names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
-    return None if "custom_kernel" in names else f"{path.name} defines no custom_kernel(data)"
-
-
-def needs_gpu(path: Path) -> bool:
-    return builds_device_code(path.read_text())
-
-
-def stage(version: Path, folder: Path, task_path: Path = TASK_YML) -> Path:
-    """Writes the leaderboard bundle for `version` into `folder`: the files task.yml lists (submission.py,
-    task.py, utils.py, reference.py, eval.py), plus tests.txt and benchmarks.txt, the test files the runner
-    makes from task.yml and passes to eval.py."""
-    import shutil
-
-    task = load_task(task_path)
-    folder.mkdir(parents=True, exist_ok=True)
-    for entry in task["files"]:
-        source = version if entry["source"] == "@SUBMISSION@" else (task_path.parent / entry["source"]).resolve()
-        if not source.is_file():
-            raise UserError(f"{task_path}: file '{entry['source']}' for {entry['name']} does not exist")
-        shutil.copyfile(source, folder / entry["name"])
-    for section in ("tests", "benchmarks"):
-        (folder / f"{section}.txt").write_text("\n".join(spec_line(case) for case in task[section]) + "\n")
-    return folder
-
-
-def select_cases(task: dict, selector: str) -> list[str]:
-    """`tests`, `benchmarks`, `tests:0,3`, `benchmarks:4`, or a file of spec lines."""
-    section, _, picks = selector.partition(":")
-    if section in ("tests", "benchmarks"):
-        cases = task[section]
-        if picks:
-            try:
-                indices = [int(p) for p in picks.split(",")]
-                cases = [cases[i] for i in indices]
-            except (ValueError, IndexError):
-                raise UserError(f"--cases {selector}: indices must be in 0..{len(task[section]) - 1}")
-        return [spec_line(c) for c in cases]
-    path = Path(selector)
-    if path.is_file():
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
-        for line in lines:
-            try:
-                parse_test_line(line)
-            except ValueError as exc:
-                raise UserError(str(exc))
-        return lines
-    raise UserError(f"--cases {selector}: expected tests, benchmarks, tests:I,J, benchmarks:I or a test file")
-
-
-def with_world_size(line: str, world_size: int) -> str:
-    case = parse_test_line(line)
-    case["world_size"] = world_size
-    return "; ".join(f"{k}: {v}" for k, v in case.items())
-
-
-@dataclasses.dataclass
-class EvalResult:
-    version: str
-    mode: str
-    world_size: int
-    backend: str
-    exit_code: int
-    keys: dict
-    cases: list  # one dict per case: index, spec, status, error, and timing fields in microseconds
-    stderr: str
-
-
-def parse_popcorn(text: str) -> dict:
-    """`key: value` lines -> dict; a line that is not `key: value` continues the previous value."""
-    keys, last = {}, None
-    for line in text.splitlines():
-        matched = re.match(r"^([\w.-]+): (.*)$", line)
-        if matched:
-            last = matched[1]
-            keys[last] = matched[2]
-        elif last is not None:
-            keys[last] += "\n" + line
-    return keys
-
-
-def _cases_from_keys(keys: dict, mode: str) -> list:
-    prefix = "test" if mode == "test" else "benchmark"
-    cases = []
-    for idx in range(int(keys.get(f"{prefix}-count", 0))):
-        if f"{prefix}.{idx}.spec" not in keys:
-            break
-        case = {"index": idx, "spec": keys[f"{prefix}.{idx}.spec"]}
-        status = keys.get(f"{prefix}.{idx}.status")
-        if mode != "test" and status is None and f"{prefix}.{idx}.mean" in keys:
-            status = "pass"
-        case["status"] = status or "not run"
-        case["error"] = keys.get(f"{prefix}.{idx}.error", "")
-        for field in ("mean", "std", "err", "best", "worst", "device_mean", "device_best", "floor_mean",
-                      "floor_best"):
-            if f"{prefix}.{idx}.{field}" in keys:
-                case[f"{field}_us"] = float(keys[f"{prefix}.{idx}.{field}"]) / 1e3
-        if f"{prefix}.{idx}.runs" in keys:
-            case["runs"] = int(keys[f"{prefix}.{idx}.runs"])
-        if f"{prefix}.{idx}.report" in keys:
-            case["report"] = base64.b64decode(keys[f"{prefix}.{idx}.report"], b"+*").decode("utf-8")
-        cases.append(case)
-    return cases
-
-
-def machine_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def plan_run(world_size: Optional[int], backend: Optional[str]) -> tuple[int, str]:
-    """Picks world size and backend for this machine: all GPUs up to 8 on NCCL, else 2 ranks on gloo."""
-    gpus = machine_gpus()
-    if backend not in (None, "nccl", "gloo"):
-        raise UserError(f"--backend {backend}: expected nccl or gloo")
-    backend = backend or ("nccl" if gpus else "gloo")
-    if backend == "nccl" and not gpus:
-        raise UserError("--backend nccl needs GPUs and this machine has none; use --backend gloo")
-    world_size = world_size or (min(gpus, 8) if backend == "nccl" else 2)
-    if world_size < 1:
-        raise UserError("--world-size must be at least 1")
-    if backend == "nccl" and world_size > gpus:
-        raise UserError(f"--world-size {world_size} needs {world_size} GPUs and this machine has {gpus}")
-    return world_size, backend
-
-
-def evaluate(version: str, mode: str, cases: str = "", world_size: Optional[int] = None,
-             backend: Optional[str] = None, seed: Optional[int] = None, timeout_s: Optional[float] = None,
-             task_path: Path = TASK_YML, progress=print) -> EvalResult:
-    """Stages `version`, runs the protocol face on it in a child process and returns the parsed results."""
-    import tempfile
-
-    if mode not in MODES:
-        raise UserError(f"unknown mode '{mode}' (expected one of {', '.join(MODES)})")
-    path = resolve_version(version)
-    problem = submission_problem(path)
-    if problem:
-        raise UserError(problem)
-    world_size, backend = plan_run(world_size, backend)
-    if backend == "gloo" and needs_gpu(path):
-        raise UserError(f"{path.stem} builds GPU code (load_inline) and cannot run on gloo/CPU")
-    task = load_task(task_path)
-    selector = cases or ("tests" if mode == "test" else "benchmarks")
-    lines = [with_world_size(line, world_size) for line in select_cases(task, selector)]
-    validate_cases(get_test_cases("\n".join(lines), None), world_size, backend, machine_gpus())
-    with tempfile.TemporaryDirectory(prefix=f"a2a-{path.stem}-") as tmp:
-        bundle = stage(path, Path(tmp), task_path)
-        (bundle / "cases.txt").write_text("\n".join(lines) + "\n")
-        env = dict(os.environ, POPCORN_GPUS=str(world_size), A2A_BACKEND=backend, A2A_EXTRA="1",
-                   A2A_RANK_PREFIX="1", A2A_MASTER_PORT=str(_free_port()), PYTHONUNBUFFERED="1")
-        env.pop("POPCORN_SEED", None)
-        if seed is not None:
-            env["POPCORN_SEED"] = str(seed)
-        if timeout_s:
-            env["A2A_TIMEOUT"] = str(timeout_s)
-        progress(f"{mode} {path.stem}: {len(lines)} case(s), world size {world_size}, backend {backend}"
-                 + ("" if backend == "nccl" else " (CPU: timings are CPU timings)"))
-        exit_code, output, stderr = run_protocol(bundle, mode, "cases.txt", env, progress)
-    keys = parse_popcorn(output)
-    return EvalResult(version=path.stem, mode=mode, world_size=world_size, backend=backend, exit_code=exit_code,
-                      keys=keys, cases=_cases_from_keys(keys, mode), stderr=stderr)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def run_protocol(bundle: Path, mode: str, test_file: str, env: dict, progress=None) -> tuple[int, str, str]:
-    """Runs a bundle's `eval.py MODE TEST_FILE` as the leaderboard runner does (POPCORN_FD is a pipe) and returns
-    (exit code, the POPCORN output, stderr). With `progress`, reports each case as its result arrives. The child
-    runs in its own session and its whole process group is killed on the way out, so no rank outlives the run."""
-    import threading
-
-    n_cases = len([line for line in (bundle / test_file).read_text().splitlines() if line.strip()]) \
-        if (bundle / test_file).is_file() else 0
-    read_fd, write_fd = os.pipe()
-    env = dict(env, POPCORN_FD=str(write_fd))
-    stderr_lines: list[str] = []
-    child = subprocess.Popen([sys.executable, "eval.py", mode, test_file], cwd=bundle, env=env,
-                             pass_fds=(write_fd,), stdout=sys.stdout, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
-    os.close(write_fd)
-
-    def pump_stderr():
-        for line in child.stderr:
-            stderr_lines.append(line)
-            sys.stderr.write(line)
-
-    pump = threading.Thread(target=pump_stderr, daemon=True)
-    pump.start()
-    output = []
-    started = time.monotonic()
-    try:
-        with os.fdopen(read_fd) as results:
-            for line in results:
-                output.append(line)
-                matched = re.match(r"^(test|benchmark)\.(\d+)\.(status|mean): ?(.*)$", line)
-                if matched and progress:
-                    status = matched[4] if matched[3] == "status" else f"mean {float(matched[4]) / 1e3:.1f} us"
-                    progress(f"  [{int(matched[2]) + 1}/{n_cases}] {status} "
-                             f"({time.monotonic() - started:.0f} s elapsed)")
-        exit_code = child.wait()
+    except Terminated as stop:
+        print(f"eval.py: {stop.name} received; every rank and what it started has been stopped", file=sys.stderr)
+        return 128 + stop.signum
     finally:
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        child.wait()
-        pump.join(timeout=5)
-    return exit_code, "".join(output), "".join(stderr_lines)
-
-
-def geomean(values) -> float:
-    """Geometric mean of the positive values (NaN when there are none)."""
-    values = [v for v in values if v and v > 0]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
-
-
-def shape_label(num_experts: int, experts_per_token: int, hidden_dim: int, max_num_tokens: int, **_) -> str:
-    return f"E={num_experts} k={experts_per_token} H={hidden_dim} T={max_num_tokens}"
-
-
-def render(result: EvalResult) -> str:
-    from tabulate import tabulate
-
-    if result.mode == "test":
-        rows = [[c["index"], c["spec"], c["status"], c["error"].replace("\n", " | ")[:300]] for c in result.cases]
-        return tabulate(rows, headers=["#", "case", "status", "error"], tablefmt="github")
-    if result.mode == "profile":
-        return "\n\n".join(f"case {c['index']}: {c['spec']}\n{c.get('report', c['error'])}" for c in result.cases)
-    unit = "" if result.backend == "nccl" else " [CPU]"
-    rows = []
-    for c in result.cases:
-        rows.append([c["index"], shape_label(**parse_test_line(c["spec"])), c["status"], c.get("runs", ""), c.get("mean_us"), c.get("best_us"),
-                     c.get("device_mean_us"), c.get("floor_mean_us"), c["error"].replace("\n", " | ")[:200]])
-    headers = ["#", "shape", "status", "runs", f"mean µs{unit}", "best µs", "device µs", "floor µs", "error"]
-    table = tabulate(rows, headers=headers, tablefmt="github", floatfmt=".1f")
-    means = [c["mean_us"] for c in result.cases if c.get("mean_us")]
-    if len(means) == len(result.cases) and means:
-        table += f"\ngeomean of means: {geomean(means):.1f} µs{unit}"
-    return table
-
-
-def human_main(argv: list[str]) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="eval.py", description="Check, time or stage an all2all submission.")
-    parser.add_argument("mode", choices=MODES + ("stage",))
-    parser.add_argument("version", help="version name (v1, v1_torch_sort) or path to a submission file")
-    parser.add_argument("dir", nargs="?", help="stage: the folder to write the bundle into")
-    parser.add_argument("--world-size", type=int)
-    parser.add_argument("--cases", default="", help="tests | benchmarks | tests:0,3 | benchmarks:4 | FILE")
-    parser.add_argument("--seed", type=int, help="secret seed mixed into every test seed (POPCORN_SEED)")
-    parser.add_argument("--backend", help="nccl (GPUs) or gloo (CPU)")
-    parser.add_argument("--timeout", type=float, help="per-case timeout in seconds (default: the official ones)")
-    parser.add_argument("--task", type=Path, default=TASK_YML, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.mode == "stage":
-        if not args.dir:
-            raise UserError("usage: python eval.py stage VERSION DIR")
-        path = resolve_version(args.version)
-        problem = submission_problem(path)
-        if problem:
-            raise UserError(problem)
-        folder = stage(path, Path(args.dir), args.task)
-        print(f"staged {path.stem} into {folder}: " + ", ".join(sorted(p.name for p in folder.iterdir())))
-        return 0
-    if args.dir:
-        raise UserError(f"unexpected argument '{args.dir}'")
-    result = evaluate(args.version, args.mode, args.cases, args.world_size, args.backend, args.seed, args.timeout,
-                      args.task)
-    print(render(result))
-    if not result.cases and result.exit_code:
-        print(f"evaluation failed (exit {result.exit_code}); see the messages above", file=sys.stderr)
-    return result.exit_code
+        if pool is not None:
+            pool.kill()
+        kill_tree(os.getpid(), include_root=False)
 
 
 if __name__ == "__main__":
     if os.getenv("POPCORN_FD"):
         sys.exit(protocol_main())
-    try:
-        sys.exit(human_main(sys.argv[1:]))
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
+    if not (HERE / "a2a" / "harness.py").is_file():
+        print("usage: POPCORN_FD=N python eval.py {test|benchmark|leaderboard|profile} TESTFILE", file=sys.stderr)
         sys.exit(EXIT_USAGE)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    from a2a.harness import main
+
+    sys.exit(main(sys.argv[1:]))

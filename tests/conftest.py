@@ -2,6 +2,8 @@
 import os
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "problems" / "all2all"), str(ROOT / "reference" / "all2all"), str(ROOT / "reference"),
                 str(ROOT)]
+V1 = ROOT / "submissions" / "all2all" / "v1_torch_sort.py"
 
 
 def gpu_count() -> int:
@@ -28,15 +31,20 @@ def run_eval(*args: str, timeout: float = 600, env: dict | None = None) -> subpr
 
 
 def run_bundle(bundle: Path, mode: str, test_file: str, extra_env: dict | None = None) -> tuple[int, str, str]:
-    """Runs a staged bundle's eval.py as the leaderboard runner does (gloo, 2 ranks, no human-face extras unless
-    extra_env asks); returns (exit code, POPCORN output, stderr)."""
-    import eval as harness
+    """Runs a staged bundle's eval.py as the leaderboard runner does (gloo, 2 ranks, the fixed rendezvous port, no
+    human-face extras unless extra_env asks); returns (exit code, POPCORN output, stderr)."""
+    from a2a.harness import run_protocol
 
     env = {**os.environ, "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo", **(extra_env or {})}
-    for key in ("A2A_EXTRA", "A2A_RANK_PREFIX"):
+    for key in ("A2A_EXTRA", "A2A_RANK_PREFIX", "A2A_RENDEZVOUS"):
         if key not in (extra_env or {}):
             env.pop(key, None)
-    return harness.run_protocol(bundle, mode, test_file, env)
+    return run_protocol(bundle, mode, test_file, env)
+
+
+def v1_kernel_source(name: str = "_v1_kernel") -> str:
+    """v1's code with its custom_kernel renamed, for test submissions that must compute the right answer."""
+    return V1.read_text().replace("def custom_kernel(", f"def {name}(")
 
 
 @pytest.fixture
@@ -45,3 +53,33 @@ def bundle(tmp_path):
     result = run_eval("stage", "v1", str(tmp_path / "bundle"))
     assert result.returncode == 0, result.stderr
     return tmp_path / "bundle"
+
+
+@pytest.fixture
+def process_token():
+    """A unique environment value: every process started under it carries it, so leftovers can be found."""
+    return f"a2a-test-{uuid.uuid4().hex}"
+
+
+def processes_with(token: str) -> list[int]:
+    """Live (not zombie) processes whose environment holds `token`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if token.encode() in environ and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def wait_until_gone(token: str, seconds: float = 20.0) -> list[int]:
+    """Waits for every process carrying `token` to end; returns those still alive after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while (left := processes_with(token)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
