@@ -1,29 +1,50 @@
 # Two commands do everything: `make leaderboard` (the main job) and `make test`. Both set themselves up.
-# Where python3 already has torch, pandas, tabulate, yaml and pytest (the GPU machines), it is used as is;
-# otherwise a .venv is made with the CPU build of torch (CI and fresh machines).
+# Where python3 already has torch, pandas, tabulate, yaml, scipy, matplotlib and pytest (the GPU machines), it is used
+# as is; otherwise a .venv is made with the CPU build of torch (CI and fresh machines).
 SHELL := /bin/bash
-HAVE_DEPS := $(shell python3 -c 'import torch, pandas, tabulate, yaml, pytest' >/dev/null 2>&1 && echo yes)
+HAVE_DEPS := $(shell python3 -c 'import torch, pandas, tabulate, yaml, scipy, matplotlib, pytest' >/dev/null 2>&1 && echo yes)
 PYTHON := $(if $(HAVE_DEPS),python3,.venv/bin/python)
-CPU_DEPS := torch==2.13.0 numpy pandas tabulate pyyaml pytest matplotlib
+CPU_DEPS := torch==2.13.0 numpy pandas tabulate pyyaml pytest matplotlib scipy
+V ?= v3
+CASE ?= benchmarks:0
+A ?= v2
+B ?= v3
 
-.PHONY: setup test check-device leaderboard clean
+.PHONY: setup test check-device leaderboard sol trace diff sweep clean
 
 setup:
 ifeq ($(HAVE_DEPS),)
 	@test -x .venv/bin/python || python3 -m venv .venv
-	@.venv/bin/python -c 'import torch, pandas, tabulate, yaml, pytest' 2>/dev/null || \
+	@.venv/bin/python -c 'import torch, pandas, tabulate, yaml, scipy, matplotlib, pytest' 2>/dev/null || \
 		.venv/bin/python -m pip install --quiet --disable-pip-version-check $(CPU_DEPS)
 endif
 
-# Compile-only check of every version's device code: nvcc sm_90, and hipify + hipcc gfx940/gfx90a.
+# Compile-only check of every version's device code (and the probes'): nvcc sm_90, and hipify + hipcc gfx940/gfx90a.
 check-device: setup
 	$(PYTHON) tools/check_device.py
 
 test: setup check-device
 	$(PYTHON) -m pytest -q tests
 
+# Every version x benchmark shape on what this machine has (GPUs: with anchors and this machine's speed of light).
 leaderboard: setup
 	$(PYTHON) run_leaderboard.py $(ARGS)
+
+# This machine's speed-of-light figures (GPUs only), saved under results/.
+sol: setup
+	$(PYTHON) -m a2a.sol $(ARGS)
+
+# Kernel timeline of version V on CASE (GPUs only): traces/<date>_<device>_ws<N>_<version>_<case>/.
+trace: setup
+	$(PYTHON) eval.py trace $(V) --cases $(CASE) $(ARGS)
+
+# What B changed against A: code, time, verdict per shape.
+diff: setup
+	$(PYTHON) diff.py $(A) $(B) $(ARGS)
+
+# Launch-shape sweep of version V (GPUs only).
+sweep: setup
+	$(PYTHON) tools/sweep_launch.py $(V) $(ARGS)
 
 clean:
 	rm -rf .venv .pytest_cache

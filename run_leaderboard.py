@@ -1,20 +1,21 @@
 #!/usr/bin/env python3
-"""Versions x benchmark shapes: runs the evaluator on each version, gathers the stats in a DataFrame and prints
-markdown tables (per-shape means, geomean, speedup against the first version, harness floor, device-side time,
-speed of light and the published MI300X figure of the matching blog step). Saves CSV, JSON and the tables, with
-device, world size, date and commit, under --out.
+"""Versions x benchmark shapes, with anchors and this machine's speed of light, in one run on one machine.
 
-    python run_leaderboard.py [--versions v1,v2] [--mode benchmark|leaderboard] [--world-size N] [--out results]
+Runs the evaluator on each version; on GPUs also times the anchors (NCCL and NVSHMEM all-to-alls of each case's
+routed volume, a2a/anchors.py) and measures this machine's speed-of-light figures (a2a/sol.py), which the model
+turns into a per-case "SOL here" from the case's own routing. Prints markdown tables (device-side and
+leaderboard-style per shape, harness floor, SOL here, the MI300X speed of light given with the task, device / SOL,
+the published MI300X figure of each blog step) and saves them with CSV, JSON, sol.json and a PNG under
+results/<date>_<device>_ws<N>_<mode>_<commit>/.
+
+    python run_leaderboard.py [--versions v1,v2] [--mode benchmark|leaderboard] [--world-size N] [--no-anchors]
+                              [--sol results/.../sol.json] [--out results]
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,13 +23,19 @@ import pandas as pd
 import yaml
 from tabulate import tabulate
 
-import eval as harness
+import eval as core
+from a2a import harness
 
 ROOT = Path(__file__).resolve().parent
 PUBLISHED = ROOT / "reference" / "published.yml"
+TIMING = ("leaderboard-style: rank-0 host clock around clone+custom_kernel+sync+barrier, L2 cleared before each run; "
+          "device: max over ranks of per-rank CUDA events around custom_kernel; floor: the same step with no "
+          "custom_kernel; SOL here: a2a/sol.py's model on the case's routing with this machine's measured figures")
+ROW_FIELDS = ("status", "runs", "mean_us", "best_us", "device_mean_us", "device_best_us", "floor_mean_us",
+              "floor_best_us")
 
 
-def speed_of_light(task: dict) -> dict:
+def speed_of_light_mi300x(task: dict) -> dict:
     """(num_experts, experts_per_token, hidden_dim, max_num_tokens) -> µs, from the table in task.yml."""
     table = {}
     for line in task.get("description", "").splitlines():
@@ -39,94 +46,112 @@ def speed_of_light(task: dict) -> dict:
 
 
 def published_by_version() -> dict:
+    """Version prefix (v1, v2, ...) -> (blog step, µs), published 8x MI300X leaderboard figures."""
     steps = yaml.safe_load(PUBLISHED.read_text())["blog_series"]["steps"]
     return {s["version"]: (s["step"], s["us"]) for s in steps if "version" in s}
 
 
-def commit() -> str:
-    """The commit measured; A2A_COMMIT names it where the tree travels without .git (the device machine)."""
-    if os.environ.get("A2A_COMMIT"):
-        return os.environ["A2A_COMMIT"]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+def run(versions: list, mode: str, cases: str, world_size, backend, timeout_s, anchors: bool = True,
+        sol_path: Path | None = None, progress=print) -> tuple[pd.DataFrame, dict, dict | None]:
+    from a2a import anchors as anchor_runs
+    from a2a import sol
 
-
-def device_name(backend: str) -> str:
-    import torch
-
-    if backend == "nccl":
-        return torch.cuda.get_device_name(0)
-    return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
-
-
-def run(versions: list[str], mode: str, cases: str, world_size, backend, timeout_s) -> tuple[pd.DataFrame, dict]:
+    harness.use_bundle_modules()
     world_size, backend = harness.plan_run(world_size, backend)
-    rows, skipped = [], []
+    meta = {**harness.run_meta(backend, world_size, mode), "timing": TIMING, "skipped": []}
+    case_list = harness.case_args(cases, world_size)
+    rows = []
     for name in versions:
         path = harness.resolve_version(name)
         if backend == "gloo" and harness.needs_gpu(path):
-            line = f"skipped {path.stem}: it builds GPU code (load_inline) and this run is on CPU/gloo"
-            print(line, flush=True)
-            skipped.append(line)
+            meta["skipped"].append(f"skipped {path.stem}: it builds GPU code (load_inline) and this run is on CPU/gloo")
+            progress(meta["skipped"][-1])
             continue
-        result = harness.evaluate(path.stem, mode, cases, world_size, backend, timeout_s=timeout_s)
+        result = harness.evaluate(path.stem, mode, cases, world_size, backend, timeout_s=timeout_s, progress=progress)
         for case in result.cases:
-            args = harness.parse_test_line(case["spec"])
-            rows.append({"version": path.stem, **{k: args[k] for k in harness.SPEC_KEYS},
-                         **{k: case.get(k) for k in ("status", "runs", "mean_us", "best_us", "device_mean_us",
-                                                     "device_best_us", "floor_mean_us", "floor_best_us")},
-                         "error": case.get("error", "")})
-    meta = {"device": device_name(backend), "world_size": world_size, "backend": backend, "mode": mode,
-            "date": datetime.date.today().isoformat(), "commit": commit(),
-            "timing": "leaderboard-style: rank-0 host clock around clone+custom_kernel+sync+barrier, L2 cleared "
-                      "before each run; device: max over ranks of per-rank events around custom_kernel; floor: "
-                      "the same step with no custom_kernel",
-            "skipped": skipped}
-    return pd.DataFrame(rows), meta
+            args = core.parse_test_line(case["spec"])
+            rows.append({"version": path.stem, "kind": "version", **{k: args[k] for k in core.SPEC_KEYS},
+                         **{k: case.get(k) for k in ROW_FIELDS}, "error": case.get("error", "")})
+    figures = None
+    if backend == "nccl" and world_size >= 2:
+        if anchors:
+            rows += anchor_runs.run(case_list, world_size, progress=progress)
+        progress("speed of light of this machine: " + (f"from {sol_path}" if sol_path else "measuring"))
+        figures = sol.load(sol_path) if sol_path else sol.measure(world_size, harness.run_meta(backend, world_size,
+                                                                                              "sol"))
+    else:
+        meta["skipped"].append("skipped the anchors and the SOL-here model: they need at least 2 GPUs "
+                               f"(this run is {backend}, world size {world_size})")
+        progress(meta["skipped"][-1])
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame, meta, figures
+    frame["shape"] = [harness.shape_label(**r) for r in frame[list(core.SPEC_KEYS)].to_dict("records")]
+    given = speed_of_light_mi300x(harness.load_task())
+    frame["sol_mi300x_us"] = [given.get((r["num_experts"], r["experts_per_token"], r["hidden_dim"],
+                                         r["max_num_tokens"])) for r in frame.to_dict("records")]
+    if figures:
+        for args in case_list:
+            modelled = sol.model(sol.routing_of_case(args), args["hidden_dim"], figures)
+            same = frame["shape"] == harness.shape_label(**args)
+            frame.loc[same, "sol_routed_us"] = modelled["routed"]["total_us"]
+            frame.loc[same, "sol_dedup_us"] = modelled["dedup"]["total_us"]
+        frame["device_over_sol"] = frame["device_mean_us"] / frame["sol_dedup_us"]
+    return frame, meta, figures
 
 
-def tables(df: pd.DataFrame, meta: dict, task: dict) -> str:
-    sol = speed_of_light(task)
+def tables(frame: pd.DataFrame, meta: dict) -> str:
     published = published_by_version()
-    versions = list(dict.fromkeys(df["version"]))
+    entries = list(dict.fromkeys(frame["version"]))
     cpu = meta["backend"] == "gloo"
-    df = df.assign(shape=[harness.shape_label(**row) for row in df[list(harness.SPEC_KEYS)].to_dict("records")])
-    shape_sol = {harness.shape_label(*dims): us for dims, us in sol.items()}
-    per_shape = df.pivot_table(index="shape", columns="version", values="mean_us", sort=False)[versions]
-    per_shape["floor µs"] = df.groupby("shape", sort=False)["floor_mean_us"].median()
-    per_shape["SoL MI300X µs (given)"] = [shape_sol.get(s) for s in per_shape.index]
     unit = "CPU µs" if cpu else "µs"
     header = (f"device: {meta['device']}, world size {meta['world_size']}, backend {meta['backend']}, "
               f"mode {meta['mode']}, {meta['date']}, commit {meta['commit']}")
-    out = [header, "", f"Leaderboard-style mean per shape ({unit}):", "",
-           tabulate(per_shape.reset_index(), headers="keys", tablefmt="github", floatfmt=".1f", showindex=False)]
-    summary = []
-    first = None
-    for version in versions:
-        rows = df[df.version == version]
+    extra_cols = [c for c in ("floor_mean_us", "sol_routed_us", "sol_dedup_us", "sol_mi300x_us") if c in frame]
+    names = {"floor_mean_us": "floor µs", "sol_routed_us": "SOL here µs (routed)", "sol_dedup_us": "SOL here µs (dedup)",
+             "sol_mi300x_us": "SOL MI300X µs (given)"}
+    out = [header, ""]
+    for column, title in (("device_mean_us", f"Device-side mean per shape ({unit})"),
+                          ("mean_us", f"Leaderboard-style mean per shape ({unit})")):
+        per_shape = frame.pivot_table(index="shape", columns="version", values=column, sort=False)
+        per_shape = per_shape.reindex(columns=[e for e in entries if e in per_shape.columns])
+        for col in extra_cols:
+            per_shape[names[col]] = frame.groupby("shape", sort=False)[col].median()
+        out += [f"{title}:", "", tabulate(per_shape.reset_index(), headers="keys", tablefmt="github", floatfmt=".1f",
+                                          showindex=False), ""]
+    summary, first = [], None
+    for entry in entries:
+        rows = frame[frame.version == entry]
         ok = (rows.status == "pass").all()
         gm = harness.geomean(rows.mean_us) if ok else float("nan")
-        first = gm if first is None else first
-        step, pub = published.get(version.split("_")[0], ("", None))
-        summary.append({"version": version, f"geomean {unit}": gm, f"device geomean {unit}": harness.geomean(rows.device_mean_us),
-                        f"floor geomean {unit}": harness.geomean(rows.floor_mean_us), "speedup vs first": first / gm,
-                        "published MI300X µs (blog step)": f"{pub} ({step})" if pub else "",
-                        "all pass": "yes" if ok else "no"})
-    out += ["", "Per version (geometric means over the shapes run):", "",
+        device_gm = harness.geomean(rows.device_mean_us) if ok else float("nan")
+        if first is None and rows["kind"].iloc[0] == "version":
+            first = (gm, device_gm)
+        step, pub = published.get(entry.split("_")[0], ("", None)) if rows["kind"].iloc[0] == "version" else ("", None)
+        line = {"entry": entry, "kind": rows["kind"].iloc[0], f"geomean {unit}": gm, f"device geomean {unit}": device_gm,
+                f"floor geomean {unit}": harness.geomean(rows.floor_mean_us)}
+        if "sol_dedup_us" in frame:
+            line["device / SOL here (dedup)"] = device_gm / harness.geomean(rows.sol_dedup_us)
+        if first:
+            line["device speedup vs first"] = first[1] / device_gm
+        line["published MI300X µs (blog step)"] = f"{pub} ({step})" if pub else ""
+        line["all pass"] = "yes" if ok else "no: " + "; ".join(sorted(set(rows.error.dropna().astype(str)) - {""}))[:120]
+        summary.append(line)
+    out += ["Per version and anchor (geometric means over the shapes run):", "",
             tabulate(summary, headers="keys", tablefmt="github", floatfmt=".2f")]
-    out += ["", f"SoL geomean (MI300X, given with the task): {harness.geomean(sol.values()):.1f} µs. Published figures are "
-            "8x MI300X leaderboard numbers, not measured here."]
+    given = frame.groupby("shape", sort=False)["sol_mi300x_us"].median().dropna()
+    out += ["", f"SOL MI300X geomean (given with the task): {harness.geomean(given):.1f} µs. Published figures are "
+            "8x MI300X leaderboard numbers, not measured here. Anchors move the routed volume twice and nothing else."]
+    if "sol_dedup_us" in frame:
+        sol_gm = harness.geomean(frame.groupby("shape", sort=False)["sol_dedup_us"].median())
+        out += [f"SOL here geomean (dedup): {sol_gm:.1f} µs."]
     out += meta["skipped"]
     return "\n".join(out)
 
 
 def main(argv=None) -> int:
+    from a2a import plots, sol
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--versions", default="", help="comma-separated (default: every version)")
     parser.add_argument("--mode", default="benchmark", choices=("benchmark", "leaderboard"))
@@ -134,28 +159,36 @@ def main(argv=None) -> int:
     parser.add_argument("--world-size", type=int)
     parser.add_argument("--backend")
     parser.add_argument("--timeout", type=float)
+    parser.add_argument("--no-anchors", action="store_true", help="skip the NCCL/NVSHMEM anchors")
+    parser.add_argument("--sol", type=Path, help="reuse a saved sol.json instead of measuring")
     parser.add_argument("--out", type=Path, default=ROOT / "results")
     args = parser.parse_args(argv)
     versions = args.versions.split(",") if args.versions else [p.stem for p in harness.list_versions()]
-    df, meta = run(versions, args.mode, args.cases, args.world_size, args.backend, args.timeout)
-    if df.empty:
+    frame, meta, figures = run(versions, args.mode, args.cases, args.world_size, args.backend, args.timeout,
+                               anchors=not args.no_anchors, sol_path=args.sol)
+    if frame.empty:
         print("nothing ran on this machine")
         return 0
-    report = tables(df, meta, harness.load_task())
+    report = tables(frame, meta)
     print(report)
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", meta["device"]).strip("-").lower()
-    folder = args.out / f"{meta['date']}_{slug}_ws{meta['world_size']}_{meta['mode']}_{meta['commit']}"
+    folder = harness.run_folder(args.out, meta)
     folder.mkdir(parents=True, exist_ok=True)
-    df.assign(**{k: v for k, v in meta.items() if k != "skipped"}).to_csv(folder / "results.csv", index=False)
-    (folder / "results.json").write_text(json.dumps({"meta": meta, "rows": df.to_dict(orient="records")}, indent=1))
+    frame.assign(**{k: v for k, v in meta.items() if k != "skipped"}).to_csv(folder / "results.csv", index=False)
+    (folder / "results.json").write_text(json.dumps({"meta": meta, "sol": figures,
+                                                     "rows": frame.to_dict(orient="records")}, indent=1))
     (folder / "table.md").write_text(report + "\n")
+    if figures:
+        sol.save(figures, folder)
+    published = {prefix: us for prefix, (_, us) in published_by_version().items()}
+    plots.leaderboard_png(frame, meta, folder / "leaderboard.png", published, harness.geomean)
     print(f"\nsaved {folder}")
-    return 0 if (df.status == "pass").all() else harness.EXIT_CHECK_FAILED
+    versions_ok = frame[frame.kind == "version"].status.eq("pass").all()
+    return 0 if versions_ok else core.EXIT_CHECK_FAILED
 
 
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except harness.UserError as error:
+    except core.UserError as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(harness.EXIT_USAGE)
+        sys.exit(core.EXIT_USAGE)

@@ -2,13 +2,14 @@
 """Compile-only check of every version's device code, for NVIDIA and for AMD.
 
 For each submission that holds a KERNELS string (the device code without torch headers), it writes it to a .cu
-file and compiles it with plain `-c` (so inline assembly is checked too):
+file and compiles it with plain `-c` (so inline assembly is checked too), and again with -DA2A_TRACE where the file
+has timeline probes (the trace build):
   - NVIDIA: nvcc -arch=sm_90 -c
   - AMD: PyTorch's hipify (what load_inline does on ROCm), then hipcc --offload-arch=gfx940 -c and gfx90a
     (Debian's hipcc; gfx942, the MI300X, is unknown to it; gfx940 is its closest sibling).
 Exits non-zero naming each file and target that failed, with the compiler's first error lines.
 
-    python tools/check_device.py [FILES...]    (default: submissions/*/v*.py)
+    python tools/check_device.py [FILES...]    (default: submissions/*/v*.py and the toolkit's a2a/probes.py)
 """
 from __future__ import annotations
 
@@ -60,10 +61,12 @@ def compile_one(command: list[str], cwd: Path) -> str | None:
 
 
 def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
+    """Compiles the device code for every target; a file with timeline probes also in its trace build."""
     source = kernels_of(path)
     if source is None:
         print(f"{path.name}: no KERNELS (PyTorch only), nothing to compile")
         return []
+    builds = [("", [])] + ([(" trace", ["-DA2A_TRACE"])] if "A2A_TRACE" in source else [])
     failures = []
     with tempfile.TemporaryDirectory(prefix="a2a-check-") as tmp:
         cuda_dir, hip_dir = Path(tmp, "cuda"), Path(tmp, "hip")
@@ -71,11 +74,15 @@ def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
         hip_dir.mkdir()
         (cuda_dir / "kernels.cu").write_text(source)
         (hip_dir / "kernels.cu").write_text(source)
-        targets = [("nvcc sm_90", [nvcc, "-arch=sm_90", "-c", "kernels.cu", "-o", "kernels.o"], cuda_dir)]
         hipified = hipify(hip_dir / "kernels.cu")
-        for arch in AMD_ARCHS:
-            targets.append((f"hipcc {arch}", [hipcc, "-x", "hip", f"--offload-arch={arch}", *TORCH_ROCM_DEFINES, "-c",
-                                              hipified.name, "-o", f"kernels_{arch}.o"], hip_dir))
+        targets = []
+        for build, defines in builds:
+            targets.append((f"nvcc sm_90{build}", [nvcc, "-arch=sm_90", *defines, "-c", "kernels.cu", "-o",
+                                                   "kernels.o"], cuda_dir))
+            for arch in AMD_ARCHS:
+                targets.append((f"hipcc {arch}{build}", [hipcc, "-x", "hip", f"--offload-arch={arch}",
+                                                         *TORCH_ROCM_DEFINES, *defines, "-c", hipified.name, "-o",
+                                                         f"kernels_{arch}.o"], hip_dir))
         for name, command, cwd in targets:
             error = compile_one(command, cwd)
             status = "ok" if error is None else "FAILED"
@@ -86,7 +93,7 @@ def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    files = [Path(a) for a in argv] or sorted((ROOT / "submissions").glob("*/v*.py"))
+    files = [Path(a) for a in argv] or sorted((ROOT / "submissions").glob("*/v*.py")) + [ROOT / "a2a" / "probes.py"]
     nvcc, hipcc = shutil.which("nvcc"), shutil.which("hipcc")
     missing = [name for name, tool in (("nvcc", nvcc), ("hipcc", hipcc)) if tool is None]
     if missing:

@@ -14,6 +14,10 @@ equals the current epoch. Every rank makes the same calls in a process group, so
 The device source is CUDA with a small portable prelude (the only place where AMD and NVIDIA differ); PyTorch
 hipifies it when `load_inline` runs on ROCm. KERNELS holds no torch headers (it is what `make check-device`
 compiles for sm_90, gfx940 and gfx90a); BINDING is the thin torch layer.
+
+Trace build (A2A_TRACE=1 at import; its own extension name, so the timed build never contains probes): the kernels
+record (phase, block, warp, start, end) with the device clock into a per-rank buffer that `trace_take()` reads;
+`python eval.py trace v2` turns them into a timeline.
 """
 import ctypes
 import os
@@ -129,6 +133,42 @@ __device__ __forceinline__ T* on_rank(const A2AParams& p, int rank, int64_t offs
 
 __device__ __forceinline__ int lane_id() { return threadIdx.x % A2A_WARP_SIZE; }
 
+// Timeline probes: compiled only with -DA2A_TRACE. A record is (phase, block << 16 | warp, start ns, end ns) in a
+// per-rank buffer whose first word counts the records; phase names are TRACE_PHASES in Python, in this order.
+#if defined(A2A_TRACE)
+enum TracePhase {
+  PH_DISPATCH_SEND, PH_SEND_ROW, PH_PUBLISH_COUNTS, PH_DISPATCH_RECV, PH_WAIT_COUNTS, PH_WAIT_ROW_FLAG, PH_COPY_IN,
+  PH_EXPERT, PH_COMBINE_SEND, PH_COMBINE_ROW, PH_COMBINE_RECV, PH_WAIT_COMBINED, PH_REDUCE
+};
+__device__ int64_t* a2a_trace_buffer;
+__device__ int a2a_trace_capacity;
+__device__ __forceinline__ void trace_record(int phase, uint64_t start) {
+  const uint64_t end = realtime_ns();
+  const unsigned long long i = atomicAdd(reinterpret_cast<unsigned long long*>(a2a_trace_buffer), 1ull);
+  if (i < (unsigned long long)a2a_trace_capacity) {
+    int64_t* record = a2a_trace_buffer + 1 + 4 * i;
+    record[0] = phase;
+    record[1] = ((int64_t)blockIdx.x << 16) | (threadIdx.x / A2A_WARP_SIZE);
+    record[2] = (int64_t)start;
+    record[3] = (int64_t)end;
+  }
+}
+int trace_attach_buffer(int64_t* buffer, int capacity) {
+  cudaError_t err = cudaMemcpyToSymbol(a2a_trace_buffer, &buffer, sizeof(buffer));
+  if (err == cudaSuccess) err = cudaMemcpyToSymbol(a2a_trace_capacity, &capacity, sizeof(capacity));
+  return (int)err;
+}
+#define TRACE_NOW(name) const uint64_t name = realtime_ns()
+#define TRACE_WARP(phase, start) do { if (lane_id() == 0) trace_record(phase, start); } while (0)
+#define TRACE_BLOCK(phase, start) do { if (threadIdx.x == 0) trace_record(phase, start); } while (0)
+#define TRACE_BLOCK_END(phase, start) do { __syncthreads(); TRACE_BLOCK(phase, start); } while (0)
+#else
+#define TRACE_NOW(name)
+#define TRACE_WARP(phase, start)
+#define TRACE_BLOCK(phase, start)
+#define TRACE_BLOCK_END(phase, start)
+#endif
+
 // Spin-waits give up after timeout_ns instead of hanging the GPU. The first one to give up raises `abandon` and
 // stores one packed record of what it waited for into mapped host memory, where a host thread reads it; every
 // other wait then returns at once, the kernels finish (with wrong data) and the context stays usable.
@@ -186,9 +226,11 @@ __device__ __forceinline__ void publish(int* flag, int epoch) {
 }
 
 __global__ void __launch_bounds__(A2A_THREADS) dispatch_send(A2AParams p) {
+  TRACE_NOW(t_kernel);
   const int warp = blockIdx.x * A2A_WARPS + threadIdx.x / A2A_WARP_SIZE;
   const int num_warps = gridDim.x * A2A_WARPS;
   for (int pair = warp; pair < p.num_tokens * p.topk; pair += num_warps) {
+    TRACE_NOW(t_row);
     const int token = pair / p.topk, k = pair % p.topk;
     const int expert = p.indices[pair];
     const int dst = expert / p.num_local_experts;
@@ -203,6 +245,7 @@ __global__ void __launch_bounds__(A2A_THREADS) dispatch_send(A2AParams p) {
       p.pair_dst[pair] = dst;
     }
     publish(on_rank<int>(p, dst, p.off_disp_flag) + index, p.epoch);
+    TRACE_WARP(PH_SEND_ROW, t_row);
   }
   // The last block to finish knows the final per-destination counts and publishes them.
   __syncthreads();
@@ -213,12 +256,15 @@ __global__ void __launch_bounds__(A2A_THREADS) dispatch_send(A2AParams p) {
   }
   __syncthreads();
   if (is_last && threadIdx.x < p.world) {
+    TRACE_NOW(t_counts);
     const int dst = threadIdx.x;
     const int count = atomicAdd(&p.send_counter[dst], 0);
     store_release_sys(on_rank<uint64_t>(p, dst, p.off_disp_count) + p.rank, ((uint64_t)p.epoch << 32) | (uint32_t)count);
     p.send_counter[dst] = 0;
     if (dst == 0) *p.blocks_done = 0;
+    TRACE_BLOCK(PH_PUBLISH_COUNTS, t_counts);
   }
+  TRACE_BLOCK(PH_DISPATCH_SEND, t_kernel);
 }
 
 // Reads the per-source counts into shared memory (waiting for this call's epoch); returns the total.
@@ -232,8 +278,10 @@ __device__ int gather_counts(const A2AParams& p, int* counts) {
 }
 
 __global__ void __launch_bounds__(A2A_THREADS) dispatch_recv(A2AParams p) {
+  TRACE_NOW(t_kernel);
   __shared__ int counts[64];
   const int total = gather_counts(p, counts);
+  TRACE_BLOCK(PH_WAIT_COUNTS, t_kernel);
   if (blockIdx.x == 0 && threadIdx.x == 0) *p.recv_total = total;
   const int warp = blockIdx.x * A2A_WARPS + threadIdx.x / A2A_WARP_SIZE;
   const int num_warps = gridDim.x * A2A_WARPS;
@@ -242,7 +290,10 @@ __global__ void __launch_bounds__(A2A_THREADS) dispatch_recv(A2AParams p) {
     int src = 0, slot = arrival;
     while (slot >= counts[src]) slot -= counts[src++];
     const int64_t index = (int64_t)src * p.slots + slot;
+    TRACE_NOW(t_wait);
     wait_flag(p, on_rank<int>(p, p.rank, p.off_disp_flag) + index, WAIT_DISPATCHED_ROW, src, slot);
+    TRACE_WARP(PH_WAIT_ROW_FLAG, t_wait);
+    TRACE_NOW(t_copy);
     const int4 meta = on_rank<int4>(p, p.rank, p.off_disp_meta)[index];
     const int local = meta.z - first_expert;
     int position = 0;
@@ -254,11 +305,14 @@ __global__ void __launch_bounds__(A2A_THREADS) dispatch_recv(A2AParams p) {
       p.expert_meta[row] = make_int4(src, slot, meta.x, meta.y);
       p.recv_list[arrival] = (int)row;
     }
+    TRACE_WARP(PH_COPY_IN, t_copy);
   }
+  TRACE_BLOCK_END(PH_DISPATCH_RECV, t_kernel);
 }
 
 // The simulated expert: y = x * (1 + rank), rounded to half once, in place.
 __global__ void __launch_bounds__(A2A_THREADS) expert_scale(A2AParams p) {
+  TRACE_NOW(t_kernel);
   const int total = *p.recv_total;
   const float scale = 1.0f + p.rank;
   const int vectors = p.hidden / 2;
@@ -268,33 +322,42 @@ __global__ void __launch_bounds__(A2A_THREADS) expert_scale(A2AParams p) {
     float2 v = __half22float2(row[i % vectors]);
     row[i % vectors] = __floats2half2_rn(v.x * scale, v.y * scale);
   }
+  TRACE_BLOCK_END(PH_EXPERT, t_kernel);
 }
 
 __global__ void __launch_bounds__(A2A_THREADS) combine_send(A2AParams p) {
+  TRACE_NOW(t_kernel);
   const int total = *p.recv_total;
   const int warp = blockIdx.x * A2A_WARPS + threadIdx.x / A2A_WARP_SIZE;
   const int num_warps = gridDim.x * A2A_WARPS;
   for (int arrival = warp; arrival < total; arrival += num_warps) {
+    TRACE_NOW(t_row);
     const int row = p.recv_list[arrival];
     const int4 meta = p.expert_meta[row];  // (src rank, slot, token, k)
     const int64_t index = (int64_t)p.rank * p.slots + meta.y;  // this rank's region on the source
     copy_row(on_rank<__half>(p, meta.x, p.off_comb_y) + index * p.hidden, p.expert_x + (int64_t)row * p.hidden,
              p.hidden);
     publish(on_rank<int>(p, meta.x, p.off_comb_flag) + index, p.epoch);
+    TRACE_WARP(PH_COMBINE_ROW, t_row);
   }
+  TRACE_BLOCK_END(PH_COMBINE_SEND, t_kernel);
 }
 
 __global__ void __launch_bounds__(A2A_THREADS) combine_recv(A2AParams p) {
+  TRACE_NOW(t_kernel);
   const int warp = blockIdx.x * A2A_WARPS + threadIdx.x / A2A_WARP_SIZE;
   const int num_warps = gridDim.x * A2A_WARPS;
   const __half* comb_y = on_rank<__half>(p, p.rank, p.off_comb_y);
   const int* comb_flag = on_rank<int>(p, p.rank, p.off_comb_flag);
   for (int token = warp; token < p.num_tokens; token += num_warps) {
+    TRACE_NOW(t_wait);
     for (int k = 0; k < p.topk; ++k) {
       const int pair = token * p.topk + k;
       wait_flag(p, comb_flag + (int64_t)p.pair_dst[pair] * p.slots + p.pair_slot[pair], WAIT_COMBINED_ROW,
                 p.pair_dst[pair], p.pair_slot[pair]);
     }
+    TRACE_WARP(PH_WAIT_COMBINED, t_wait);
+    TRACE_NOW(t_reduce);
     for (int v = lane_id(); v < p.hidden / 8; v += A2A_WARP_SIZE) {
       float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       for (int k = 0; k < p.topk; ++k) {
@@ -314,7 +377,9 @@ __global__ void __launch_bounds__(A2A_THREADS) combine_recv(A2AParams p) {
       for (int j = 0; j < 4; ++j) h[j] = __floats2half2_rn(acc[2 * j], acc[2 * j + 1]);
       reinterpret_cast<uint4*>(p.out + (int64_t)token * p.hidden)[v] = packed;
     }
+    TRACE_WARP(PH_REDUCE, t_reduce);
   }
+  TRACE_BLOCK_END(PH_COMBINE_RECV, t_kernel);
 }
 
 // Host side of the heap and the launches: plain runtime calls, no torch. Return 0 or a runtime error code.
@@ -419,6 +484,12 @@ void all2all(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, torc
   p.expert_meta = reinterpret_cast<int4*>(expert_meta.data_ptr());
   check(launch_all2all(p, (int)grid, at::cuda::getCurrentCUDAStream()), "launching the all2all kernels");
 }
+
+#if defined(A2A_TRACE)
+void trace_attach(torch::Tensor buffer) {
+  check(trace_attach_buffer(buffer.data_ptr<int64_t>(), (int)((buffer.numel() - 1) / 4)), "attaching the trace buffer");
+}
+#endif
 """
 
 CPP_DECLS = """
@@ -433,13 +504,20 @@ void all2all(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, torc
 std::vector<int64_t> report_create();
 """
 
+TRACE = os.environ.get("A2A_TRACE") == "1"
+TRACE_PHASES = ("dispatch_send", "dispatch_send.row_out", "dispatch_send.publish_counts", "dispatch_recv",
+                "dispatch_recv.wait_counts", "dispatch_recv.wait_row_flag", "dispatch_recv.copy_in", "expert",
+                "combine_send", "combine_send.row_out", "combine_recv", "combine_recv.wait_rows", "combine_recv.reduce")
+TRACE_CAPACITY = 1 << 20  # records per rank between two trace_take() calls
+
 # Built at import, so the evaluator builds it once before any case.
 _ext = load_inline(
-    name="a2a_v2_p2p",
-    cpp_sources=CPP_DECLS,
+    name="a2a_v2_p2p" + ("_trace" if TRACE else ""),
+    cpp_sources=CPP_DECLS + ("void trace_attach(torch::Tensor buffer);" if TRACE else ""),
     cuda_sources=[KERNELS, BINDING],
-    functions=["heap_create", "heap_handle", "heap_open", "heap_close", "heap_free", "all2all", "report_create"],
-    extra_cuda_cflags=["-O3"] + ([] if torch.version.hip else ["-arch=sm_90"]),
+    functions=["heap_create", "heap_handle", "heap_open", "heap_close", "heap_free", "all2all", "report_create"]
+    + (["trace_attach"] if TRACE else []),
+    extra_cuda_cflags=["-O3"] + ([] if torch.version.hip else ["-arch=sm_90"]) + (["-DA2A_TRACE"] if TRACE else []),
     verbose=False,
 )
 
@@ -512,6 +590,9 @@ class P2PState:
         self.expert_meta = torch.empty(self.num_local_experts * self.capacity, 4, dtype=torch.int32, device=device)
         self.grid = torch.cuda.get_device_properties(device).multi_processor_count
         self.epoch = 0
+        if TRACE:
+            self.trace = torch.zeros(1 + 4 * TRACE_CAPACITY, dtype=torch.int64, device=device)
+            _ext.trace_attach(self.trace)
         dist.barrier()  # every peer has mapped every heap before anyone writes
 
     def close(self):
@@ -544,6 +625,16 @@ def _get_state(cfg, rank: int, world_size: int, device: torch.device) -> P2PStat
     if _state is None:
         _state = P2PState(cfg, rank, world_size, device)
     return _state
+
+
+def trace_take() -> torch.Tensor:
+    """Trace build only: the records since the last take, int64 [n, 4] (phase index into TRACE_PHASES,
+    block << 16 | warp, start ns, end ns on this GPU's clock); empties the buffer."""
+    buffer = _state.trace
+    count = min(int(buffer[0].item()), TRACE_CAPACITY)
+    records = buffer[1:1 + 4 * count].view(count, 4).cpu()
+    buffer[0].zero_()
+    return records
 
 
 def _destroy_process_group_and_heap(*args, **kwargs):

@@ -1,0 +1,170 @@
+"""Anchors: what a user could run instead of a custom kernel, timed exactly as the versions are.
+
+Each anchor moves the case's actual routed volume (one row per (token, k) whose expert lives on another rank, from
+the case's own seed) twice, dispatch then combine, and does nothing else: no permutation, no expert, no weighted
+sum. Split sizes are exchanged once before timing (a real user would pay for that too, so anchors are a floor for
+these libraries, not a rival submission). Timing is the evaluator's own step (eval.timed_step): leaderboard-style
+host time, device-side time (slowest rank per iteration), harness floor; a fixed number of iterations after a
+warm-up. All cases of one anchor run in one process group.
+
+- nccl_a2a_x2: two `torch.distributed.all_to_all_single` (NCCL on NVIDIA, RCCL on AMD).
+- nvshmem_a2a_vdev_x2: two `torch.ops.symm_mem.all_to_all_vdev` (NVSHMEM), where the build has it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+ANCHORS = {
+    "nccl_a2a_x2": "2x all_to_all_single (NCCL) of the routed volume",
+    "nvshmem_a2a_vdev_x2": "2x symm_mem.all_to_all_vdev (NVSHMEM) of the routed volume",
+}
+ITERATIONS = 50
+WARMUP = 5
+
+
+@dataclasses.dataclass
+class Exchange:
+    """One rank's side of the routed volume: rows it sends to each rank, rows it gets from each."""
+    send_rows: list
+    recv_rows: list
+    hidden_dim: int
+
+
+def _exchange_of(args: dict, rank: int) -> Exchange:
+    import torch
+    import torch.distributed as dist
+
+    from reference import generate_input
+
+    cfg, rank_data, _, world_size = generate_input(**args, rank=rank)
+    owner = rank_data.indices.long().reshape(-1) // (cfg.num_experts // world_size)
+    send = torch.bincount(owner, minlength=world_size)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send)
+    return Exchange(send.tolist(), recv.tolist(), cfg.hidden_dim)
+
+
+def _nccl_call(exchange: Exchange, device):
+    import torch
+    import torch.distributed as dist
+
+    h = exchange.hidden_dim
+    rows_out = torch.randn(sum(exchange.send_rows), h, dtype=torch.float16, device=device)
+    rows_in = torch.empty(sum(exchange.recv_rows), h, dtype=torch.float16, device=device)
+    rows_back = torch.empty_like(rows_out)
+
+    def call(_data):
+        dist.all_to_all_single(rows_in, rows_out, exchange.recv_rows, exchange.send_rows)
+        dist.all_to_all_single(rows_back, rows_in, exchange.send_rows, exchange.recv_rows)
+        return rows_back
+
+    return call, None
+
+
+def _nvshmem_call(exchange: Exchange, device):
+    """Two all_to_all_vdev on symmetric buffers sized for the case (splits in elements of flat float16 buffers).
+    Handles both schemas torch has shipped: (input, out, in_splits, out_splits_offsets, group) and the older
+    (input, out, in_out_splits, group)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    if hasattr(symm_mem, "is_nvshmem_available") and not symm_mem.is_nvshmem_available():
+        raise RuntimeError("this torch build has no NVSHMEM")
+    if hasattr(symm_mem, "set_backend"):
+        symm_mem.set_backend("NVSHMEM")
+    group = dist.group.WORLD.group_name
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):
+        symm_mem.enable_symm_mem_for_group(group)
+    h, world = exchange.hidden_dim, len(exchange.send_rows)
+    capacity = max(sum(exchange.send_rows), sum(exchange.recv_rows), 1)
+    capacity = torch.tensor([capacity], device=device)
+    dist.all_reduce(capacity, op=dist.ReduceOp.MAX)  # symmetric buffers must have the same size everywhere
+    elements = int(capacity.item()) * h
+
+    def buffer(shape, dtype):
+        tensor = symm_mem.empty(shape, dtype=dtype, device=device)
+        symm_mem.rendezvous(tensor, group)
+        return tensor
+
+    rows_out, rows_in, rows_back = (buffer(elements, torch.float16) for _ in range(3))
+    rows_out.normal_()
+    splits = torch.tensor([r * h for r in exchange.send_rows], dtype=torch.int64, device=device)
+    op = torch.ops.symm_mem.all_to_all_vdev
+    if len(op.default._schema.arguments) == 5:
+        in_splits, back_splits = buffer(world, torch.int64), buffer(world, torch.int64)
+        out_meta, back_meta = buffer((2, world), torch.int64), buffer((2, world), torch.int64)
+        in_splits.copy_(splits)
+
+        def call(_data):
+            op(rows_out, rows_in, in_splits, out_meta, group)
+            back_splits.copy_(out_meta[0])
+            op(rows_in, rows_back, back_splits, back_meta, group)
+            return rows_back
+    else:
+        there, back = buffer((3, world), torch.int64), buffer((3, world), torch.int64)
+        there[0].copy_(splits)
+
+        def call(_data):
+            op(rows_out, rows_in, there, group)
+            back[0].copy_(there[1])
+            op(rows_in, rows_back, back, group)
+            return rows_back
+
+    return call, (rows_out, rows_in, rows_back)
+
+
+_CALLS = {"nccl_a2a_x2": _nccl_call, "nvshmem_a2a_vdev_x2": _nvshmem_call}
+
+
+def _anchor_rank(rank: int, world_size: int, anchor: str, cases: list, iterations: int) -> Optional[list]:
+    """Times `anchor` on every case in this one process group; rank 0 returns one row per case."""
+    import torch
+    import torch.distributed as dist
+
+    import eval as core
+
+    device = torch.device(f"cuda:{rank}")
+    rows = []
+    for args in cases:
+        row = {"version": anchor, "kind": "anchor", **args}
+        try:
+            exchange = _exchange_of(args, rank)
+            call, keep = _CALLS[anchor](exchange, device)
+            for _ in range(WARMUP):
+                call(None)
+            torch.cuda.synchronize()
+            host, device_ns = [], []
+            for _ in range(iterations):
+                host_ns, _, dev = core.timed_step(call, None, rank, device_clock=True)
+                host.append(host_ns)
+                device_ns.append(dev)
+            per_iteration = torch.tensor(device_ns, dtype=torch.float64, device=device)
+            dist.all_reduce(per_iteration, op=dist.ReduceOp.MAX)
+            floor = [core.timed_step(None, None, rank)[0] for _ in range(iterations)]
+            del keep
+            row.update(status="pass", runs=iterations, mean_us=sum(host) / len(host) / 1e3,
+                       best_us=min(host) / 1e3, device_mean_us=float(per_iteration.mean()) / 1e3,
+                       device_best_us=float(per_iteration.min()) / 1e3, floor_mean_us=sum(floor) / len(floor) / 1e3,
+                       floor_best_us=min(floor) / 1e3, error="")
+        except Exception as exc:  # an anchor that cannot run here is reported, not fatal
+            row.update(status="unavailable", error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+        rows.append(row)
+    return rows if rank == 0 else None
+
+
+def run(cases: list, world_size: int, iterations: int = ITERATIONS, progress=print) -> list:
+    """One row per (anchor, case): the same fields as a version's rows, `kind` "anchor"."""
+    from launch import LaunchError, parallel_launch
+
+    rows = []
+    for anchor in ANCHORS:
+        progress(f"anchor {anchor}: {len(cases)} case(s), world size {world_size}")
+        try:
+            rows += parallel_launch(world_size, _anchor_rank, anchor, cases, iterations, backend="nccl",
+                                    timeout_s=600)[0]
+        except LaunchError as exc:
+            rows += [{"version": anchor, "kind": "anchor", **args, "status": "unavailable", "error": str(exc)[:300]}
+                     for args in cases]
+    return rows

@@ -1,0 +1,376 @@
+"""Kernel timelines: where a version's time goes, per rank, per phase.
+
+    python eval.py trace VERSION [--cases benchmarks:4] [--world-size N] [--iterations N]     (make trace V= CASE=)
+
+Each rank imports the version's trace build (A2A_TRACE=1: kernels record (phase, block, warp, start, end) on the
+device clock; a version without probes is traced from the profiler's kernel records alone), runs warm-up calls,
+then `iterations` calls, each between two marker kernels that stamp the device clock where the stream reaches
+them, under torch.profiler (host side: the call, launches, syncs, PyTorch ops). The L2 is cleared before each call,
+as in the timed runs.
+
+Clocks: the host events and the profiler's kernel records share a host clock; the stamp kernels appear both there
+and on the device clock, which gives each rank's host-to-device offset (error: half the spread over the stamps).
+GPUs' clocks are aligned to rank 0's by a ping-pong through peer memory (a2a/probes.py; error: half the fastest
+round trip, at least one clock step). Both errors are written into the trace's metadata.
+
+Output under traces/<date>_<device>_ws<N>_<version>_<case>/: trace.json (Chrome trace events: ranks are
+processes, blocks are threads, a host thread per rank; opens in ui.perfetto.dev and chrome://tracing), timeline.png
+(one band per rank, phases coloured, the median iteration) and phases.md (median over iterations per rank: the
+call cut into host-before-first-kernel, kernels, gaps between kernels and after the last kernel, which sum to the
+marker-to-marker time; within each kernel, the time each named phase was active; the host's time in the call).
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+WARMUP = 5
+JSON_ITERATIONS = 3  # iterations written into trace.json (the table uses all of them)
+HOST_TID = 1_000_000
+KERNEL_TID = 999_999  # profiler kernels of versions without probes
+HOST_CATEGORIES = {"user_annotation", "cuda_runtime", "cuda_driver", "cpu_op"}
+DEVICE_CATEGORIES = {"kernel", "gpu_memset", "gpu_memcpy"}
+STAMP_KERNEL = "stamp_kernel"
+
+
+def _load_version(path: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"traced_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _profile_events(prof) -> list:
+    """(category, name, start µs, end µs) of the profiler's host and device events, on its host clock."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "profile.json"
+        prof.export_chrome_trace(str(path))
+        raw = json.loads(path.read_text())
+    events = raw["traceEvents"] if isinstance(raw, dict) else raw
+    keep = HOST_CATEGORIES | DEVICE_CATEGORIES
+    return [(e["cat"], e["name"], float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
+            if e.get("ph") == "X" and e.get("cat") in keep]
+
+
+def _trace_rank(rank: int, world_size: int, path: str, args: dict, iterations: int) -> dict:
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    import eval as core
+    from a2a.probes import Probes
+    from reference import generate_input
+    from utils import clear_l2_cache
+
+    os.environ["A2A_TRACE"] = "1"
+    module = _load_version(path)
+    probes = Probes(rank, world_size)
+    try:
+        data = generate_input(**args, rank=rank)
+        for _ in range(WARMUP):
+            module.custom_kernel(core._clone_data(data, rank))
+        torch.cuda.synchronize()
+        take = getattr(module, "trace_take", None)
+        if take:
+            take()
+        clock = probes.clock_offsets()[rank]
+        marks = torch.zeros(iterations, 2, dtype=torch.int64, device=f"cuda:{rank}")
+        records, host_call_ns = [], []
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for i in range(iterations):
+                clear_l2_cache()
+                cloned = core._clone_data(data, rank)
+                torch.cuda.synchronize()
+                dist.barrier()
+                probes.stamp(marks[i, 0:1])
+                started = time.perf_counter_ns()
+                with record_function("custom_kernel"):
+                    module.custom_kernel(cloned)
+                host_call_ns.append(time.perf_counter_ns() - started)
+                probes.stamp(marks[i, 1:2])
+                torch.cuda.synchronize()
+                if take:
+                    records.append(take().tolist())
+        return {"rank": rank, "marks": marks.cpu().tolist(), "records": records, "host_call_ns": host_call_ns,
+                "clock": clock, "events": _profile_events(prof),
+                "phases": list(getattr(module, "TRACE_PHASES", ())) if take else []}
+    finally:
+        probes.close()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Analysis (pure: CPU-tested on synthetic rank data)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _union_ns(intervals: list) -> float:
+    """Total length of the union of [start, end) intervals."""
+    total, reach = 0.0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
+def host_to_device_ns(rank_data: dict) -> tuple[float, float]:
+    """(offset, error): device ns = host µs * 1000 + offset, from the stamp kernels seen on both clocks; (nan, inf)
+    when the profiler recorded no kernels (host events and profiler-only kernels are then left out; the probes'
+    breakdown does not need them)."""
+    stamps = sorted(start for cat, name, start, _ in rank_data["events"] if cat == "kernel" and STAMP_KERNEL in name)
+    marks = [m for pair in rank_data["marks"] for m in pair]
+    if len(stamps) != len(marks):
+        return float("nan"), float("inf")
+    offsets = [mark - stamp * 1e3 for stamp, mark in zip(stamps, marks)]
+    return statistics.median(offsets), (max(offsets) - min(offsets)) / 2
+
+
+def device_spans(rank_data: dict, iteration: int, host_offset_ns: float) -> list:
+    """(phase, block, warp, start ns, end ns) on this rank's device clock for one iteration: the probes' records,
+    or, for a version without probes, the profiler's kernels inside the iteration's markers (block -1)."""
+    if rank_data["phases"]:
+        names = rank_data["phases"]
+        return [(names[phase], where >> 16, where & 0xFFFF, start, end)
+                for phase, where, start, end in rank_data["records"][iteration]]
+    begin, finish = rank_data["marks"][iteration]
+    spans = []
+    for cat, name, start, end in rank_data["events"]:
+        if cat in DEVICE_CATEGORIES and STAMP_KERNEL not in name:
+            s, e = start * 1e3 + host_offset_ns, end * 1e3 + host_offset_ns
+            if begin <= s and e <= finish:
+                spans.append((name.split("(")[0][:60], -1, 0, s, e))
+    return spans
+
+
+def breakdown(rank_data: dict, iteration: int, host_offset_ns: float) -> dict:
+    """One rank, one iteration: {row name: µs}. Rows "host and launch before the first kernel", each kernel,
+    "gaps between kernels" and "after the last kernel" sum to the marker-to-marker time ("device-side (markers)");
+    rows "kernel / phase" are the time that phase was active inside the kernel (union over blocks and warps)."""
+    begin, finish = rank_data["marks"][iteration]
+    spans = device_spans(rank_data, iteration, host_offset_ns)
+    kernels: dict = {}
+    phases: dict = {}
+    for phase, _, _, start, end in spans:
+        kernel = phase.split(".")[0]
+        low, high = kernels.get(kernel, (start, end))
+        kernels[kernel] = (min(low, start), max(high, end))
+        if "." in phase:
+            phases.setdefault(phase, []).append((start, end))
+    rows = {"device-side (markers)": (finish - begin) / 1e3}
+    ordered = sorted(kernels.items(), key=lambda item: item[1][0])
+    if ordered:
+        rows["host and launch before the first kernel"] = (ordered[0][1][0] - begin) / 1e3
+        gaps = 0.0
+        for i, (kernel, (start, end)) in enumerate(ordered):
+            rows[kernel] = (end - start) / 1e3
+            if i:
+                gaps += start - ordered[i - 1][1][1]
+        rows["gaps between kernels"] = gaps / 1e3
+        rows["after the last kernel"] = (finish - ordered[-1][1][1]) / 1e3
+    for phase, intervals in phases.items():
+        rows[phase.replace(".", " / ", 1)] = _union_ns(intervals) / 1e3
+    rows["host: custom_kernel, enter to return"] = rank_data["host_call_ns"][iteration] / 1e3
+    return rows
+
+
+def _placed(host_offset: float) -> bool:
+    return host_offset == host_offset
+
+
+def phase_table(ranks: list) -> tuple[list, list]:
+    """Median over iterations per rank of every breakdown row; returns (header, rows) with per-rank µs, the
+    slowest rank, and the share of the slowest rank's device-side time (top rows) or of its kernel (phase rows)."""
+    per_rank = []
+    for data in ranks:
+        offset, _ = host_to_device_ns(data)
+        samples = [breakdown(data, i, offset) for i in range(len(data["marks"]))]
+        names = list(dict.fromkeys(name for sample in samples for name in sample))
+        per_rank.append({name: statistics.median([s.get(name, 0.0) for s in samples]) for name in names})
+    names = list(dict.fromkeys(name for rank in per_rank for name in rank))
+    header = ["phase"] + [f"rank {d['rank']} µs" for d in ranks] + ["slowest rank", "share"]
+    rows = []
+    for name in names:
+        values = [rank.get(name, 0.0) for rank in per_rank]
+        slowest = max(range(len(values)), key=lambda r: values[r])
+        part_of = name.split(" / ")[0] if " / " in name else "device-side (markers)"
+        whole = per_rank[slowest].get(part_of, 0.0)
+        share = f"{100 * values[slowest] / whole:.0f}%" if whole else ""
+        rows.append([name, *values, ranks[slowest]["rank"], share])
+    return header, rows
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Writers
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _aligned(ranks: list) -> tuple[list, float]:
+    """Per rank (host offset, host error, device-to-rank-0 offset, its error) and the origin (ns, rank 0 clock)."""
+    frames = []
+    for data in ranks:
+        host_offset, host_error = host_to_device_ns(data)
+        frames.append((host_offset, host_error, data["clock"]["offset_ns"], data["clock"]["error_ns"]))
+    origin = min(data["marks"][0][0] - frame[2] for data, frame in zip(ranks, frames))
+    return frames, origin
+
+
+def chrome_trace(ranks: list, meta: dict) -> dict:
+    """Chrome trace events (µs from the first marker, rank 0's clock): pid = rank, tid = block, a host thread."""
+    frames, origin = _aligned(ranks)
+    events = []
+    for data, (host_offset, _, device_offset, _) in zip(ranks, frames):
+        pid = data["rank"]
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"rank {pid}"}})
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": HOST_TID, "args": {"name": "host (CPU)"}})
+        to_us = lambda device_ns: (device_ns - device_offset - origin) / 1e3  # noqa: E731
+        blocks = set()
+        shown = range(min(JSON_ITERATIONS, len(data["marks"])))
+        for i in shown:
+            begin, finish = data["marks"][i]
+            events.append({"ph": "X", "name": "call (markers)", "pid": pid, "tid": HOST_TID - 1, "ts": to_us(begin),
+                           "dur": (finish - begin) / 1e3, "args": {"iteration": i}})
+            for phase, block, warp, start, end in device_spans(data, i, host_offset):
+                if "." in phase and warp != 0:
+                    continue  # warp 0 of each block in the picture; every warp counts in phases.md
+                tid = KERNEL_TID if block < 0 else block
+                blocks.add(tid)
+                events.append({"ph": "X", "name": phase, "pid": pid, "tid": tid, "ts": to_us(start),
+                               "dur": (end - start) / 1e3, "args": {"iteration": i, "warp": warp}})
+            window = (begin - host_offset) / 1e3, (finish - host_offset) / 1e3
+            for cat, name, start, end in data["events"] if _placed(host_offset) else []:
+                if cat in HOST_CATEGORIES and window[0] - 200 <= start <= window[1]:
+                    events.append({"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": HOST_TID,
+                                   "ts": to_us(start * 1e3 + host_offset), "dur": end - start,
+                                   "args": {"iteration": i}})
+        for tid in sorted(blocks):
+            label = "kernels (profiler)" if tid == KERNEL_TID else f"block {tid}"
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}})
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": HOST_TID - 1,
+                       "args": {"name": "call (markers)"}})
+    alignment = {f"rank {d['rank']}": {"device_offset_from_rank0_ns": f[2], "device_alignment_error_ns": f[3],
+                                       "host_to_device_error_ns": f[1], "timer_step_ns": d["clock"]["timer_step_ns"]}
+                 for d, f in zip(ranks, frames)}
+    return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {**meta, "clock_alignment": alignment}}
+
+
+def timeline_png(ranks: list, meta: dict, path: Path) -> Path:
+    """One band per rank: a row per phase (kernels and their named phases), the host's call on top, for the
+    iteration whose slowest rank had the median marker-to-marker time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    frames, _ = _aligned(ranks)
+    durations = [max(d["marks"][i][1] - d["marks"][i][0] for d in ranks) for i in range(len(ranks[0]["marks"]))]
+    iteration = sorted(range(len(durations)), key=lambda i: durations[i])[len(durations) // 2]
+    origin = min(d["marks"][iteration][0] - f[2] for d, f in zip(ranks, frames))
+    lanes, colors = [], {}
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for data, (host_offset, _, device_offset, _) in zip(ranks, frames):
+        by_phase: dict = {}
+        for phase, _, _, start, end in device_spans(data, iteration, host_offset):
+            by_phase.setdefault(phase, []).append(((start - device_offset - origin) / 1e3, (end - start) / 1e3))
+        begin, finish = data["marks"][iteration]
+        call = [((begin - device_offset - origin) / 1e3, (finish - begin) / 1e3)]
+        lanes.append((f"rank {data['rank']}: call (markers)", call, "black"))
+        for phase in sorted(by_phase, key=lambda p: min(s for s, _ in by_phase[p])):
+            kernel = phase.split(".")[0]
+            colors.setdefault(kernel, palette[len(colors) % len(palette)])
+            lanes.append((f"rank {data['rank']}: {phase}", by_phase[phase], colors[kernel]))
+    fig, ax = plt.subplots(figsize=(12, 0.28 * len(lanes) + 1.5))
+    for row, (label, bars, color) in enumerate(reversed(lanes)):
+        ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=color, alpha=0.55 if "." in label else 0.9)
+    ax.set_yticks(range(len(lanes)))
+    ax.set_yticklabels([label for label, _, _ in reversed(lanes)], fontsize=6)
+    ax.set_xlabel("µs from the first rank's start marker (rank 0's clock)")
+    ax.set_title(f"{meta['version']}, {meta['case']}: iteration {iteration} (median), {meta['device']}, world size "
+                 f"{meta['world_size']}, {meta['date']}, commit {meta['commit']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def phases_markdown(ranks: list, meta: dict) -> str:
+    from tabulate import tabulate
+
+    header, rows = phase_table(ranks)
+    frames, _ = _aligned(ranks)
+    alignment = ", ".join(f"rank {d['rank']} ±{f[3] / 1e3:.2f} µs" for d, f in zip(ranks, frames))
+    lines = [f"# {meta['version']}: {meta['case']}", "",
+             f"{meta['device']}, world size {meta['world_size']}, {meta['date']}, commit {meta['commit']}; trace build, "
+             f"{meta['iterations']} traced iterations after {WARMUP} warm-up calls, L2 cleared before each. Median "
+             "over iterations, per rank, µs on each GPU's own clock. The rows from 'host and launch' to 'after the "
+             "last kernel' cut the marker-to-marker time into named parts; 'kernel / phase' rows are the time the "
+             "phase was active inside that kernel (union over blocks and warps), share = of that kernel.", "",
+             f"GPU clock alignment to rank 0 (only the picture and trace.json need it): {alignment}.", "",
+             tabulate(rows, headers=header, tablefmt="github", floatfmt=".1f")]
+    return "\n".join(lines) + "\n"
+
+
+def write(ranks: list, meta: dict, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "trace.json").write_text(json.dumps(chrome_trace(ranks, meta)))
+    timeline_png(ranks, meta, folder / "timeline.png")
+    (folder / "phases.md").write_text(phases_markdown(ranks, meta))
+    return folder
+
+
+def case_label(args: dict) -> str:
+    return (f"E{args['num_experts']}_k{args['experts_per_token']}_H{args['hidden_dim']}_T{args['max_num_tokens']}"
+            f"_s{args['seed']}")
+
+
+def trace_version(version: str, cases: str, world_size: Optional[int], backend: Optional[str], iterations: int,
+                  out: Path) -> list:
+    """Traces every case of `cases`; returns the folders written (empty where the machine cannot trace)."""
+    import eval as core
+    from a2a import harness, probes
+    from launch import parallel_launch
+
+    harness.use_bundle_modules()
+    path = harness.checked_version(version)
+    world_size, backend = harness.plan_run(world_size, backend)
+    if backend != "nccl" or world_size < 2:
+        print(f"skipped tracing {path.stem}: timelines need at least 2 GPUs (this run: {backend}, world size "
+              f"{world_size})")
+        return []
+    if iterations < 1:
+        raise core.UserError(f"--iterations must be at least 1, not {iterations}")
+    case_list = harness.case_args(cases, world_size)
+    core.validate_cases([core.TestCase(args, core.spec_line(args)) for args in case_list], world_size, backend,
+                        harness.machine_gpus())
+    core.import_once(path.parent, path.stem, env={"A2A_TRACE": "1", "PYTHONPATH": os.pathsep.join(sys.path)},
+                     compiles=harness.needs_gpu(path))
+    probes.extension()
+    folders = []
+    for args in case_list:
+        meta = {**harness.run_meta(backend, world_size, "trace"), "version": path.stem, "case": core.spec_line(args),
+                "iterations": iterations}
+        print(f"tracing {path.stem} on {meta['case']} ({iterations} iterations)")
+        ranks = parallel_launch(world_size, _trace_rank, str(path), args, iterations, backend="nccl", timeout_s=600)
+        name = f"{meta['date']}_{harness.device_slug(meta)}_ws{world_size}_{path.stem}_{case_label(args)}"
+        folder = write(ranks, meta, out / name)
+        print((folder / "phases.md").read_text())
+        print(f"saved {folder}")
+        folders.append(folder)
+    return folders
+
+
+def main_trace(version: str, cases: str, world_size: Optional[int], backend: Optional[str], iterations: int) -> int:
+    from a2a import harness
+
+    trace_version(version, cases, world_size, backend, iterations, harness.ROOT / "traces")
+    return 0

@@ -1,0 +1,97 @@
+"""The timeline writer on synthetic rank data: the breakdown, the phase table, the Chrome trace, the picture."""
+import json
+
+import pytest
+
+from a2a import timeline
+
+PHASES = ["send", "send.rows", "recv", "recv.wait"]
+
+
+def rank_data(rank: int, clock_offset_ns: float, slower_ns: int = 0) -> dict:
+    """One iteration: markers at 1000 and 11000 ns (this GPU's clock, shifted by clock_offset_ns); kernel `send`
+    on two blocks 2000-6000 (+ slower_ns), its phase `rows` on two warps 2000-4000; kernel `recv` 7000-9000 with
+    `wait` 7500-8000. The profiler saw the two stamps 500 ns (host clock) before the markers' values."""
+    shift = clock_offset_ns
+    records = [[0, (0 << 16) | 0, 2000, 5000], [0, (1 << 16) | 0, 2500, 6000 + slower_ns],
+               [1, (0 << 16) | 0, 2000, 3000], [1, (0 << 16) | 1, 2500, 4000],
+               [2, (0 << 16) | 0, 7000, 9000], [3, (0 << 16) | 0, 7500, 8000]]
+    records = [[p, w, s + shift, e + shift] for p, w, s, e in records]
+    events = [("kernel", "stamp_kernel(long*)", (500 + shift) / 1e3, (600 + shift) / 1e3),
+              ("kernel", "stamp_kernel(long*)", (10500 + shift) / 1e3, (10600 + shift) / 1e3),
+              ("user_annotation", "custom_kernel", (600 + shift) / 1e3, (3600 + shift) / 1e3),
+              ("cuda_runtime", "cudaLaunchKernel", (1000 + shift) / 1e3, (1200 + shift) / 1e3)]
+    return {"rank": rank, "marks": [[1000 + shift, 11000 + shift]], "records": [records], "host_call_ns": [3000],
+            "clock": {"offset_ns": clock_offset_ns, "error_ns": 100.0, "timer_step_ns": 32},
+            "events": events, "phases": PHASES}
+
+
+META = {"device": "test device", "world_size": 2, "date": "2026-11-22", "commit": "abc", "version": "vT",
+        "case": "num_experts: 8", "iterations": 1, "backend": "nccl", "mode": "trace"}
+
+
+def test_breakdown_cuts_the_call_into_named_parts_that_sum_to_it():
+    data = rank_data(0, 0.0)
+    offset, error = timeline.host_to_device_ns(data)
+    assert (offset, error) == (500.0, 0.0)
+    rows = timeline.breakdown(data, 0, offset)
+    assert rows == {"device-side (markers)": 10.0, "host and launch before the first kernel": 1.0, "send": 4.0,
+                    "recv": 2.0, "gaps between kernels": 1.0, "after the last kernel": 2.0, "send / rows": 2.0,
+                    "recv / wait": 0.5, "host: custom_kernel, enter to return": 3.0}
+    top = ["host and launch before the first kernel", "send", "gaps between kernels", "recv", "after the last kernel"]
+    assert sum(rows[name] for name in top) == rows["device-side (markers)"]
+
+
+def test_phase_table_names_the_slowest_rank_and_shares():
+    header, rows = timeline.phase_table([rank_data(0, 0.0), rank_data(1, 5e6, slower_ns=1000)])
+    assert header == ["phase", "rank 0 µs", "rank 1 µs", "slowest rank", "share"]
+    by_name = {row[0]: row for row in rows}
+    assert by_name["send"][1:] == [4.0, 5.0, 1, "50%"]  # 5 µs of rank 1's 10 µs call
+    assert by_name["send / rows"][1:] == [2.0, 2.0, 0, "50%"]  # of rank 0's 4 µs send kernel
+
+
+def test_a_version_without_probes_is_traced_from_the_profilers_kernels():
+    data = rank_data(0, 0.0)
+    data["phases"], data["records"] = [], []
+    data["events"].append(("kernel", "ncclDevKernel_AllToAll(int)", 2.0, 5.0))  # host µs -> 2500..5500 device ns
+    rows = timeline.breakdown(data, 0, 500.0)
+    assert rows["ncclDevKernel_AllToAll"] == 3.0
+    assert rows["host and launch before the first kernel"] == 1.5
+
+
+def test_chrome_trace_has_ranks_blocks_host_and_alignment():
+    trace = timeline.chrome_trace([rank_data(0, 0.0), rank_data(1, 5e6)], META)
+    json.dumps(trace)  # serialisable
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {0, 1}
+    send = [e for e in spans if e["name"] == "send" and e["pid"] == 1]
+    assert sorted(e["tid"] for e in send) == [0, 1]
+    # rank 1's clock runs 5 ms ahead: aligned, its kernels sit where rank 0's do
+    assert min(e["ts"] for e in send) == pytest.approx(1.0) and min(
+        e["ts"] for e in spans if e["name"] == "send" and e["pid"] == 0) == pytest.approx(1.0)
+    host = [e for e in spans if e["tid"] == timeline.HOST_TID and e["pid"] == 0]
+    assert {e["name"] for e in host} == {"custom_kernel", "cudaLaunchKernel"}
+    assert [e["ts"] for e in host if e["name"] == "custom_kernel"] == [pytest.approx(0.1)]
+    alignment = trace["otherData"]["clock_alignment"]
+    assert alignment["rank 1"]["device_alignment_error_ns"] == 100.0
+    assert alignment["rank 1"]["device_offset_from_rank0_ns"] == 5e6
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert names[(0, 1)] == "block 1" and names[(1, timeline.HOST_TID)] == "host (CPU)"
+
+
+def test_write_makes_the_json_the_picture_and_the_table(tmp_path):
+    folder = timeline.write([rank_data(0, 0.0), rank_data(1, 5e6)], META, tmp_path / "t")
+    assert json.loads((folder / "trace.json").read_text())["otherData"]["version"] == "vT"
+    assert (folder / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (folder / "phases.md").read_text()
+    assert "| send / rows" in table and "test device, world size 2" in table
+
+
+def test_without_the_profilers_stamps_the_probes_still_give_the_breakdown():
+    data = rank_data(0, 0.0)
+    data["events"] = [e for e in data["events"] if "stamp" not in e[1]]
+    offset, error = timeline.host_to_device_ns(data)
+    assert offset != offset and error == float("inf")
+    assert timeline.breakdown(data, 0, offset)["send"] == 4.0
+    trace = timeline.chrome_trace([data], META)
+    assert not [e for e in trace["traceEvents"] if e.get("tid") == timeline.HOST_TID and e["ph"] == "X"]
