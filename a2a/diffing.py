@@ -1,0 +1,294 @@
+"""What a step between two versions changed in the code, what it did to the time, and whether that is more than
+noise (`python diff.py A B`, `make diff A= B=`).
+
+Code: unified diffs of the device source (the KERNELS and BINDING strings) and of the Python around them, each with
+added and removed line counts; a function or kernel that disappears from A while one with a similar body (80% or
+more, names aside) appears in B is reported as a rename.
+
+Time: both versions run in one process group on one machine, on the same inputs (same seeds). Each version is
+first checked against the reference on every case (a failing one is reported, not timed). Timing runs in rounds;
+each round has its own freshly loaded instance of each version, and inside a round timed steps (the evaluator's
+own: leaderboard-style host time and device-side time) alternate A, B, B, A, ... so that drift and order effects
+hit both alike. Why rounds: two instances of the same code can differ persistently (buffer placement, state), by up
+to 20% on a CPU; steps within one instance do not show that, rounds do. Per shape, B/A is the geometric mean over
+rounds of the ratio of mean step times, with a Student-t interval on the per-round log ratios (shown at 95%).
+Verdict: "B faster/slower by X% (±Y)" only when the interval at the family-wise level (FAMILY_ALPHA, Bonferroni over
+every verdict of the run) excludes 1 and the change is at least MIN_EFFECT; else "no difference within noise". So a
+version against itself says "no difference" on every shape in at least 95% of runs, not only per shape.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import math
+import re
+import statistics
+from pathlib import Path
+from typing import Optional
+
+DEVICE_STRINGS = ("KERNELS", "BINDING")
+RENAME_SIMILARITY = 0.8
+MIN_EFFECT = 0.02
+FAMILY_ALPHA = 0.05
+ROUNDS = 8
+PAIRS = 8  # step pairs per round
+WARMUP = 2
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Code
+# --------------------------------------------------------------------------------------------------------------
+
+
+def split_source(text: str) -> dict:
+    """{"KERNELS": device source, "BINDING": torch layer, "python": the rest, each device string replaced by one
+    placeholder line}."""
+    lines = text.splitlines(keepends=True)
+    parts = {name: "" for name in DEVICE_STRINGS}
+    spans = []
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            names = [t.id for t in node.targets if isinstance(t, ast.Name) and t.id in DEVICE_STRINGS]
+            if names:
+                parts[names[0]] = node.value.value
+                spans.append((node.lineno - 1, node.end_lineno, names[0]))
+    python, position = [], 0
+    for start, end, name in sorted(spans):
+        python += lines[position:start] + [f"{name} = \"<device source, diffed on its own>\"\n"]
+        position = end
+    parts["python"] = "".join(python + lines[position:])
+    return parts
+
+
+_DEVICE_FUNCTION = re.compile(r"^(?:template\s*<[^>]*>\s*)?(?:[\w:<>*&,]+\s+)+?\**(\w+)\s*\([^;{]*\)\s*(?:const\s*)?\{",
+                              re.MULTILINE)
+
+
+def functions(source: str, device: bool) -> dict:
+    """name -> body text (for rename matching): top-level functions and kernels of a device source, functions and
+    classes of Python (methods count as Class.method)."""
+    if not device:
+        found = {}
+        for node in ast.walk(ast.parse(source)) if source.strip() else []:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found[node.name] = ast.unparse(node).split("\n", 1)[-1]
+        return found
+    found = {}
+    for match in _DEVICE_FUNCTION.finditer(source):
+        depth, end = 0, match.end() - 1
+        for end in range(match.end() - 1, len(source)):
+            depth += {"{": 1, "}": -1}.get(source[end], 0)
+            if depth == 0:
+                break
+        found[match[1]] = source[match.end():end]
+    return found
+
+
+def renames(old: dict, new: dict) -> list:
+    """[(old name, new name, similarity)] for functions gone from `old` whose body reappears under a new name."""
+    gone = [n for n in old if n not in new]
+    came = [n for n in new if n not in old]
+    found = []
+    for name in gone:
+        scored = [(difflib.SequenceMatcher(None, old[name].replace(name, "#"), new[c].replace(c, "#")).ratio(), c)
+                  for c in came]
+        if scored:
+            score, best = max(scored)
+            if score >= RENAME_SIMILARITY:
+                found.append((name, best, score))
+                came.remove(best)
+    return found
+
+
+@dataclasses.dataclass
+class SectionDiff:
+    section: str
+    added: int
+    removed: int
+    unified: str
+    renamed: list
+
+
+def code_diff(path_a: Path, path_b: Path) -> list:
+    """One SectionDiff per part (KERNELS, BINDING, python)."""
+    a, b = split_source(path_a.read_text()), split_source(path_b.read_text())
+    out = []
+    for section in DEVICE_STRINGS + ("python",):
+        lines = list(difflib.unified_diff(a[section].splitlines(keepends=True), b[section].splitlines(keepends=True),
+                                          fromfile=f"{path_a.stem}:{section}", tofile=f"{path_b.stem}:{section}"))
+        body = [line for line in lines if not line.startswith(("---", "+++"))]
+        device = section != "python"
+        out.append(SectionDiff(section, sum(1 for line in body if line.startswith("+")),
+                               sum(1 for line in body if line.startswith("-")),
+                               "".join(line if line.endswith("\n") else line + "\n" for line in lines),
+                               renames(functions(a[section], device), functions(b[section], device))))
+    return out
+
+
+def code_summary(diffs: list) -> str:
+    lines = []
+    for diff in diffs:
+        moved = "; ".join(f"renamed {old} -> {new} ({score:.0%} alike)" for old, new, score in diff.renamed)
+        lines.append(f"{diff.section}: +{diff.added} -{diff.removed} lines" + (f"; {moved}" if moved else ""))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Time
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _load(path: str, name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _diff_rank(rank: int, world_size: int, path_a: str, path_b: str, cases: list, rounds: int,
+               pairs: int) -> Optional[list]:
+    """In one process group. Each round has its own freshly loaded instance of each version (its own state,
+    buffers and heaps), so what persists inside one instance counts as noise between rounds. Per case: check both
+    versions, then per round alternate timed steps A,B,B,A,... Rank 0 returns per case {"a": ..., "b": ...} with
+    host and device ns per round and step, or the check failure."""
+    import torch
+    import torch.distributed as dist
+
+    import eval as core
+    from reference import check_implementation, generate_input
+
+    instances = {key: [_load(path, f"diff_{key}_{r}") for r in range(rounds)]
+                 for key, path in (("a", path_a), ("b", path_b))}
+    device = f"cuda:{rank}" if core._on_gpu() else "cpu"
+    results = []
+    for args in cases:
+        data = generate_input(**args, rank=rank)
+        case = {}
+        for key, modules in instances.items():
+            good, message = check_implementation(core._snapshot(data),
+                                                 modules[0].custom_kernel(core._clone_data(data, rank)))
+            if not core._all_ok(good, rank):
+                case[key] = {"failed": message or "another rank failed its check"}
+        timed = [key for key in instances if key not in case]
+        steps = {key: {"host": [], "device": []} for key in timed}
+        for r in range(rounds):
+            for key in timed:
+                for _ in range(WARMUP):
+                    instances[key][r].custom_kernel(core._clone_data(data, rank))
+            order = timed if len(timed) == 2 else timed * 2
+            this_round = {key: {"host": [], "device": []} for key in timed}
+            for pair in range(pairs):
+                for key in (order if pair % 2 == 0 else order[::-1]):
+                    host_ns, _, device_ns = core.timed_step(instances[key][r].custom_kernel, data, rank,
+                                                            device_clock=True)
+                    this_round[key]["host"].append(host_ns)
+                    this_round[key]["device"].append(device_ns)
+            for key in timed:
+                slowest = torch.tensor(this_round[key]["device"], dtype=torch.float64, device=device)
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                steps[key]["host"].append(this_round[key]["host"])
+                steps[key]["device"].append(slowest.tolist())
+        for key in timed:
+            case[key] = steps[key]
+        results.append(case)
+    return results if rank == 0 else None
+
+
+def ratio_interval(a_rounds: list, b_rounds: list, confidence: float) -> tuple[float, float, float]:
+    """(B/A, low, high): per round the ratio of mean step times; the geometric mean over rounds with a Student-t
+    interval on the log ratios (rounds are the independent unit)."""
+    from scipy import stats
+
+    logs = [math.log(sum(b) / sum(a)) for a, b in zip(a_rounds, b_rounds)]
+    mean = sum(logs) / len(logs)
+    spread = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else float("inf")
+    half = stats.t.ppf(0.5 + confidence / 2, len(logs) - 1) * spread if len(logs) > 1 else float("inf")
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def verdict(ratio: float, shown: tuple, decisive: tuple) -> str:
+    """`shown`: the 95% interval (reported); `decisive`: the family-wise interval the verdict rests on."""
+    spread = 100 * (shown[1] - shown[0]) / 2
+    if decisive[0] > 1 and ratio - 1 >= MIN_EFFECT:
+        return f"B slower by {100 * (ratio - 1):.1f}% (±{spread:.1f})"
+    if decisive[1] < 1 and 1 - ratio >= MIN_EFFECT:
+        return f"B faster by {100 * (1 - ratio):.1f}% (±{spread:.1f})"
+    return "no difference within noise"
+
+
+def compare(case_results: list, cases: list, alpha: float = FAMILY_ALPHA) -> list:
+    """One row per (case, timing): means, B/A with its 95% interval, the verdict at a family-wise error rate of
+    `alpha` over all verdicts of the run (Bonferroni); or the failure that kept a case from being timed."""
+    from a2a import harness
+
+    verdicts = sum(2 for case in case_results if all("failed" not in case[key] for key in ("a", "b")))
+    rows = []
+    for args, case in zip(cases, case_results):
+        shape = harness.shape_label(**args)
+        failed = {key: case[key]["failed"] for key in ("a", "b") if "failed" in case[key]}
+        for timing, field in (("device-side", "device"), ("leaderboard-style", "host")):
+            if failed:
+                rows.append({"shape": shape, "timing": timing, "verdict": "not timed: " + "; ".join(
+                    f"{key.upper()} fails its check: {message[:160]}" for key, message in failed.items())})
+                continue
+            a, b = case["a"][field], case["b"][field]
+            ratio, low, high = ratio_interval(a, b, 0.95)
+            _, strict_low, strict_high = ratio_interval(a, b, 1 - alpha / verdicts)
+            steps = [x for r in a for x in r], [x for r in b for x in r]
+            rows.append({"shape": shape, "timing": timing, "A µs": sum(steps[0]) / len(steps[0]) / 1e3,
+                         "B µs": sum(steps[1]) / len(steps[1]) / 1e3, "B/A": ratio, "95% low": low, "95% high": high,
+                         "rounds x steps": f"{len(a)} x {len(a[0])}",
+                         "verdict": verdict(ratio, (low, high), (strict_low, strict_high))})
+    return rows
+
+
+def time_versions(path_a: Path, path_b: Path, cases: list, world_size: int, backend: str, rounds: int,
+                  pairs: int, alpha: float = FAMILY_ALPHA) -> list:
+    from launch import parallel_launch
+
+    results = parallel_launch(world_size, _diff_rank, str(path_a), str(path_b), cases, rounds, pairs,
+                              backend=backend, timeout_s=1800)[0]
+    return compare(results, cases, alpha)
+
+
+def ratio_png(rows: list, meta: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [r for r in rows if "B/A" in r]
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    fig, ax = plt.subplots(figsize=(1.6 * len(shapes) + 3, 4))
+    for offset, timing, color in ((-0.15, "device-side", "tab:blue"), (0.15, "leaderboard-style", "tab:orange")):
+        points = [(shapes.index(r["shape"]) + offset, r) for r in timed if r["timing"] == timing]
+        if points:
+            ax.errorbar([x for x, _ in points], [r["B/A"] for _, r in points],
+                        yerr=[[r["B/A"] - r["95% low"] for _, r in points], [r["95% high"] - r["B/A"] for _, r in points]],
+                        fmt="o", color=color, capsize=4, label=timing)
+    ax.axhline(1.0, color="black", linewidth=1)
+    ax.set_xticks(range(len(shapes)))
+    ax.set_xticklabels(shapes, rotation=25, ha="right", fontsize=7)
+    ax.set_ylabel(f"time {meta['b']} / time {meta['a']} (95% interval)")
+    ax.set_title(f"{meta['b']} vs {meta['a']}: {meta['device']}, world size {meta['world_size']}, {meta['date']}",
+                 fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def last_commit(path: Path) -> str:
+    """The commit that last changed `path` (A2A_COMMIT's value where there is no .git)."""
+    import os
+    import subprocess
+
+    from a2a import harness
+
+    done = subprocess.run(["git", "log", "-1", "--format=%h", "--", str(path)], cwd=harness.ROOT, capture_output=True,
+                          text=True)
+    return done.stdout.strip() or os.environ.get("A2A_COMMIT", "unknown")

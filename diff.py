@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Diff two versions: what changed in the code, what it did to the time, and whether that is more than noise.
+
+    python diff.py A B [--cases benchmarks] [--world-size N] [--backend nccl|gloo] [--rounds 8] [--pairs 8]
+                       [--alpha 0.05] [--out results]
+
+A and B are version names as eval.py resolves them (v2, v3_fused_combine) or paths. The code delta is printed and
+saved; the timing runs wherever both versions can run (GPUs for all, CPU/gloo for PyTorch-only ones). Saved under
+results/<date>_<device>_ws<N>_diff_<A>_vs_<B>_<commit>/: diff.md, code.diff, timing.csv, timing.json, ratios.png.
+How the interval and the verdict are made: a2a/diffing.py (and README).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import eval as core
+from a2a import diffing, harness
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("a")
+    parser.add_argument("b")
+    parser.add_argument("--cases", default="benchmarks")
+    parser.add_argument("--world-size", type=int)
+    parser.add_argument("--backend")
+    parser.add_argument("--rounds", type=int, default=diffing.ROUNDS, help="rounds, each with fresh instances")
+    parser.add_argument("--pairs", type=int, default=diffing.PAIRS, help="A,B step pairs per round")
+    parser.add_argument("--alpha", type=float, default=diffing.FAMILY_ALPHA,
+                        help="family-wise error rate of the verdicts (Bonferroni over the run)")
+    parser.add_argument("--out", type=Path, default=harness.ROOT / "results")
+    args = parser.parse_args(argv)
+    core.install_signal_handlers()
+    harness.use_bundle_modules()
+    path_a, path_b = harness.checked_version(args.a), harness.checked_version(args.b)
+    if args.rounds < 2 or args.pairs < 1:
+        raise core.UserError(f"--rounds must be at least 2 and --pairs at least 1 (got {args.rounds}, {args.pairs})")
+    if not 0 < args.alpha < 1:
+        raise core.UserError(f"--alpha must be between 0 and 1, not {args.alpha}")
+    diffs = diffing.code_diff(path_a, path_b)
+    code = "".join(d.unified for d in diffs)
+    print(f"code: {path_a.stem} -> {path_b.stem}\n{diffing.code_summary(diffs)}\n")
+    world_size, backend = harness.plan_run(args.world_size, args.backend)
+    meta = {**harness.run_meta(backend, world_size, f"diff_{path_a.stem}_vs_{path_b.stem}"), "a": path_a.stem,
+            "b": path_b.stem, "commit_a": diffing.last_commit(path_a), "commit_b": diffing.last_commit(path_b),
+            "timing": f"{args.rounds} rounds with fresh instances x {args.pairs} interleaved A,B,B,A pairs of "
+                      "eval.timed_step on the same inputs; B/A = geometric mean over rounds of the ratio of means, "
+                      "Student-t interval over rounds"}
+    rows, skipped = [], ""
+    if backend == "gloo" and (harness.needs_gpu(path_a) or harness.needs_gpu(path_b)):
+        skipped = f"timing skipped: {path_a.stem} or {path_b.stem} builds GPU code and this machine runs CPU/gloo"
+    else:
+        cases = harness.case_args(args.cases, world_size)
+        core.validate_cases([core.TestCase(c, core.spec_line(c)) for c in cases], world_size, backend,
+                            harness.machine_gpus())
+        for path in (path_a, path_b):
+            core.import_once(path.parent, path.stem, env={"PYTHONPATH": os.pathsep.join(sys.path)},
+                             compiles=harness.needs_gpu(path))
+        print(f"timing {path_a.stem} and {path_b.stem}: {len(cases)} shape(s), {args.rounds} rounds x {args.pairs} "
+              f"pairs, world size {world_size}, {backend}")
+        rows = diffing.time_versions(path_a, path_b, cases, world_size, backend, args.rounds, args.pairs, args.alpha)
+        meta["alpha"] = args.alpha
+    report = render(meta, diffs, rows, skipped)
+    print(report)
+    folder = harness.run_folder(args.out, meta)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "diff.md").write_text(report + "\n")
+    (folder / "code.diff").write_text(code)
+    if rows:
+        import pandas as pd
+
+        pd.DataFrame(rows).assign(**{k: v for k, v in meta.items()}).to_csv(folder / "timing.csv", index=False)
+        diffing.ratio_png(rows, meta, folder / "ratios.png")
+    (folder / "timing.json").write_text(json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
+    print(f"\nsaved {folder}")
+    return core.EXIT_CHECK_FAILED if any(r["verdict"].startswith("not timed") for r in rows) else 0
+
+
+def render(meta: dict, diffs: list, rows: list, skipped: str) -> str:
+    from tabulate import tabulate
+
+    lines = [f"# {meta['b']} against {meta['a']}", "",
+             f"{meta['device']}, world size {meta['world_size']}, {meta['backend']}, {meta['date']}; run at commit "
+             f"{meta['commit']}; {meta['a']} last changed at {meta['commit_a']}, {meta['b']} at {meta['commit_b']}.",
+             "", "## Code", "", diffing.code_summary(diffs), "", "## Time", ""]
+    if rows:
+        lines += [f"Timing: {meta['timing']}. The interval shown is 95% per shape; a verdict needs the interval at a "
+                  f"family-wise error rate of {meta['alpha']:g} over the run's verdicts to exclude 1, and a change of "
+                  f"at least {diffing.MIN_EFFECT:.0%}.", "",
+                  tabulate(rows, headers="keys", tablefmt="github", floatfmt=".3f")]
+    lines += [skipped] if skipped else []
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except core.UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(core.EXIT_USAGE)
+    except core.Terminated as stop:
+        print(f"diff.py: {stop.name} received; stopped", file=sys.stderr)
+        sys.exit(128 + stop.signum)
