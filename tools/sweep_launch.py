@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Sweep the launch shape of a version that has LAUNCH_SHAPE (v3 onward): one kernel at a time, grid (blocks per
+multiprocessor, scaled by the device's count) x threads per block, the other kernels at their defaults. Each shape's
+output must be bit-identical to the default shape's (else it is marked); time = device-side time of one call (CUDA
+events, slowest rank per call, median over the calls), after a barrier, as in the evaluator's device clock.
+
+    python tools/sweep_launch.py VERSION [--cases benchmarks] [--world-size N] [--iterations 30] [--out results]
+
+Saves sweep.csv, sweep.md (per kernel: geometric mean over the shapes, and the best shape) and sweep.png (one
+heat map per kernel) under results/<date>_<device>_ws<N>_sweep-<version>_<commit>/, and prints the best
+LAUNCH_SHAPE.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import eval as core  # noqa: E402
+from a2a import harness  # noqa: E402
+
+PER_MULTIPROCESSOR = (0.5, 1, 2, 4)
+THREADS = (128, 256, 512, 1024)
+
+
+def _sweep_rank(rank: int, world_size: int, path: str, cases: list, iterations: int):
+    import importlib.util
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    from reference import generate_input
+
+    spec = importlib.util.spec_from_file_location(f"swept_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    default = dict(module.LAUNCH_SHAPE)
+    events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    rows = []
+    for args in cases:
+        data = generate_input(**args, rank=rank)
+        expected = module.custom_kernel(core._clone_data(data, rank)).clone()
+        for kernel in default:
+            for per_multiprocessor in PER_MULTIPROCESSOR:
+                for threads in THREADS:
+                    module.LAUNCH_SHAPE = {**default, kernel: (per_multiprocessor, threads)}
+                    same = torch.equal(module.custom_kernel(core._clone_data(data, rank)), expected)
+                    times = []
+                    for _ in range(iterations):
+                        cloned = core._clone_data(data, rank)
+                        torch.cuda.synchronize()
+                        dist.barrier()
+                        events[0].record()
+                        module.custom_kernel(cloned)
+                        events[1].record()
+                        events[1].synchronize()
+                        times.append(events[0].elapsed_time(events[1]) * 1e3)
+                    slowest = torch.tensor(times, dtype=torch.float64, device=f"cuda:{rank}")
+                    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                    agree = torch.tensor([int(same)], device=f"cuda:{rank}")
+                    dist.all_reduce(agree, op=dist.ReduceOp.MIN)
+                    rows.append({"shape": harness.shape_label(**args), "kernel": kernel,
+                                 "per_multiprocessor": per_multiprocessor, "threads": threads,
+                                 "device_us": statistics.median(slowest.tolist()), "bit_identical": bool(agree.item())})
+        module.LAUNCH_SHAPE = default
+    return rows if rank == 0 else None
+
+
+def report(frame, meta: dict, folder: Path) -> str:
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from tabulate import tabulate
+
+    lines = [f"# Launch-shape sweep of {meta['version']}", "",
+             f"{meta['device']} ({meta['multiprocessors']} multiprocessors), world size {meta['world_size']}, "
+             f"{meta['date']}, commit {meta['commit']}. Device-side µs per call (CUDA events, slowest rank, median of "
+             f"{meta['iterations']}), geometric mean over {frame['shape'].nunique()} shapes; one kernel varied at a "
+             "time, the others at the version's defaults. Rows: threads per block; columns: blocks per "
+             "multiprocessor.", ""]
+    kernels = list(dict.fromkeys(frame["kernel"]))
+    fig, axes = plt.subplots(1, len(kernels), figsize=(4 * len(kernels), 3.6), squeeze=False)
+    best = {}
+    for ax, kernel in zip(axes[0], kernels):
+        rows = frame[frame.kernel == kernel]
+        table = rows.groupby(["threads", "per_multiprocessor"])["device_us"].apply(harness.geomean).unstack()
+        broken = rows[~rows.bit_identical]
+        sound = table.stack().drop(index=list(zip(broken.threads, broken.per_multiprocessor)), errors="ignore")
+        threads, per_multiprocessor = sound.idxmin()  # only shapes whose output stayed bit-identical
+        per_multiprocessor = float(per_multiprocessor)
+        best[kernel] = (int(per_multiprocessor) if per_multiprocessor.is_integer() else per_multiprocessor,
+                        int(threads))
+        lines += [f"## {kernel}", "", tabulate(table.reset_index(), headers="keys", tablefmt="github", floatfmt=".1f",
+                                               showindex=False), "",
+                  f"best: {best[kernel][0]} blocks per multiprocessor x {int(threads)} threads"
+                  + (f"; NOT bit-identical at {len(broken)} shape(s)" if len(broken) else ""), ""]
+        image = ax.imshow(table.values, cmap="viridis_r", aspect="auto")
+        ax.set_xticks(range(len(table.columns)))
+        ax.set_xticklabels([f"{c:g}x" for c in table.columns])
+        ax.set_yticks(range(len(table.index)))
+        ax.set_yticklabels(table.index)
+        ax.set_xlabel("blocks per multiprocessor")
+        ax.set_ylabel("threads per block")
+        ax.set_title(kernel, fontsize=9)
+        for (i, j), value in np.ndenumerate(table.values):
+            ax.text(j, i, f"{value:.0f}", ha="center", va="center", color="white", fontsize=7)
+        fig.colorbar(image, ax=ax, label="µs (geomean)")
+    fig.suptitle(f"{meta['version']} launch shapes, {meta['device']}, world size {meta['world_size']}, "
+                 f"{meta['date']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(folder / "sweep.png", dpi=110)
+    plt.close(fig)
+    lines += ["Best per kernel (each chosen with the others at their defaults):", "",
+              f"    LAUNCH_SHAPE = {best}"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import pandas as pd
+    import torch
+
+    from launch import parallel_launch
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("version")
+    parser.add_argument("--cases", default="benchmarks")
+    parser.add_argument("--world-size", type=int)
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=harness.ROOT / "results")
+    args = parser.parse_args(argv)
+    harness.use_bundle_modules()
+    path = harness.checked_version(args.version)
+    if "LAUNCH_SHAPE" not in path.read_text():
+        raise core.UserError(f"{path.stem} has no LAUNCH_SHAPE to sweep")
+    world_size, backend = harness.plan_run(args.world_size, None)
+    if backend != "nccl":
+        print("skipped: the launch-shape sweep needs GPUs")
+        return 0
+    cases = harness.case_args(args.cases, world_size)
+    core.import_once(path.parent, path.stem, env={"PYTHONPATH": os.pathsep.join(sys.path)}, compiles=True)
+    rows = parallel_launch(world_size, _sweep_rank, str(path), cases, args.iterations, backend="nccl",
+                           timeout_s=1200)[0]
+    meta = {**harness.run_meta(backend, world_size, f"sweep-{path.stem}"), "version": path.stem,
+            "iterations": args.iterations, "multiprocessors": torch.cuda.get_device_properties(0).multi_processor_count}
+    folder = harness.run_folder(args.out, meta)
+    folder.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame(rows)
+    frame.assign(**meta).to_csv(folder / "sweep.csv", index=False)
+    text = report(frame, meta, folder)
+    (folder / "sweep.md").write_text(text + "\n")
+    print(text)
+    print(f"\nsaved {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except core.UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(core.EXIT_USAGE)
