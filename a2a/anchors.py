@@ -13,6 +13,7 @@ warm-up. All cases of one anchor run in one process group.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Optional
 
 ANCHORS = {
@@ -70,6 +71,10 @@ def _nvshmem_call(exchange: Exchange, device):
     import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm_mem
 
+    # torch's all_to_all_vdev kernel splits each peer's bytes evenly over grid / world blocks and asserts on a
+    # remainder (seen here: a device assertion, both ranks aborted). 16 blocks per peer always divide a split of
+    # whole rows (hidden_dim * 2 bytes is a multiple of 16). Read once per process, before the first call.
+    os.environ.setdefault("TORCH_SYMMMEM_NBLOCKS", str(16 * len(exchange.send_rows)))
     if hasattr(symm_mem, "is_nvshmem_available") and not symm_mem.is_nvshmem_available():
         raise RuntimeError("this torch build has no NVSHMEM")
     if hasattr(symm_mem, "set_backend"):

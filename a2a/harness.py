@@ -430,7 +430,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, help="secret seed mixed into every test seed (POPCORN_SEED)")
     parser.add_argument("--backend", help="nccl (GPUs) or gloo (CPU)")
     parser.add_argument("--timeout", type=float, help="per-case timeout in seconds (default: the official ones)")
-    parser.add_argument("--iterations", type=int, default=20, help="trace: traced iterations per case")
+    parser.add_argument("--iterations", type=int, default=20, help="trace: clean traced calls per case")
+    parser.add_argument("--out", type=Path, default=ROOT / "traces", help="trace: where the trace folders go")
     parser.add_argument("--task", type=Path, default=TASK_YML, help=argparse.SUPPRESS)
     core.install_signal_handlers()
     try:
@@ -448,7 +449,7 @@ def main(argv: list[str]) -> int:
             from a2a import timeline
 
             return timeline.main_trace(args.version, args.cases or "benchmarks:0", args.world_size, args.backend,
-                                       args.iterations)
+                                       args.iterations, args.out)
         result = evaluate(args.version, args.mode, args.cases, args.world_size, args.backend, args.seed,
                           args.timeout, args.task)
         print(render(result))

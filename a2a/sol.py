@@ -20,7 +20,6 @@ Two variants: `routed` moves one row per (token, k) whose expert is on another r
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import statistics
 import sys

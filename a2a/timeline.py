@@ -3,10 +3,13 @@
     python eval.py trace VERSION [--cases benchmarks:4] [--world-size N] [--iterations N]     (make trace V= CASE=)
 
 Each rank imports the version's trace build (A2A_TRACE=1: kernels record (phase, block, warp, start, end) on the
-device clock; a version without probes is traced from the profiler's kernel records alone), runs warm-up calls,
-then `iterations` calls, each between two marker kernels that stamp the device clock where the stream reaches
-them, under torch.profiler (host side: the call, launches, syncs, PyTorch ops). The L2 is cleared before each call,
-as in the timed runs.
+device clock; a version without probes is traced from the profiler's kernel records alone) and runs, per case,
+warm-up calls, then `iterations` clean calls and JSON_ITERATIONS profiled ones, each between two marker kernels that
+stamp the device clock where the stream reaches them. The profiled calls run under torch.profiler (host side: the
+call, launches, syncs, PyTorch ops), which slows the host (seen: v2's smallest shape, 185-200 µs marker to marker
+under the profiler against 110-137 µs timed); so the table and the picture come from the clean calls, and the
+profiled ones feed trace.json's host thread (and the table of a version without probes). The L2 is cleared before
+each call, as in the timed runs. All cases of one run share one process group.
 
 Clocks: the host events and the profiler's kernel records share a host clock; the stamp kernels appear both there
 and on the device clock, which gives each rank's host-to-device offset (error: half the spread over the stamps).
@@ -60,48 +63,68 @@ def _profile_events(prof) -> list:
             if e.get("ph") == "X" and e.get("cat") in keep]
 
 
-def _trace_rank(rank: int, world_size: int, path: str, args: dict, iterations: int) -> dict:
+def _traced_calls(module, probes, data, rank: int, iterations: int, profiled: bool) -> dict:
+    """`iterations` calls between stamps: marks, probe records and host ns per call (and the profiler's events)."""
+    import contextlib
+
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, record_function
 
     import eval as core
+    from utils import clear_l2_cache
+
+    take = getattr(module, "trace_take", None)
+    marks = torch.zeros(iterations, 2, dtype=torch.int64, device=f"cuda:{rank}")
+    records, host_call_ns = [], []
+    profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if profiled \
+        else contextlib.nullcontext()
+    with profiler as prof:
+        for i in range(iterations):
+            clear_l2_cache()
+            cloned = core._clone_data(data, rank)
+            torch.cuda.synchronize()
+            dist.barrier()
+            probes.stamp(marks[i, 0:1])
+            started = time.perf_counter_ns()
+            with record_function("custom_kernel") if profiled else contextlib.nullcontext():
+                module.custom_kernel(cloned)
+            host_call_ns.append(time.perf_counter_ns() - started)
+            probes.stamp(marks[i, 1:2])
+            torch.cuda.synchronize()
+            if take:
+                records.append(take().tolist())
+    return {"marks": marks.cpu().tolist(), "records": records, "host_call_ns": host_call_ns,
+            "events": _profile_events(prof) if profiled else []}
+
+
+def _trace_rank(rank: int, world_size: int, path: str, cases: list, iterations: int) -> list:
+    """Per case: {"clean": rank data, "profiled": rank data} (see _traced_calls; plus rank, clock and phases)."""
+    import torch
+
+    import eval as core
     from a2a.probes import Probes
     from reference import generate_input
-    from utils import clear_l2_cache
 
     os.environ["A2A_TRACE"] = "1"
     module = _load_version(path)
+    take = getattr(module, "trace_take", None)
     probes = Probes(rank, world_size)
     try:
-        data = generate_input(**args, rank=rank)
-        for _ in range(WARMUP):
-            module.custom_kernel(core._clone_data(data, rank))
-        torch.cuda.synchronize()
-        take = getattr(module, "trace_take", None)
-        if take:
-            take()
         clock = probes.clock_offsets()[rank]
-        marks = torch.zeros(iterations, 2, dtype=torch.int64, device=f"cuda:{rank}")
-        records, host_call_ns = [], []
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for i in range(iterations):
-                clear_l2_cache()
-                cloned = core._clone_data(data, rank)
-                torch.cuda.synchronize()
-                dist.barrier()
-                probes.stamp(marks[i, 0:1])
-                started = time.perf_counter_ns()
-                with record_function("custom_kernel"):
-                    module.custom_kernel(cloned)
-                host_call_ns.append(time.perf_counter_ns() - started)
-                probes.stamp(marks[i, 1:2])
-                torch.cuda.synchronize()
-                if take:
-                    records.append(take().tolist())
-        return {"rank": rank, "marks": marks.cpu().tolist(), "records": records, "host_call_ns": host_call_ns,
-                "clock": clock, "events": _profile_events(prof),
-                "phases": list(getattr(module, "TRACE_PHASES", ())) if take else []}
+        common = {"rank": rank, "clock": clock, "phases": list(getattr(module, "TRACE_PHASES", ())) if take else []}
+        results = []
+        for args in cases:
+            data = generate_input(**args, rank=rank)
+            for _ in range(WARMUP):
+                module.custom_kernel(core._clone_data(data, rank))
+            torch.cuda.synchronize()
+            if take:
+                take()
+            results.append({"clean": {**common, **_traced_calls(module, probes, data, rank, iterations, False)},
+                            "profiled": {**common, **_traced_calls(module, probes, data, rank, JSON_ITERATIONS,
+                                                                   True)}})
+        return results
     finally:
         probes.close()
 
@@ -307,24 +330,30 @@ def phases_markdown(ranks: list, meta: dict) -> str:
     from tabulate import tabulate
 
     header, rows = phase_table(ranks)
-    frames, _ = _aligned(ranks)
-    alignment = ", ".join(f"rank {d['rank']} ±{f[3] / 1e3:.2f} µs" for d, f in zip(ranks, frames))
+    alignment = ", ".join(f"rank {d['rank']} ±{d['clock']['error_ns'] / 1e3:.2f} µs" for d in ranks)
+    calls = (f"{len(ranks[0]['marks'])} clean calls (no profiler)" if ranks[0]["phases"] else
+             f"{len(ranks[0]['marks'])} profiled calls (the version has no probes: its kernels come from the profiler, "
+             "whose host overhead is inside these numbers)")
     lines = [f"# {meta['version']}: {meta['case']}", "",
              f"{meta['device']}, world size {meta['world_size']}, {meta['date']}, commit {meta['commit']}; trace build, "
-             f"{meta['iterations']} traced iterations after {WARMUP} warm-up calls, L2 cleared before each. Median "
-             "over iterations, per rank, µs on each GPU's own clock. The rows from 'host and launch' to 'after the "
-             "last kernel' cut the marker-to-marker time into named parts; 'kernel / phase' rows are the time the "
-             "phase was active inside that kernel (union over blocks and warps), share = of that kernel.", "",
+             f"{calls} after {WARMUP} warm-up calls, L2 cleared before each. Median over calls, per rank, µs on each "
+             "GPU's own clock. The rows from 'host and launch' to 'after the last kernel' cut the marker-to-marker "
+             "time into named parts; 'kernel / phase' rows are the time the phase was active inside that kernel "
+             "(union over blocks and warps), share = of that kernel.", "",
              f"GPU clock alignment to rank 0 (only the picture and trace.json need it): {alignment}.", "",
              tabulate(rows, headers=header, tablefmt="github", floatfmt=".1f")]
     return "\n".join(lines) + "\n"
 
 
 def write(ranks: list, meta: dict, folder: Path) -> Path:
+    """`ranks`: per rank {"clean": rank data, "profiled": rank data}. The table and the picture come from the clean
+    calls (the profiled ones for a version without probes); trace.json from the profiled calls."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "trace.json").write_text(json.dumps(chrome_trace(ranks, meta)))
-    timeline_png(ranks, meta, folder / "timeline.png")
-    (folder / "phases.md").write_text(phases_markdown(ranks, meta))
+    profiled = [r["profiled"] for r in ranks]
+    measured = [r["clean"] for r in ranks] if ranks[0]["clean"]["phases"] else profiled
+    (folder / "trace.json").write_text(json.dumps(chrome_trace(profiled, meta)))
+    timeline_png(measured, meta, folder / "timeline.png")
+    (folder / "phases.md").write_text(phases_markdown(measured, meta))
     return folder
 
 
@@ -355,22 +384,23 @@ def trace_version(version: str, cases: str, world_size: Optional[int], backend: 
     core.import_once(path.parent, path.stem, env={"A2A_TRACE": "1", "PYTHONPATH": os.pathsep.join(sys.path)},
                      compiles=harness.needs_gpu(path))
     probes.extension()
+    print(f"tracing {path.stem} on {len(case_list)} case(s): {iterations} clean and {JSON_ITERATIONS} profiled calls "
+          "each")
+    per_rank = parallel_launch(world_size, _trace_rank, str(path), case_list, iterations, backend="nccl",
+                               timeout_s=900)
     folders = []
-    for args in case_list:
+    for index, args in enumerate(case_list):
         meta = {**harness.run_meta(backend, world_size, "trace"), "version": path.stem, "case": core.spec_line(args),
-                "iterations": iterations}
-        print(f"tracing {path.stem} on {meta['case']} ({iterations} iterations)")
-        ranks = parallel_launch(world_size, _trace_rank, str(path), args, iterations, backend="nccl", timeout_s=600)
+                "iterations": iterations, "profiled_iterations": JSON_ITERATIONS}
         name = f"{meta['date']}_{harness.device_slug(meta)}_ws{world_size}_{path.stem}_{case_label(args)}"
-        folder = write(ranks, meta, out / name)
+        folder = write([cases[index] for cases in per_rank], meta, out / name)
         print((folder / "phases.md").read_text())
         print(f"saved {folder}")
         folders.append(folder)
     return folders
 
 
-def main_trace(version: str, cases: str, world_size: Optional[int], backend: Optional[str], iterations: int) -> int:
-    from a2a import harness
-
-    trace_version(version, cases, world_size, backend, iterations, harness.ROOT / "traces")
+def main_trace(version: str, cases: str, world_size: Optional[int], backend: Optional[str], iterations: int,
+               out: Path) -> int:
+    trace_version(version, cases, world_size, backend, iterations, out)
     return 0

@@ -13,10 +13,10 @@ from launch import parallel_launch
 from tests.conftest import ROOT, gpu_count, requires_gpus, run_eval, wait_until_gone
 
 pytestmark = [pytest.mark.gpu, requires_gpus]
-P2P_VERSIONS = ["v2", "v3"]
+P2P_VERSIONS = ["v2", "v3", "v4"]
 # Whether dispatch-recv's expert-major rows already hold the expert's output (v2 scales them in place; from v3 the
 # expert is fused into combine-send and the layout keeps the dispatched input).
-EXPERT_IN_LAYOUT = {"v2": True, "v3": False}
+EXPERT_IN_LAYOUT = {"v2": True, "v3": False, "v4": False}
 
 
 def world_sizes():

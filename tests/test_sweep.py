@@ -16,9 +16,9 @@ def test_report_picks_the_fastest_shape_and_names_broken_ones(tmp_path):
                 for threads in THREADS:
                     fast = kernel == "combine_send" and (per_mp, threads) == (2, 512)
                     rows.append({"shape": shape, "kernel": kernel, "per_multiprocessor": per_mp, "threads": threads,
-                                 "device_us": 50.0 if fast else 100.0 + per_mp + threads / 1000,
+                                 "device_us": 50.0 if fast else 100.0 + per_mp + threads / 1000, "host_us": 10.0,
                                  "bit_identical": not (kernel == "dispatch_send" and threads == 1024)})
     text = report(pd.DataFrame(rows), META, tmp_path)
     assert "LAUNCH_SHAPE = {'dispatch_send': (0.5, 128), 'combine_send': (2, 512)}" in text
-    assert "NOT bit-identical at 8 shape(s)" in text
+    assert "NOT bit-identical at 8 shape(s)" in text and "host µs inside the call (combine_send)" in text
     assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"

@@ -80,11 +80,13 @@ def test_chrome_trace_has_ranks_blocks_host_and_alignment():
 
 
 def test_write_makes_the_json_the_picture_and_the_table(tmp_path):
-    folder = timeline.write([rank_data(0, 0.0), rank_data(1, 5e6)], META, tmp_path / "t")
+    ranks = [{"clean": rank_data(r, offset), "profiled": rank_data(r, offset)} for r, offset in ((0, 0.0), (1, 5e6))]
+    ranks[0]["clean"]["events"] = []  # clean calls carry no profiler events
+    folder = timeline.write(ranks, META, tmp_path / "t")
     assert json.loads((folder / "trace.json").read_text())["otherData"]["version"] == "vT"
     assert (folder / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (folder / "phases.md").read_text()
-    assert "| send / rows" in table and "test device, world size 2" in table
+    assert "| send / rows" in table and "test device, world size 2" in table and "1 clean calls" in table
 
 
 def test_without_the_profilers_stamps_the_probes_still_give_the_breakdown():

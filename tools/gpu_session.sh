@@ -7,13 +7,14 @@
 #   steps: build | tests[:K_EXPRESSION] | sol | leaderboard:VERSIONS | trace:VERSION:CASES | sweep:VERSION |
 #          diff:A:B | wait (until a detached run is done) | pack:DEST (DEST/session.tgz: logs, results/, traces/)
 #
-# DIR must outlive one device command (the device tool empties $OUT before each): use a fixed path such as
-# /tmp/a2a_session, and `pack:$OUT` in the last command. The device machine returns at most 8 files, hence the
-# single archive.
+# DIR must outlive one device command (the device tool empties $OUT before each, and re-syncs the repository copy,
+# which removes files a step wrote into results/ or traces/ there): every output goes under DIR; use a fixed path
+# such as /tmp/a2a_session, and `pack:$OUT` in the last command. The device machine returns at most 8 files, hence
+# the single archive.
 set -uo pipefail
 out=$(realpath -m "$1"); shift
 cd "$(dirname "$0")/.."
-mkdir -p "$out/logs"
+mkdir -p "$out/logs" "$out/results" "$out/traces"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 py=python3
 bundle_path="$PWD:$PWD/problems/all2all:$PWD/reference/all2all:$PWD/reference"
@@ -50,14 +51,15 @@ run_steps() {
   for item in "$@"; do
     IFS=: read -r kind a b <<< "$item"
     case "$kind" in
-      build) step build 600 build ;;
+      build) step build 600 "$0" "$out" _build ;;
+      _build) build ;;
       tests) step "tests" 900 $py -m pytest -q -rs tests/test_gpu.py ${a:+-k "$a"} ;;
-      sol) step sol 300 $py -m a2a.sol --out results ;;
-      leaderboard) step "leaderboard_${a//,/-}" 900 $py run_leaderboard.py --versions "$a" ;;
-      trace) step "trace_${a}_${b//[:,]/-}" 300 $py eval.py trace "$a" --cases "$b" ;;
-      sweep) step "sweep_$a" 600 $py tools/sweep_launch.py "$a" ;;
-      diff) step "diff_${a}_$b" 600 $py diff.py "$a" "$b" ;;
-      pack) mkdir -p "$a"; tar czf "$a/session.tgz" -C "$out" logs -C "$PWD" results traces; ls -la "$a" ;;
+      sol) step sol 300 $py -m a2a.sol --out "$out/results" ;;
+      leaderboard) step "leaderboard_${a//,/-}" 900 $py run_leaderboard.py --versions "$a" --out "$out/results" ;;
+      trace) step "trace_${a}_${b//[:,]/-}" 400 $py eval.py trace "$a" --cases "$b" --out "$out/traces" ;;
+      sweep) step "sweep_$a" 600 $py tools/sweep_launch.py "$a" --out "$out/results" ;;
+      diff) step "diff_${a}_$b" 600 $py diff.py "$a" "$b" --out "$out/results" ;;
+      pack) mkdir -p "$a"; tar czf "$a/session.tgz" -C "$out" logs results traces; ls -la "$a" ;;
       wait) while [ -e "$out/.running" ]; do sleep 2; done; cat "$out/logs/session.log" ;;
       *) echo "unknown step $item" | tee -a "$out/logs/session.log" ;;
     esac

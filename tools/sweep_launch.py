@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Sweep the launch shape of a version that has LAUNCH_SHAPE (v3 onward): one kernel at a time, grid (blocks per
-multiprocessor, scaled by the device's count) x threads per block, the other kernels at their defaults. Each shape's
-output must be bit-identical to the default shape's (else it is marked); time = device-side time of one call (CUDA
-events, slowest rank per call, median over the calls), after a barrier, as in the evaluator's device clock.
+"""Sweep the launch shape of a version that has LAUNCH_SHAPE (v3 onward): grid (blocks per multiprocessor, scaled by
+the device's count) x threads per block. v3 has a shape per kernel (one kernel varied at a time, the others at their
+defaults); from v4 there is one kernel, swept with the graph path off and on (its `configure`). Each shape's output
+must be bit-identical to the default shape's (else it is marked); time = device-side time of one call (CUDA events,
+slowest rank per call, median over the calls), after a barrier, as in the evaluator's device clock; host µs = the
+CPU time inside the call (median, slowest rank).
 
     python tools/sweep_launch.py VERSION [--cases benchmarks] [--world-size N] [--iterations 30] [--out results]
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -24,6 +27,28 @@ from a2a import harness  # noqa: E402
 
 PER_MULTIPROCESSOR = (0.5, 1, 2, 4)
 THREADS = (128, 256, 512, 1024)
+
+
+def shapes_to_try(module) -> list:
+    """(label, apply) pairs: every launch shape the version can take, each with the function that applies it."""
+    default = module.LAUNCH_SHAPE
+    tries = []
+    if hasattr(module, "configure"):  # one kernel (v4 on): shape x graph path
+        for use_graph in (False, True):
+            for per_multiprocessor in PER_MULTIPROCESSOR:
+                for threads in THREADS[1:]:
+                    tries.append(("all2all graph" if use_graph else "all2all", per_multiprocessor, threads,
+                                  lambda s=(per_multiprocessor, threads), g=use_graph: module.configure(s, g)))
+        tries.append(("", 0, 0, lambda: module.configure(default, False)))  # back to the defaults
+        return tries
+    for kernel in default:  # v3: one kernel at a time
+        for per_multiprocessor in PER_MULTIPROCESSOR:
+            for threads in THREADS:
+                shape = {**default, kernel: (per_multiprocessor, threads)}
+                tries.append((kernel, per_multiprocessor, threads,
+                              lambda shape=shape: setattr(module, "LAUNCH_SHAPE", shape)))
+    tries.append(("", 0, 0, lambda: setattr(module, "LAUNCH_SHAPE", default)))
+    return tries
 
 
 def _sweep_rank(rank: int, world_size: int, path: str, cases: list, iterations: int):
@@ -38,35 +63,36 @@ def _sweep_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
     spec = importlib.util.spec_from_file_location(f"swept_{Path(path).stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    default = dict(module.LAUNCH_SHAPE)
     events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     rows = []
     for args in cases:
         data = generate_input(**args, rank=rank)
         expected = module.custom_kernel(core._clone_data(data, rank)).clone()
-        for kernel in default:
-            for per_multiprocessor in PER_MULTIPROCESSOR:
-                for threads in THREADS:
-                    module.LAUNCH_SHAPE = {**default, kernel: (per_multiprocessor, threads)}
-                    same = torch.equal(module.custom_kernel(core._clone_data(data, rank)), expected)
-                    times = []
-                    for _ in range(iterations):
-                        cloned = core._clone_data(data, rank)
-                        torch.cuda.synchronize()
-                        dist.barrier()
-                        events[0].record()
-                        module.custom_kernel(cloned)
-                        events[1].record()
-                        events[1].synchronize()
-                        times.append(events[0].elapsed_time(events[1]) * 1e3)
-                    slowest = torch.tensor(times, dtype=torch.float64, device=f"cuda:{rank}")
-                    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-                    agree = torch.tensor([int(same)], device=f"cuda:{rank}")
-                    dist.all_reduce(agree, op=dist.ReduceOp.MIN)
-                    rows.append({"shape": harness.shape_label(**args), "kernel": kernel,
-                                 "per_multiprocessor": per_multiprocessor, "threads": threads,
-                                 "device_us": statistics.median(slowest.tolist()), "bit_identical": bool(agree.item())})
-        module.LAUNCH_SHAPE = default
+        for kernel, per_multiprocessor, threads, apply in shapes_to_try(module):
+            apply()
+            if not kernel:
+                continue
+            same = torch.equal(module.custom_kernel(core._clone_data(data, rank)), expected)
+            device_us, host_us = [], []
+            for _ in range(iterations):
+                cloned = core._clone_data(data, rank)
+                torch.cuda.synchronize()
+                dist.barrier()
+                events[0].record()
+                started = time.perf_counter_ns()
+                module.custom_kernel(cloned)
+                host_us.append((time.perf_counter_ns() - started) / 1e3)
+                events[1].record()
+                events[1].synchronize()
+                device_us.append(events[0].elapsed_time(events[1]) * 1e3)
+            slowest = torch.tensor([device_us, host_us], dtype=torch.float64, device=f"cuda:{rank}")
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            agree = torch.tensor([int(same)], device=f"cuda:{rank}")
+            dist.all_reduce(agree, op=dist.ReduceOp.MIN)
+            rows.append({"shape": harness.shape_label(**args), "kernel": kernel,
+                         "per_multiprocessor": per_multiprocessor, "threads": threads,
+                         "device_us": statistics.median(slowest[0].tolist()),
+                         "host_us": statistics.median(slowest[1].tolist()), "bit_identical": bool(agree.item())})
     return rows if rank == 0 else None
 
 
@@ -100,6 +126,11 @@ def report(frame, meta: dict, folder: Path) -> str:
                                                showindex=False), "",
                   f"best: {best[kernel][0]} blocks per multiprocessor x {int(threads)} threads"
                   + (f"; NOT bit-identical at {len(broken)} shape(s)" if len(broken) else ""), ""]
+        if "host_us" in rows:
+            host = rows.groupby(["threads", "per_multiprocessor"])["host_us"].apply(harness.geomean).unstack()
+            lines += [f"host µs inside the call ({kernel}):", "",
+                      tabulate(host.reset_index(), headers="keys", tablefmt="github", floatfmt=".1f", showindex=False),
+                      ""]
         image = ax.imshow(table.values, cmap="viridis_r", aspect="auto")
         ax.set_xticks(range(len(table.columns)))
         ax.set_xticklabels([f"{c:g}x" for c in table.columns])

@@ -617,8 +617,10 @@ _ext = load_inline(
 
 SPIN_TIMEOUT_NS = int(float(os.environ.get("A2A_SPIN_TIMEOUT_S", "10")) * 1e9)
 # Launch shape per kernel: (blocks per multiprocessor, threads per block); the grid is scaled by the multiprocessor
-# count read from the device at run time (132 on H200, 304 on MI300X). tools/sweep_launch.py measures the choices.
-LAUNCH_SHAPE = {"dispatch_send": (1, 256), "dispatch_recv": (1, 256), "combine_send": (1, 256),
+# count read from the device at run time (132 on H200, 304 on MI300X). tools/sweep_launch.py measured the choices
+# (H200 x2, WORKLOG): only dispatch_send moved beyond noise, with more warps in flight (more peer stores
+# outstanding); the other kernels keep one block of 256 threads per multiprocessor (the blog's "grid = CU count").
+LAUNCH_SHAPE = {"dispatch_send": (2, 1024), "dispatch_recv": (1, 256), "combine_send": (1, 256),
                 "combine_recv": (1, 256)}
 WAIT_KINDS = {1: "the row count", 2: "a dispatched row", 3: "a combined row"}
 
