@@ -468,26 +468,27 @@ int max_resident_blocks(int threads, int* blocks) {
 
 // The graph path: the launch captured once (on a side stream: the legacy default stream cannot capture), then per
 // call the kernel node's parameter block is patched and the graph launched on the caller's stream.
+// NOTES: the captured graph lives as long as its instance: the node handle that the per-call patch names belongs to
+// it (destroying it after instantiation made every patch fail with "invalid argument", seen on H200).
 struct GraphLaunch {
+  cudaGraph_t graph;
   cudaGraphExec_t exec;
   cudaGraphNode_t node;
   kernel_node_params_t params;
 };
 int graph_prepare(GraphLaunch* g, const A2AParams& p, int grid, int threads) {
   cudaStream_t side;
-  cudaGraph_t graph;
   cudaError_t err = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
   if (err != cudaSuccess) return (int)err;
   err = cudaStreamBeginCapture(side, cudaStreamCaptureModeRelaxed);
   if (err == cudaSuccess) {
     all2all_kernel<<<grid, threads, 0, side>>>(p);
-    err = cudaStreamEndCapture(side, &graph);
+    err = cudaStreamEndCapture(side, &g->graph);
   }
   size_t nodes = 1;
-  if (err == cudaSuccess) err = cudaGraphGetNodes(graph, &g->node, &nodes);
+  if (err == cudaSuccess) err = cudaGraphGetNodes(g->graph, &g->node, &nodes);
   if (err == cudaSuccess) err = cudaGraphKernelNodeGetParams(g->node, &g->params);
-  if (err == cudaSuccess) err = instantiate_graph(&g->exec, graph);
-  if (err == cudaSuccess) err = cudaGraphDestroy(graph);
+  if (err == cudaSuccess) err = instantiate_graph(&g->exec, g->graph);
   cudaStreamDestroy(side);
   return (int)err;
 }
@@ -499,7 +500,11 @@ int graph_launch(GraphLaunch* g, const A2AParams& p, cudaStream_t stream) {
   if (err == cudaSuccess) err = cudaGraphLaunch(g->exec, stream);
   return (int)err;
 }
-int graph_release(GraphLaunch* g) { return (int)cudaGraphExecDestroy(g->exec); }
+int graph_release(GraphLaunch* g) {
+  cudaError_t err = cudaGraphExecDestroy(g->exec);
+  if (err == cudaSuccess) err = cudaGraphDestroy(g->graph);
+  return (int)err;
+}
 """
 
 BINDING = r"""
