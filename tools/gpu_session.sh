@@ -5,7 +5,8 @@
 #   tools/gpu_session.sh DIR STEP...          run the steps now; logs under DIR/logs
 #   tools/gpu_session.sh DIR start STEP...    run them detached (they outlive this command) and return at once
 #   steps: build | tests[:K_EXPRESSION] | sol | leaderboard:VERSIONS | trace:VERSION:CASES | sweep:VERSION |
-#          diff:A:B | wait (until a detached run is done) | pack:DEST (DEST/session.tgz: logs, results/, traces/)
+#          diff:A:B | anatomy:VERSION | wait (until a detached run is done) | pack:DEST (DEST/session.tgz: logs,
+#          results/, traces/)
 #
 # DIR must outlive one device command (the device tool empties $OUT before each, and re-syncs the repository copy,
 # which removes files a step wrote into results/ or traces/ there): every output goes under DIR; use a fixed path
@@ -59,6 +60,7 @@ run_steps() {
       trace) step "trace_${a}_${b//[:,]/-}" 400 $py eval.py trace "$a" --cases "$b" --out "$out/traces" ;;
       sweep) step "sweep_$a" 600 $py tools/sweep_launch.py "$a" --out "$out/results" ;;
       diff) step "diff_${a}_$b" 600 $py diff.py "$a" "$b" --out "$out/results" ;;
+      anatomy) step "anatomy_$a" 600 $py tools/step_anatomy.py "$a" --cases benchmarks --out "$out/results" ;;
       pack) mkdir -p "$a"; tar czf "$a/session.tgz" -C "$out" logs results traces; ls -la "$a" ;;
       wait) while [ -e "$out/.running" ]; do sleep 2; done; cat "$out/logs/session.log" ;;
       *) echo "unknown step $item" | tee -a "$out/logs/session.log" ;;

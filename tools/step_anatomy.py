@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Anatomy of the leaderboard-style step: where a timed step's µs go besides custom_kernel, per rank.
+
+Case steps and floor steps (the same step without the call) alternate; every rank stamps the host clock (shared by
+all processes of the machine) at each boundary of eval.timed_step's sequence: start (after the barrier), input
+cloned, call returned, synchronized, final barrier passed. Device-side time comes from CUDA events around the call,
+as in the evaluator. Reported per shape (medians): rank 0's leaderboard-style step and floor step, their difference,
+the device-side time (slowest rank), how late the last rank started, how long each rank's host spent in the call,
+waited in synchronize and in the final barrier.
+
+    python tools/step_anatomy.py VERSION [--cases benchmarks:0,4] [--world-size N] [--iterations 50]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import eval as core  # noqa: E402
+from a2a import harness  # noqa: E402
+
+BOUNDARIES = ("start", "cloned", "returned", "synchronized", "barrier passed")
+
+
+def _anatomy_rank(rank: int, world_size: int, path: str, cases: list, iterations: int):
+    import importlib.util
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from reference import generate_input
+    from utils import clear_l2_cache
+
+    spec = importlib.util.spec_from_file_location(f"anatomy_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    on_gpu = core._on_gpu()
+    results = []
+    for args in cases:
+        data = generate_input(**args, rank=rank)
+        for _ in range(3):
+            module.custom_kernel(core._clone_data(data, rank))
+        core._synchronize()
+        steps = []
+        for i in range(2 * iterations):
+            call = i % 2 == 0
+            clear_l2_cache()
+            core._synchronize()
+            dist.barrier()
+            stamps = [time.time_ns()]
+            cloned = core._clone_data(data, rank)
+            stamps.append(time.time_ns())
+            device_ns = 0.0
+            if call and on_gpu:
+                events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                events[0].record()
+                module.custom_kernel(cloned)
+                events[1].record()
+            elif call:
+                module.custom_kernel(cloned)
+            stamps.append(time.time_ns())
+            core._synchronize()
+            stamps.append(time.time_ns())
+            dist.barrier()
+            stamps.append(time.time_ns())
+            if call:
+                device_ns = events[0].elapsed_time(events[1]) * 1e6 if on_gpu else stamps[2] - stamps[1]
+            steps.append({"call": call, "stamps": stamps, "device_ns": device_ns})
+        gathered = [None] * world_size
+        dist.all_gather_object(gathered, steps)
+        results.append(gathered)
+    return results if rank == 0 else None
+
+
+def summarise(per_rank_steps: list) -> dict:
+    """Medians (µs) over the steps of one shape; per_rank_steps[rank][step] as _anatomy_rank records them."""
+    world = len(per_rank_steps)
+    case, floor = {}, []
+    rows = {k: [] for k in ("step", "device", "start_lag", "call_host", "sync_wait", "barrier_wait", "clone")}
+    for index, step0 in enumerate(per_rank_steps[0]):
+        stamps = [per_rank_steps[r][index]["stamps"] for r in range(world)]
+        total = (stamps[0][4] - stamps[0][0]) / 1e3
+        if not step0["call"]:
+            floor.append(total)
+            continue
+        rows["step"].append(total)
+        rows["device"].append(max(per_rank_steps[r][index]["device_ns"] for r in range(world)) / 1e3)
+        rows["start_lag"].append((max(s[0] for s in stamps) - stamps[0][0]) / 1e3)
+        rows["clone"].append(max(s[1] - s[0] for s in stamps) / 1e3)
+        rows["call_host"].append(max(s[2] - s[1] for s in stamps) / 1e3)
+        rows["sync_wait"].append(max(s[3] - s[2] for s in stamps) / 1e3)
+        rows["barrier_wait"].append((stamps[0][4] - stamps[0][3]) / 1e3)
+    for key, values in rows.items():
+        case[key] = statistics.median(values)
+    case["floor"] = statistics.median(floor)
+    case["step - floor - device"] = case["step"] - case["floor"] - case["device"]
+    return case
+
+
+def main(argv=None) -> int:
+    from tabulate import tabulate
+
+    from launch import parallel_launch
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("version")
+    parser.add_argument("--cases", default="benchmarks:0,4")
+    parser.add_argument("--world-size", type=int)
+    parser.add_argument("--backend")
+    parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--out", type=Path, default=harness.ROOT / "results")
+    args = parser.parse_args(argv)
+    harness.use_bundle_modules()
+    path = harness.checked_version(args.version)
+    world_size, backend = harness.plan_run(args.world_size, args.backend)
+    if backend == "gloo" and harness.needs_gpu(path):
+        raise core.UserError(f"{path.stem} builds GPU code and this run is on CPU/gloo")
+    cases = harness.case_args(args.cases, world_size)
+    core.import_once(path.parent, path.stem, env={"PYTHONPATH": os.pathsep.join(sys.path)},
+                     compiles=harness.needs_gpu(path))
+    results = parallel_launch(world_size, _anatomy_rank, str(path), cases, args.iterations, backend=backend,
+                              timeout_s=900)[0]
+    meta = harness.run_meta(backend, world_size, f"anatomy-{path.stem}")
+    rows = [{"shape": harness.shape_label(**c), **summarise(r)} for c, r in zip(cases, results)]
+    text = (f"# Anatomy of the timed step: {path.stem}\n\n{meta['device']}, world size {world_size}, {backend}, "
+            f"{meta['date']}, commit {meta['commit']}; {args.iterations} case steps interleaved with as many floor "
+            "steps; medians, µs. step = rank 0's leaderboard-style step; device = slowest rank's CUDA events around "
+            "the call; start_lag = how late the last rank left the first barrier; clone, call_host, sync_wait = the "
+            "slowest rank's; barrier_wait = rank 0's wait in the final barrier.\n\n"
+            + tabulate(rows, headers="keys", tablefmt="github", floatfmt=".1f"))
+    folder = harness.run_folder(args.out, meta)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "anatomy.md").write_text(text + "\n")
+    print(text + f"\n\nsaved {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except core.UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(core.EXIT_USAGE)
