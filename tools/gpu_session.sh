@@ -4,7 +4,7 @@
 #
 #   tools/gpu_session.sh DIR STEP...          run the steps now; logs under DIR/logs
 #   tools/gpu_session.sh DIR start STEP...    run them detached (they outlive this command) and return at once
-#   steps: build | tests[:K_EXPRESSION] | sol | leaderboard:VERSIONS | trace:VERSION:CASES | sweep:VERSION |
+#   steps: build | tests[:K_EXPRESSION] | sol | leaderboard:VERSIONS[:OPTIONS] | trace:VERSION:CASES | sweep:VERSION |
 #          diff:A:B | anatomy:VERSION | wait (until a detached run is done) | pack:DEST (DEST/session.tgz: logs,
 #          results/, traces/)
 #
@@ -56,7 +56,7 @@ run_steps() {
       _build) build ;;
       tests) step "tests" 900 $py -m pytest -q -rs tests/test_gpu.py ${a:+-k "$a"} ;;
       sol) step sol 300 $py -m a2a.sol --out "$out/results" ;;
-      leaderboard) step "leaderboard_${a//,/-}" 900 $py run_leaderboard.py --versions "$a" --out "$out/results" ;;
+      leaderboard) step "leaderboard_${a//,/-}" 900 $py run_leaderboard.py --versions "$a" --out "$out/results" $b ;;
       trace) step "trace_${a}_${b//[:,]/-}" 400 $py eval.py trace "$a" --cases "$b" --out "$out/traces" ;;
       sweep) step "sweep_$a" 600 $py tools/sweep_launch.py "$a" --out "$out/results" ;;
       diff) step "diff_${a}_$b" 600 $py diff.py "$a" "$b" --out "$out/results" ;;
