@@ -441,7 +441,6 @@ def timed_step(call: Optional[Callable], data, rank: int, device_clock: bool = F
     synchronize, barrier, start the host clock, clone the input, call, synchronize, barrier, stop. Returns
     (host ns, output, device ns). The host time is the official number on rank 0. With `device_clock`, the device
     time is taken around the call alone: CUDA events on a GPU run, this rank's host clock on a CPU run."""
-    import torch
     import torch.distributed as dist
     from utils import clear_l2_cache
 
