@@ -34,7 +34,6 @@ def main(argv=None) -> int:
                         help="family-wise error rate of the verdicts (Bonferroni over the run)")
     parser.add_argument("--out", type=Path, default=harness.ROOT / "results")
     args = parser.parse_args(argv)
-    core.install_signal_handlers()
     harness.use_bundle_modules()
     path_a, path_b = harness.checked_version(args.a), harness.checked_version(args.b)
     if args.rounds < 2 or args.pairs < 1:
@@ -97,11 +96,4 @@ def render(meta: dict, diffs: list, rows: list, skipped: str) -> str:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except core.UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(core.EXIT_USAGE)
-    except core.Terminated as stop:
-        print(f"diff.py: {stop.name} received; stopped", file=sys.stderr)
-        sys.exit(128 + stop.signum)
+    sys.exit(harness.run_cli(main))

@@ -418,7 +418,7 @@ def render(result: EvalResult) -> str:
     return table
 
 
-def main(argv: list[str]) -> int:
+def _main(argv: list[str]) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="eval.py", description="Check, time, stage or trace an all2all submission.")
@@ -433,32 +433,43 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--iterations", type=int, default=20, help="trace: clean traced calls per case")
     parser.add_argument("--out", type=Path, default=ROOT / "traces", help="trace: where the trace folders go")
     parser.add_argument("--task", type=Path, default=TASK_YML, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.mode == "stage":
+        if not args.dir:
+            raise UserError("usage: python eval.py stage VERSION DIR")
+        path = checked_version(args.version)
+        folder = stage(path, Path(args.dir), args.task)
+        print(f"staged {path.stem} into {folder}: " + ", ".join(sorted(p.name for p in folder.iterdir())))
+        return 0
+    if args.dir:
+        raise UserError(f"unexpected argument '{args.dir}'")
+    if args.mode == "trace":
+        from a2a import timeline
+
+        return timeline.main_trace(args.version, args.cases or "benchmarks:0", args.world_size, args.backend,
+                                   args.iterations, args.out)
+    result = evaluate(args.version, args.mode, args.cases, args.world_size, args.backend, args.seed, args.timeout,
+                      args.task)
+    print(render(result))
+    if not result.cases and result.exit_code:
+        print(f"evaluation failed (exit {result.exit_code}); see the messages above", file=sys.stderr)
+    return result.exit_code
+
+
+def run_cli(entry, argv=None) -> int:
+    """Runs a command's entry(argv): bad input becomes one line and exit 2; SIGTERM, SIGHUP or SIGINT end it (and,
+    through the `finally`s below, every process it started) with 128 + the signal."""
     core.install_signal_handlers()
     try:
-        args = parser.parse_args(argv)
-        if args.mode == "stage":
-            if not args.dir:
-                raise UserError("usage: python eval.py stage VERSION DIR")
-            path = checked_version(args.version)
-            folder = stage(path, Path(args.dir), args.task)
-            print(f"staged {path.stem} into {folder}: " + ", ".join(sorted(p.name for p in folder.iterdir())))
-            return 0
-        if args.dir:
-            raise UserError(f"unexpected argument '{args.dir}'")
-        if args.mode == "trace":
-            from a2a import timeline
-
-            return timeline.main_trace(args.version, args.cases or "benchmarks:0", args.world_size, args.backend,
-                                       args.iterations, args.out)
-        result = evaluate(args.version, args.mode, args.cases, args.world_size, args.backend, args.seed,
-                          args.timeout, args.task)
-        print(render(result))
-        if not result.cases and result.exit_code:
-            print(f"evaluation failed (exit {result.exit_code}); see the messages above", file=sys.stderr)
-        return result.exit_code
+        return entry(argv)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return core.EXIT_USAGE
     except core.Terminated as stop:
-        print(f"eval.py: {stop.name} received; the run and every rank it started have been stopped", file=sys.stderr)
+        print(f"{Path(sys.argv[0]).name}: {stop.name} received; the run and every rank it started have been stopped",
+              file=sys.stderr)
         return 128 + stop.signum
+
+
+def main(argv: list[str]) -> int:
+    return run_cli(_main, argv)

@@ -221,4 +221,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from a2a import harness as _harness
+
+    sys.exit(_harness.run_cli(main))

@@ -36,6 +36,7 @@ from typing import Optional
 WARMUP = 5
 JSON_ITERATIONS = 3  # iterations written into trace.json (the table uses all of them)
 HOST_TID = 1_000_000
+MARKER_TID = 1_000_001  # the call between the two stamps
 KERNEL_TID = 999_999  # profiler kernels of versions without probes
 HOST_CATEGORIES = {"user_annotation", "cuda_runtime", "cuda_driver", "cpu_op"}
 DEVICE_CATEGORIES = {"kernel", "gpu_memset", "gpu_memcpy"}
@@ -172,27 +173,43 @@ def device_spans(rank_data: dict, iteration: int, host_offset_ns: float) -> list
         if cat in DEVICE_CATEGORIES and STAMP_KERNEL not in name:
             s, e = start * 1e3 + host_offset_ns, end * 1e3 + host_offset_ns
             if begin <= s and e <= finish:
-                spans.append((name.split("(")[0][:60], -1, 0, s, e))
+                spans.append((name.split("(")[0][:70], -1, 0, s, e))
     return spans
 
 
 def breakdown(rank_data: dict, iteration: int, host_offset_ns: float) -> dict:
-    """One rank, one iteration: {row name: µs}. Rows "host and launch before the first kernel", each kernel,
-    "gaps between kernels" and "after the last kernel" sum to the marker-to-marker time ("device-side (markers)");
-    rows "kernel / phase" are the time that phase was active inside the kernel (union over blocks and warps)."""
+    """One rank, one iteration: {row name: µs}. Rows "host and launch before the first kernel", the kernels, "gaps
+    between kernels" and "after the last kernel" sum to the marker-to-marker time ("device-side (markers)").
+    With probes, each kernel is one row (first block's start to last block's end) and "kernel / phase" rows are the
+    time that phase was active inside it (union over blocks and warps). From the profiler (no probes), a kernel
+    name can run many times and on other streams: the partition row is "kernels (union)", and "kernels / name"
+    rows give each name's busy time."""
     begin, finish = rank_data["marks"][iteration]
     spans = device_spans(rank_data, iteration, host_offset_ns)
-    kernels: dict = {}
-    phases: dict = {}
-    for phase, _, _, start, end in spans:
-        kernel = phase.split(".")[0]
-        low, high = kernels.get(kernel, (start, end))
-        kernels[kernel] = (min(low, start), max(high, end))
-        if "." in phase:
-            phases.setdefault(phase, []).append((start, end))
     rows = {"device-side (markers)": (finish - begin) / 1e3}
-    ordered = sorted(kernels.items(), key=lambda item: item[1][0])
-    if ordered:
+    if spans and spans[0][1] < 0:
+        intervals = sorted((start, end) for _, _, _, start, end in spans)
+        busy = _union_ns(intervals)
+        rows["host and launch before the first kernel"] = (intervals[0][0] - begin) / 1e3
+        rows["kernels (union)"] = busy / 1e3
+        last = max(end for _, end in intervals)
+        rows["gaps between kernels"] = (last - intervals[0][0] - busy) / 1e3
+        rows["after the last kernel"] = (finish - last) / 1e3
+        by_name: dict = {}
+        for name, _, _, start, end in spans:
+            by_name[name] = by_name.get(name, 0.0) + (end - start)
+        for name, total in sorted(by_name.items(), key=lambda item: -item[1]):
+            rows[f"kernels / {name}"] = total / 1e3
+    elif spans:
+        kernels: dict = {}
+        phases: dict = {}
+        for phase, _, _, start, end in spans:
+            kernel = phase.split(".")[0]
+            low, high = kernels.get(kernel, (start, end))
+            kernels[kernel] = (min(low, start), max(high, end))
+            if "." in phase:
+                phases.setdefault(phase, []).append((start, end))
+        ordered = sorted(kernels.items(), key=lambda item: item[1][0])
         rows["host and launch before the first kernel"] = (ordered[0][1][0] - begin) / 1e3
         gaps = 0.0
         for i, (kernel, (start, end)) in enumerate(ordered):
@@ -201,8 +218,8 @@ def breakdown(rank_data: dict, iteration: int, host_offset_ns: float) -> dict:
                 gaps += start - ordered[i - 1][1][1]
         rows["gaps between kernels"] = gaps / 1e3
         rows["after the last kernel"] = (finish - ordered[-1][1][1]) / 1e3
-    for phase, intervals in phases.items():
-        rows[phase.replace(".", " / ", 1)] = _union_ns(intervals) / 1e3
+        for phase, intervals in phases.items():
+            rows[phase.replace(".", " / ", 1)] = _union_ns(intervals) / 1e3
     rows["host: custom_kernel, enter to return"] = rank_data["host_call_ns"][iteration] / 1e3
     return rows
 
@@ -227,6 +244,7 @@ def phase_table(ranks: list) -> tuple[list, list]:
         values = [rank.get(name, 0.0) for rank in per_rank]
         slowest = max(range(len(values)), key=lambda r: values[r])
         part_of = name.split(" / ")[0] if " / " in name else "device-side (markers)"
+        part_of = "kernels (union)" if part_of == "kernels" else part_of
         whole = per_rank[slowest].get(part_of, 0.0)
         share = f"{100 * values[slowest] / whole:.0f}%" if whole else ""
         rows.append([name, *values, ranks[slowest]["rank"], share])
@@ -261,7 +279,7 @@ def chrome_trace(ranks: list, meta: dict) -> dict:
         shown = range(min(JSON_ITERATIONS, len(data["marks"])))
         for i in shown:
             begin, finish = data["marks"][i]
-            events.append({"ph": "X", "name": "call (markers)", "pid": pid, "tid": HOST_TID - 1, "ts": to_us(begin),
+            events.append({"ph": "X", "name": "call (markers)", "pid": pid, "tid": MARKER_TID, "ts": to_us(begin),
                            "dur": (finish - begin) / 1e3, "args": {"iteration": i}})
             for phase, block, warp, start, end in device_spans(data, i, host_offset):
                 if "." in phase and warp != 0:
@@ -279,7 +297,7 @@ def chrome_trace(ranks: list, meta: dict) -> dict:
         for tid in sorted(blocks):
             label = "kernels (profiler)" if tid == KERNEL_TID else f"block {tid}"
             events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}})
-        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": HOST_TID - 1,
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": MARKER_TID,
                        "args": {"name": "call (markers)"}})
     alignment = {f"rank {d['rank']}": {"device_offset_from_rank0_ns": f[2], "device_alignment_error_ns": f[3],
                                        "host_to_device_error_ns": f[1], "timer_step_ns": d["clock"]["timer_step_ns"]}
@@ -288,8 +306,8 @@ def chrome_trace(ranks: list, meta: dict) -> dict:
 
 
 def timeline_png(ranks: list, meta: dict, path: Path) -> Path:
-    """One band per rank: a row per phase (kernels and their named phases), the host's call on top, for the
-    iteration whose slowest rank had the median marker-to-marker time."""
+    """One band per rank: a row per phase (kernels and their named phases, a colour each), the call between the
+    markers on top, for the iteration whose slowest rank had the median marker-to-marker time."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -309,9 +327,8 @@ def timeline_png(ranks: list, meta: dict, path: Path) -> Path:
         call = [((begin - device_offset - origin) / 1e3, (finish - begin) / 1e3)]
         lanes.append((f"rank {data['rank']}: call (markers)", call, "black"))
         for phase in sorted(by_phase, key=lambda p: min(s for s, _ in by_phase[p])):
-            kernel = phase.split(".")[0]
-            colors.setdefault(kernel, palette[len(colors) % len(palette)])
-            lanes.append((f"rank {data['rank']}: {phase}", by_phase[phase], colors[kernel]))
+            colors.setdefault(phase, palette[len(colors) % len(palette)])
+            lanes.append((f"rank {data['rank']}: {phase}", by_phase[phase], colors[phase]))
     fig, ax = plt.subplots(figsize=(12, 0.28 * len(lanes) + 1.5))
     for row, (label, bars, color) in enumerate(reversed(lanes)):
         ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=color, alpha=0.55 if "." in label else 0.9)

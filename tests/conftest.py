@@ -83,3 +83,35 @@ def wait_until_gone(token: str, seconds: float = 20.0) -> list[int]:
     while (left := processes_with(token)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
+
+
+def start_hanging(command: list, cwd: Path, env: dict, marks: Path, timeout_s: float = 180) -> subprocess.Popen:
+    """Starts `command` and returns once both ranks have touched their mark (they are inside a hanging call)."""
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout_s
+    while not all((marks / f"rank{r}").exists() for r in (0, 1)):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the ranks never reached custom_kernel"
+        time.sleep(0.1)
+    return process
+
+
+def hanging_submission(touch_the_gpu: bool = False) -> str:
+    """A submission that starts a child (`sleep 1000`), optionally works on its GPU, touches
+    $A2A_TEST_MARKS/rank<r> and then hangs."""
+    gpu = "    torch.ones(1 << 20, device=data[1].x.device).sum().item()\n" if touch_the_gpu else ""
+    return ("import os\nimport subprocess\nimport time\nfrom pathlib import Path\n\nimport torch\n\n\n"
+            "def custom_kernel(data):\n    subprocess.Popen(['sleep', '1000'])\n" + gpu +
+            "    Path(os.environ['A2A_TEST_MARKS'], f'rank{data[2]}').touch()\n    time.sleep(3600)\n")
+
+
+def hanging_human_face(folder: Path, token: str, body: str) -> subprocess.Popen:
+    """`python eval.py test` of a submission `body` that touches $A2A_TEST_MARKS/rank<r> and then hangs, on 2 ranks,
+    under the process token; returns once both ranks are inside the call."""
+    path = folder / "hangs.py"
+    path.write_text(body)
+    marks = folder / "marks"
+    marks.mkdir()
+    env = {**os.environ, "A2A_TEST_TOKEN": token, "A2A_TEST_MARKS": str(marks)}
+    return start_hanging([sys.executable, str(ROOT / "eval.py"), "test", str(path), "--world-size", "2", "--cases",
+                          "tests:0", "--timeout", "600"], ROOT, env, marks)

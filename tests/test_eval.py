@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from a2a.harness import evaluate, needs_gpu, parse_popcorn
-from tests.conftest import ROOT, processes_with, run_bundle, run_eval, v1_kernel_source, wait_until_gone
+from tests.conftest import (ROOT, hanging_human_face, hanging_submission, processes_with, run_bundle, run_eval,
+                            start_hanging, v1_kernel_source, wait_until_gone)
 
 SMALL_LINE = "num_experts: 8; experts_per_token: 2; hidden_dim: 256; max_num_tokens: 12; seed: {seed}; world_size: 2"
 OFFICIAL_TEST_KEYS = {"test-count", "check"}
@@ -270,39 +271,12 @@ def test_no_rendezvous_fails_while_a_neighbour_churns_ports(process_token):
         churn.wait()
 
 
-HANGS_WITH_A_CHILD = """
-import os
-import subprocess
-import time
-from pathlib import Path
-
-
-def custom_kernel(data):
-    subprocess.Popen(["sleep", "1000"])
-    Path(os.environ["A2A_TEST_MARKS"], f"rank{data[2]}").touch()
-    time.sleep(3600)
-"""
-
-
-def _start_hanging(command: list, cwd: Path, env: dict, marks: Path) -> subprocess.Popen:
-    """Starts `command` and returns once both ranks are inside the hanging custom_kernel."""
-    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not all((marks / f"rank{r}").exists() for r in (0, 1)):
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "the ranks never reached custom_kernel"
-        time.sleep(0.1)
-    return process
+HANGS_WITH_A_CHILD = hanging_submission()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_a_signal_to_the_human_face_ends_the_whole_tree(tmp_path, process_token, signum):
-    path = write_submission(tmp_path, HANGS_WITH_A_CHILD, "hangs.py")
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    env = {**os.environ, "A2A_TEST_TOKEN": process_token, "A2A_TEST_MARKS": str(marks)}
-    process = _start_hanging([sys.executable, str(ROOT / "eval.py"), "test", str(path), "--world-size", "2",
-                              "--cases", "tests:0", "--timeout", "600"], ROOT, env, marks)
+    process = hanging_human_face(tmp_path, process_token, HANGS_WITH_A_CHILD)
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 128 + signum, stderr
@@ -317,7 +291,7 @@ def test_sigterm_to_the_protocol_face_ends_the_whole_tree(bundle, process_token)
     marks.mkdir()
     env = {**os.environ, "A2A_TEST_TOKEN": process_token, "A2A_TEST_MARKS": str(marks), "POPCORN_FD": "1",
            "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo"}
-    process = _start_hanging([sys.executable, "eval.py", "test", "one.txt"], bundle, env, marks)
+    process = start_hanging([sys.executable, "eval.py", "test", "one.txt"], bundle, env, marks)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 128 + signal.SIGTERM, stderr
@@ -327,12 +301,7 @@ def test_sigterm_to_the_protocol_face_ends_the_whole_tree(bundle, process_token)
 def test_killing_the_human_face_ends_the_whole_tree(tmp_path, process_token):
     """SIGKILL cannot be handled: the protocol child learns of its parent's death from the kernel (SIGTERM) and
     ends its ranks, which also die with their parent."""
-    path = write_submission(tmp_path, HANGS_WITH_A_CHILD, "hangs.py")
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    env = {**os.environ, "A2A_TEST_TOKEN": process_token, "A2A_TEST_MARKS": str(marks)}
-    process = _start_hanging([sys.executable, str(ROOT / "eval.py"), "test", str(path), "--world-size", "2",
-                              "--cases", "tests:0", "--timeout", "600"], ROOT, env, marks)
+    process = hanging_human_face(tmp_path, process_token, HANGS_WITH_A_CHILD)
     process.kill()
     process.communicate(timeout=30)
     assert not wait_until_gone(process_token, 20), "processes left behind"

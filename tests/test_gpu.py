@@ -10,7 +10,8 @@ import pytest
 from a2a import harness
 from a2a.harness import evaluate, parse_popcorn
 from launch import parallel_launch
-from tests.conftest import ROOT, gpu_count, requires_gpus, run_eval, wait_until_gone
+from tests.conftest import (ROOT, gpu_count, hanging_human_face, hanging_submission, requires_gpus, run_eval,
+                            wait_until_gone)
 
 pytestmark = [pytest.mark.gpu, requires_gpus]
 P2P_VERSIONS = ["v2", "v3", "v4"]
@@ -64,36 +65,11 @@ def test_no_rendezvous_fails_on_gpus_while_ports_churn(process_token):
         churn.wait()
 
 
-HANGS_ON_THE_GPU = """
-import os
-import subprocess
-import time
-from pathlib import Path
-
-import torch
-
-
-def custom_kernel(data):
-    subprocess.Popen(["sleep", "1000"])
-    torch.ones(1 << 20, device=data[1].x.device).sum().item()
-    Path(os.environ["A2A_TEST_MARKS"], f"rank{data[2]}").touch()
-    time.sleep(3600)
-"""
+HANGS_ON_THE_GPU = hanging_submission(touch_the_gpu=True)
 
 
 def test_sigterm_ends_a_hanging_gpu_run(tmp_path, process_token):
-    path = tmp_path / "hangs.py"
-    path.write_text(HANGS_ON_THE_GPU)
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    env = {**os.environ, "A2A_TEST_TOKEN": process_token, "A2A_TEST_MARKS": str(marks)}
-    process = subprocess.Popen([sys.executable, str(ROOT / "eval.py"), "test", str(path), "--world-size", "2",
-                                "--cases", "tests:0", "--timeout", "600"], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    while not all((marks / f"rank{r}").exists() for r in (0, 1)):
-        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
-        time.sleep(0.2)
+    process = hanging_human_face(tmp_path, process_token, HANGS_ON_THE_GPU)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 128 + signal.SIGTERM, stderr

@@ -53,10 +53,17 @@ def test_phase_table_names_the_slowest_rank_and_shares():
 def test_a_version_without_probes_is_traced_from_the_profilers_kernels():
     data = rank_data(0, 0.0)
     data["phases"], data["records"] = [], []
-    data["events"].append(("kernel", "ncclDevKernel_AllToAll(int)", 2.0, 5.0))  # host µs -> 2500..5500 device ns
+    # host µs -> device ns: +500. Two runs of one kernel with another on a second stream overlapping the first.
+    data["events"] += [("kernel", "sort(int)", 2.0, 3.0), ("kernel", "sort(int)", 6.0, 7.0),
+                       ("kernel", "ncclDevKernel_AllToAll(int)", 2.5, 4.5)]
     rows = timeline.breakdown(data, 0, 500.0)
-    assert rows["ncclDevKernel_AllToAll"] == 3.0
-    assert rows["host and launch before the first kernel"] == 1.5
+    assert rows["host and launch before the first kernel"] == 1.5  # first kernel at 2500 ns, marker at 1000
+    assert rows["kernels (union)"] == 3.5  # 2500-5000 and 6500-7500
+    assert rows["gaps between kernels"] == 1.5  # 5000-6500
+    assert rows["after the last kernel"] == 3.5  # 7500 to the 11000 marker
+    assert rows["kernels / sort"] == 2.0 and rows["kernels / ncclDevKernel_AllToAll"] == 2.0
+    top = ["host and launch before the first kernel", "kernels (union)", "gaps between kernels", "after the last kernel"]
+    assert sum(rows[name] for name in top) == rows["device-side (markers)"]
 
 
 def test_chrome_trace_has_ranks_blocks_host_and_alignment():
@@ -77,6 +84,8 @@ def test_chrome_trace_has_ranks_blocks_host_and_alignment():
     assert alignment["rank 1"]["device_offset_from_rank0_ns"] == 5e6
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
     assert names[(0, 1)] == "block 1" and names[(1, timeline.HOST_TID)] == "host (CPU)"
+    assert names[(0, timeline.MARKER_TID)] == "call (markers)"
+    assert len({timeline.HOST_TID, timeline.MARKER_TID, timeline.KERNEL_TID}) == 3
 
 
 def test_write_makes_the_json_the_picture_and_the_table(tmp_path):

@@ -140,8 +140,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except core.UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(core.EXIT_USAGE)
+    sys.exit(harness.run_cli(main))
