@@ -218,7 +218,6 @@ def case_args(selector: str, world_size: int, task_path: Path = TASK_YML) -> lis
 
 @dataclasses.dataclass
 class EvalResult:
-    version: str
     mode: str
     backend: str
     exit_code: int
@@ -317,8 +316,7 @@ def evaluate(version: str, mode: str, cases: str = "", world_size: Optional[int]
         progress(f"{mode} {path.stem}: {len(lines)} case(s), world size {world_size}, backend {backend}"
                  + ("" if backend == "nccl" else " (CPU: timings are CPU timings)"))
         exit_code, output, _ = run_protocol(bundle, mode, "cases.txt", env, progress)
-    return EvalResult(version=path.stem, mode=mode, backend=backend, exit_code=exit_code,
-                      cases=_cases_from_keys(parse_popcorn(output), mode))
+    return EvalResult(mode=mode, backend=backend, exit_code=exit_code, cases=_cases_from_keys(parse_popcorn(output), mode))
 
 
 def _child_setup():
