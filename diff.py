@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -53,12 +52,9 @@ def main(argv=None) -> int:
     if backend == "gloo" and (harness.needs_gpu(path_a) or harness.needs_gpu(path_b)):
         skipped = f"timing skipped: {path_a.stem} or {path_b.stem} builds GPU code and this machine runs CPU/gloo"
     else:
-        cases = harness.case_args(args.cases, world_size)
-        core.validate_cases([core.TestCase(c, core.spec_line(c)) for c in cases], world_size, backend,
-                            harness.machine_gpus())
+        cases = harness.case_args(args.cases, world_size, backend)
         for path in (path_a, path_b):
-            core.import_once(path.parent, path.stem, env={"PYTHONPATH": os.pathsep.join(sys.path)},
-                             compiles=harness.needs_gpu(path))
+            harness.build_version(path)
         print(f"timing {path_a.stem} and {path_b.stem}: {len(cases)} shape(s), {args.rounds} rounds x {args.pairs} "
               f"pairs, world size {world_size}, {backend}")
         rows = diffing.time_versions(path_a, path_b, cases, world_size, backend, args.rounds, args.pairs, args.alpha)

@@ -436,11 +436,25 @@ def _all_ok(ok: bool, rank: int) -> bool:
     return flag.item() == 0
 
 
-def timed_step(call: Optional[Callable], data, rank: int, device_clock: bool = False):
+def slowest_rank(values: list, rank: int) -> list:
+    """Element by element, the largest value over the ranks (a collective: every rank calls it with the same
+    shape). Per-step device times become the slowest rank's, as the device-side number is defined."""
+    import torch
+    import torch.distributed as dist
+
+    merged = torch.tensor(values, dtype=torch.float64, device=f"cuda:{rank}" if _on_gpu() else "cpu")
+    dist.all_reduce(merged, op=dist.ReduceOp.MAX)
+    return merged.tolist()
+
+
+def timed_step(call: Optional[Callable], data, rank: int, device_clock: bool = False,
+               stamps: Optional[list] = None):
     """One leaderboard-style step, the same code for a case and for the harness floor (`call` None): clear the L2,
     synchronize, barrier, start the host clock, clone the input, call, synchronize, barrier, stop. Returns
     (host ns, output, device ns). The host time is the official number on rank 0. With `device_clock`, the device
-    time is taken around the call alone: CUDA events on a GPU run, this rank's host clock on a CPU run."""
+    time is taken around the call alone: CUDA events on a GPU run, this rank's host clock on a CPU run. With
+    `stamps`, the host clock shared by all processes (time.time_ns) is appended at STEP_BOUNDARIES
+    (tools/step_anatomy.py)."""
     import torch.distributed as dist
     from utils import clear_l2_cache
 
@@ -449,7 +463,9 @@ def timed_step(call: Optional[Callable], data, rank: int, device_clock: bool = F
     _synchronize()
     dist.barrier()
     start = time.perf_counter_ns()
+    _stamp(stamps)
     cloned = _clone_data(data, rank)
+    _stamp(stamps)
     output = device_ns = None
     if events:
         events[0].record()
@@ -461,12 +477,23 @@ def timed_step(call: Optional[Callable], data, rank: int, device_clock: bool = F
         device_ns = time.perf_counter_ns() - call_start
     elif call is not None:
         output = call(cloned)
+    _stamp(stamps)
     _synchronize()
+    _stamp(stamps)
     dist.barrier()
     host_ns = time.perf_counter_ns() - start
+    _stamp(stamps)
     if events:
         device_ns = events[0].elapsed_time(events[1]) * 1e6
     return host_ns, output, device_ns
+
+
+STEP_BOUNDARIES = ("start", "cloned", "returned", "synchronized", "barrier passed")
+
+
+def _stamp(stamps: Optional[list]) -> None:
+    if stamps is not None:
+        stamps.append(time.time_ns())
 
 
 _events: dict = {}
@@ -547,10 +574,7 @@ def _rank_benchmark(test: TestCase, rank: int, recheck: bool, max_repeats: int, 
 
     result = {"stats": calculate_stats(durations) if rank == 0 else None}
     if extra:
-        # Device-side time of an iteration = the slowest rank's time for that iteration.
-        per_rank = torch.tensor(device_durations, dtype=torch.float64, device=device)
-        dist.all_reduce(per_rank, op=dist.ReduceOp.MAX)
-        result["device"] = calculate_stats(per_rank.tolist())
+        result["device"] = calculate_stats(slowest_rank(device_durations, rank))
         floor = [timed_step(None, data, rank)[0] for _ in range(max(len(durations), 10))]
         result["floor"] = calculate_stats(floor) if rank == 0 else None
     return True, result

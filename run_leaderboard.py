@@ -59,7 +59,7 @@ def run(versions: list, mode: str, cases: str, world_size, backend, timeout_s, a
     harness.use_bundle_modules()
     world_size, backend = harness.plan_run(world_size, backend)
     meta = {**harness.run_meta(backend, world_size, mode), "timing": TIMING, "skipped": []}
-    case_list = harness.case_args(cases, world_size)
+    case_list = harness.case_args(cases, world_size, backend)
     rows = []
     for name in versions:
         path = harness.resolve_version(name)

@@ -126,7 +126,6 @@ _CALLS = {"nccl_a2a_x2": _nccl_call, "nvshmem_a2a_vdev_x2": _nvshmem_call}
 def _anchor_rank(rank: int, world_size: int, anchor: str, cases: list, iterations: int) -> Optional[list]:
     """Times `anchor` on every case in this one process group; rank 0 returns one row per case."""
     import torch
-    import torch.distributed as dist
 
     import eval as core
 
@@ -145,13 +144,12 @@ def _anchor_rank(rank: int, world_size: int, anchor: str, cases: list, iteration
                 host_ns, _, dev = core.timed_step(call, None, rank, device_clock=True)
                 host.append(host_ns)
                 device_ns.append(dev)
-            per_iteration = torch.tensor(device_ns, dtype=torch.float64, device=device)
-            dist.all_reduce(per_iteration, op=dist.ReduceOp.MAX)
+            per_iteration = core.slowest_rank(device_ns, rank)
             floor = [core.timed_step(None, None, rank)[0] for _ in range(iterations)]
             del keep
             row.update(status="pass", runs=iterations, mean_us=sum(host) / len(host) / 1e3,
-                       best_us=min(host) / 1e3, device_mean_us=float(per_iteration.mean()) / 1e3,
-                       device_best_us=float(per_iteration.min()) / 1e3, floor_mean_us=sum(floor) / len(floor) / 1e3,
+                       best_us=min(host) / 1e3, device_mean_us=sum(per_iteration) / len(per_iteration) / 1e3,
+                       device_best_us=min(per_iteration) / 1e3, floor_mean_us=sum(floor) / len(floor) / 1e3,
                        floor_best_us=min(floor) / 1e3, error="")
         except Exception as exc:  # an anchor that cannot run here is reported, not fatal
             row.update(status="unavailable", error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")

@@ -139,30 +139,18 @@ def code_summary(diffs: list) -> str:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _load(path: str, name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _diff_rank(rank: int, world_size: int, path_a: str, path_b: str, cases: list, rounds: int,
                pairs: int) -> Optional[list]:
     """In one process group. Each round has its own freshly loaded instance of each version (its own state,
     buffers and heaps), so what persists inside one instance counts as noise between rounds. Per case: check both
     versions, then per round alternate timed steps A,B,B,A,... Rank 0 returns per case {"a": ..., "b": ...} with
     host and device ns per round and step, or the check failure."""
-    import torch
-    import torch.distributed as dist
-
     import eval as core
+    from a2a import harness
     from reference import check_implementation, generate_input
 
-    instances = {key: [_load(path, f"diff_{key}_{r}") for r in range(rounds)]
+    instances = {key: [harness.load_version(Path(path), f"diff_{key}_{r}") for r in range(rounds)]
                  for key, path in (("a", path_a), ("b", path_b))}
-    device = f"cuda:{rank}" if core._on_gpu() else "cpu"
     results = []
     for args in cases:
         data = generate_input(**args, rank=rank)
@@ -187,10 +175,8 @@ def _diff_rank(rank: int, world_size: int, path_a: str, path_b: str, cases: list
                     this_round[key]["host"].append(host_ns)
                     this_round[key]["device"].append(device_ns)
             for key in timed:
-                slowest = torch.tensor(this_round[key]["device"], dtype=torch.float64, device=device)
-                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
                 steps[key]["host"].append(this_round[key]["host"])
-                steps[key]["device"].append(slowest.tolist())
+                steps[key]["device"].append(core.slowest_rank(this_round[key]["device"], rank))
         for key in timed:
             case[key] = steps[key]
         results.append(case)

@@ -205,15 +205,36 @@ def with_world_size(line: str, world_size: int) -> str:
     return "; ".join(f"{k}: {v}" for k, v in case.items())
 
 
-def case_args(selector: str, world_size: int, task_path: Path = TASK_YML) -> list[dict]:
-    """The cases `selector` names, rewritten to `world_size`, validated, as argument dicts."""
+def planned_cases(selector: str, world_size: int, backend: str, task_path: Path = TASK_YML) -> list:
+    """The cases `selector` names, rewritten to `world_size` and checked against this machine (core.validate_cases),
+    as TestCases whose spec is the runner's test line."""
     lines = [with_world_size(line, world_size) for line in select_cases(load_task(task_path), selector)]
     tests = core.get_test_cases("\n".join(lines), None)
-    for test in tests:
-        problem = core.case_problem(test.args)
-        if problem:
-            raise UserError(f"test '{test.spec}': {problem}")
-    return [test.args for test in tests]
+    core.validate_cases(tests, world_size, backend, machine_gpus())
+    return tests
+
+
+def case_args(selector: str, world_size: int, backend: str, task_path: Path = TASK_YML) -> list[dict]:
+    """planned_cases as argument dicts (what rank functions take)."""
+    return [test.args for test in planned_cases(selector, world_size, backend, task_path)]
+
+
+def load_version(path: Path, name: str):
+    """Imports a version file as the module `name` (several instances can live side by side). In a rank process the
+    extension build is already in the cache: see build_version."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_version(path: Path, trace: bool = False) -> None:
+    """Imports a version once in a child process, so that its load_inline build (the trace build with `trace`)
+    happens once, before any rank imports it."""
+    env = {"PYTHONPATH": os.pathsep.join(sys.path), **({"A2A_TRACE": "1"} if trace else {})}
+    core.import_once(path.parent, path.stem, env=env, compiles=needs_gpu(path))
 
 
 @dataclasses.dataclass
@@ -299,10 +320,8 @@ def evaluate(version: str, mode: str, cases: str = "", world_size: Optional[int]
     world_size, backend = plan_run(world_size, backend)
     if backend == "gloo" and needs_gpu(path):
         raise UserError(f"{path.stem} builds GPU code (load_inline) and cannot run on gloo/CPU")
-    task = load_task(task_path)
     selector = cases or ("tests" if mode == "test" else "benchmarks")
-    lines = [with_world_size(line, world_size) for line in select_cases(task, selector)]
-    core.validate_cases(core.get_test_cases("\n".join(lines), None), world_size, backend, machine_gpus())
+    lines = [test.spec for test in planned_cases(selector, world_size, backend, task_path)]
     with tempfile.TemporaryDirectory(prefix=f"a2a-{path.stem}-") as tmp:
         bundle = stage(path, Path(tmp), task_path)
         (bundle / "cases.txt").write_text("\n".join(lines) + "\n")
@@ -444,8 +463,9 @@ def _main(argv: list[str]) -> int:
     if args.mode == "trace":
         from a2a import timeline
 
-        return timeline.main_trace(args.version, args.cases or "benchmarks:0", args.world_size, args.backend,
-                                   args.iterations, args.out)
+        timeline.trace_version(args.version, args.cases or "benchmarks:0", args.world_size, args.backend,
+                               args.iterations, args.out)
+        return 0
     result = evaluate(args.version, args.mode, args.cases, args.world_size, args.backend, args.seed, args.timeout,
                       args.task)
     print(render(result))

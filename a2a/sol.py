@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from a2a import harness
+
 SOL_FILE = "sol.json"
 STORE_BYTES_PER_RANK = 64 << 20
 SMALL_STORE_BYTES_PER_RANK = 1 << 20
@@ -200,8 +202,6 @@ def summary(figures: dict) -> str:
 def main(argv=None) -> int:
     import argparse
 
-    from a2a import harness
-
     parser = argparse.ArgumentParser(description="Measure this machine's speed-of-light figures (GPUs only).")
     parser.add_argument("--world-size", type=int)
     parser.add_argument("--out", type=Path, default=harness.ROOT / "results")
@@ -221,6 +221,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from a2a import harness as _harness
-
-    sys.exit(_harness.run_cli(main))
+    sys.exit(harness.run_cli(main))

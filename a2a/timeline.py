@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,15 +40,6 @@ KERNEL_TID = 999_999  # profiler kernels of versions without probes
 HOST_CATEGORIES = {"user_annotation", "cuda_runtime", "cuda_driver", "cpu_op"}
 DEVICE_CATEGORIES = {"kernel", "gpu_memset", "gpu_memcpy"}
 STAMP_KERNEL = "stamp_kernel"
-
-
-def _load_version(path: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"traced_{Path(path).stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _profile_events(prof) -> list:
@@ -104,11 +94,12 @@ def _trace_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
     import torch
 
     import eval as core
+    from a2a import harness
     from a2a.probes import Probes
     from reference import generate_input
 
     os.environ["A2A_TRACE"] = "1"
-    module = _load_version(path)
+    module = harness.load_version(Path(path), f"traced_{Path(path).stem}")
     take = getattr(module, "trace_take", None)
     probes = Probes(rank, world_size)
     try:
@@ -395,11 +386,8 @@ def trace_version(version: str, cases: str, world_size: Optional[int], backend: 
         return []
     if iterations < 1:
         raise core.UserError(f"--iterations must be at least 1, not {iterations}")
-    case_list = harness.case_args(cases, world_size)
-    core.validate_cases([core.TestCase(args, core.spec_line(args)) for args in case_list], world_size, backend,
-                        harness.machine_gpus())
-    core.import_once(path.parent, path.stem, env={"A2A_TRACE": "1", "PYTHONPATH": os.pathsep.join(sys.path)},
-                     compiles=harness.needs_gpu(path))
+    case_list = harness.case_args(cases, world_size, backend)
+    harness.build_version(path, trace=True)
     probes.extension()
     print(f"tracing {path.stem} on {len(case_list)} case(s): {iterations} clean and {JSON_ITERATIONS} profiled calls "
           "each")
@@ -415,9 +403,3 @@ def trace_version(version: str, cases: str, world_size: Optional[int], backend: 
         print(f"saved {folder}")
         folders.append(folder)
     return folders
-
-
-def main_trace(version: str, cases: str, world_size: Optional[int], backend: Optional[str], iterations: int,
-               out: Path) -> int:
-    trace_version(version, cases, world_size, backend, iterations, out)
-    return 0

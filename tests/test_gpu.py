@@ -25,13 +25,8 @@ def world_sizes():
 
 
 def _load(version: str, name: str = ""):
-    import importlib.util
-
     path = harness.resolve_version(version)
-    spec = importlib.util.spec_from_file_location(name or path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return harness.load_version(path, name or path.stem)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -280,7 +275,7 @@ def test_sol_measures_this_machine():
 def test_anchors_time_a_case():
     from a2a import anchors
 
-    args = harness.case_args("benchmarks:1", 2)
+    args = harness.case_args("benchmarks:1", 2, "nccl")
     rows = anchors.run(args, 2, iterations=10, progress=lambda *_: None)
     by_name = {row["version"]: row for row in rows}
     assert by_name["nccl_a2a_x2"]["status"] == "pass" and by_name["nccl_a2a_x2"]["device_mean_us"] > 0
@@ -292,6 +287,6 @@ def test_diff_of_a_version_against_itself_on_gpus():
     from a2a import diffing
 
     path = harness.resolve_version("v3")
-    cases = harness.case_args("benchmarks:0,4", 2)
+    cases = harness.case_args("benchmarks:0,4", 2, "nccl")
     rows = diffing.time_versions(path, path, cases, 2, "nccl", rounds=6, pairs=6)
     assert {row["verdict"] for row in rows} == {"no difference within noise"}, rows

@@ -2,8 +2,8 @@
 """Anatomy of the leaderboard-style step: where a timed step's µs go besides custom_kernel, per rank.
 
 Case steps and floor steps (the same step without the call) alternate; every rank stamps the host clock (shared by
-all processes of the machine) at each boundary of eval.timed_step's sequence: start (after the barrier), input
-cloned, call returned, synchronized, final barrier passed. Device-side time comes from CUDA events around the call,
+all processes of the machine) at each boundary of eval.timed_step (eval.STEP_BOUNDARIES): start (after the barrier),
+input cloned, call returned, synchronized, final barrier passed. Device-side time comes from CUDA events around the call,
 as in the evaluator. Reported per shape (medians): rank 0's leaderboard-style step and floor step, their difference,
 the device-side time (slowest rank), how late the last rank started, how long each rank's host spent in the call,
 waited in synchronize and in the final barrier.
@@ -13,7 +13,6 @@ waited in synchronize and in the final barrier.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -23,22 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import eval as core  # noqa: E402
 from a2a import harness  # noqa: E402
 
-BOUNDARIES = ("start", "cloned", "returned", "synchronized", "barrier passed")
-
-
 def _anatomy_rank(rank: int, world_size: int, path: str, cases: list, iterations: int):
-    import importlib.util
-    import time
-
     import torch.distributed as dist
 
     from reference import generate_input
-    from utils import clear_l2_cache
 
-    spec = importlib.util.spec_from_file_location(f"anatomy_{Path(path).stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    on_gpu = core._on_gpu()
+    module = harness.load_version(Path(path), f"anatomy_{Path(path).stem}")
     results = []
     for args in cases:
         data = generate_input(**args, rank=rank)
@@ -48,28 +37,10 @@ def _anatomy_rank(rank: int, world_size: int, path: str, cases: list, iterations
         steps = []
         for i in range(2 * iterations):
             call = i % 2 == 0
-            events = core.timing_events() if call and on_gpu else None
-            clear_l2_cache()
-            core._synchronize()
-            dist.barrier()
-            stamps = [time.time_ns()]
-            cloned = core._clone_data(data, rank)
-            stamps.append(time.time_ns())
-            device_ns = 0.0
-            if events:
-                events[0].record()
-                module.custom_kernel(cloned)
-                events[1].record()
-            elif call:
-                module.custom_kernel(cloned)
-            stamps.append(time.time_ns())
-            core._synchronize()
-            stamps.append(time.time_ns())
-            dist.barrier()
-            stamps.append(time.time_ns())
-            if call:
-                device_ns = events[0].elapsed_time(events[1]) * 1e6 if on_gpu else stamps[2] - stamps[1]
-            steps.append({"call": call, "stamps": stamps, "device_ns": device_ns})
+            stamps: list = []
+            _, _, device_ns = core.timed_step(module.custom_kernel if call else None, data, rank, device_clock=True,
+                                              stamps=stamps)
+            steps.append({"call": call, "stamps": stamps, "device_ns": device_ns or 0.0})
         gathered = [None] * world_size
         dist.all_gather_object(gathered, steps)
         results.append(gathered)
@@ -119,9 +90,8 @@ def main(argv=None) -> int:
     world_size, backend = harness.plan_run(args.world_size, args.backend)
     if backend == "gloo" and harness.needs_gpu(path):
         raise core.UserError(f"{path.stem} builds GPU code and this run is on CPU/gloo")
-    cases = harness.case_args(args.cases, world_size)
-    core.import_once(path.parent, path.stem, env={"PYTHONPATH": os.pathsep.join(sys.path)},
-                     compiles=harness.needs_gpu(path))
+    cases = harness.case_args(args.cases, world_size, backend)
+    harness.build_version(path)
     results = parallel_launch(world_size, _anatomy_rank, str(path), cases, args.iterations, backend=backend,
                               timeout_s=900)[0]
     meta = harness.run_meta(backend, world_size, f"anatomy-{path.stem}")

@@ -15,7 +15,6 @@ LAUNCH_SHAPE.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -52,7 +51,6 @@ def shapes_to_try(module) -> list:
 
 
 def _sweep_rank(rank: int, world_size: int, path: str, cases: list, iterations: int):
-    import importlib.util
     import statistics
 
     import torch
@@ -60,9 +58,7 @@ def _sweep_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
 
     from reference import generate_input
 
-    spec = importlib.util.spec_from_file_location(f"swept_{Path(path).stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = harness.load_version(Path(path), f"swept_{Path(path).stem}")
     events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     rows = []
     for args in cases:
@@ -85,14 +81,12 @@ def _sweep_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
                 events[1].record()
                 events[1].synchronize()
                 device_us.append(events[0].elapsed_time(events[1]) * 1e3)
-            slowest = torch.tensor([device_us, host_us], dtype=torch.float64, device=f"cuda:{rank}")
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            slowest = core.slowest_rank([device_us, host_us], rank)
             agree = torch.tensor([int(same)], device=f"cuda:{rank}")
             dist.all_reduce(agree, op=dist.ReduceOp.MIN)
             rows.append({"shape": harness.shape_label(**args), "kernel": kernel,
                          "per_multiprocessor": per_multiprocessor, "threads": threads,
-                         "device_us": statistics.median(slowest[0].tolist()),
-                         "host_us": statistics.median(slowest[1].tolist()), "bit_identical": bool(agree.item())})
+                         "device_us": statistics.median(slowest[0]), "host_us": statistics.median(slowest[1]), "bit_identical": bool(agree.item())})
     return rows if rank == 0 else None
 
 
@@ -173,8 +167,8 @@ def main(argv=None) -> int:
     if backend != "nccl":
         print("skipped: the launch-shape sweep needs GPUs")
         return 0
-    cases = harness.case_args(args.cases, world_size)
-    core.import_once(path.parent, path.stem, env={"PYTHONPATH": os.pathsep.join(sys.path)}, compiles=True)
+    cases = harness.case_args(args.cases, world_size, backend)
+    harness.build_version(path)
     rows = parallel_launch(world_size, _sweep_rank, str(path), cases, args.iterations, backend="nccl",
                            timeout_s=1200)[0]
     meta = {**harness.run_meta(backend, world_size, f"sweep-{path.stem}"), "version": path.stem,
