@@ -17,7 +17,9 @@ import sys
 from pathlib import Path
 
 import eval as core
-from a2a import diffing, harness
+from a2a import diffing
+from a2a import plan as planning
+from a2a.harness import run_cli
 
 
 def main(argv=None) -> int:
@@ -31,37 +33,33 @@ def main(argv=None) -> int:
     parser.add_argument("--pairs", type=int, default=diffing.PAIRS, help="A,B step pairs per round")
     parser.add_argument("--alpha", type=float, default=diffing.FAMILY_ALPHA,
                         help="family-wise error rate of the verdicts (Bonferroni over the run)")
-    parser.add_argument("--out", type=Path, default=harness.ROOT / "results")
+    parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
-    harness.use_bundle_modules()
-    path_a, path_b = harness.checked_version(args.a), harness.checked_version(args.b)
     if args.rounds < 2 or args.pairs < 1:
         raise core.UserError(f"--rounds must be at least 2 and --pairs at least 1 (got {args.rounds}, {args.pairs})")
     if not 0 < args.alpha < 1:
         raise core.UserError(f"--alpha must be between 0 and 1, not {args.alpha}")
+    plan = planning.make_plan([args.a, args.b], args.cases, args.world_size, args.backend, gpu_only="keep")
+    path_a, path_b = plan.versions
     diffs = diffing.code_diff(path_a, path_b)
     code = "".join(d.unified for d in diffs)
     print(f"code: {path_a.stem} -> {path_b.stem}\n{diffing.code_summary(diffs)}\n")
-    world_size, backend = harness.plan_run(args.world_size, args.backend)
-    meta = {**harness.run_meta(backend, world_size, f"diff_{path_a.stem}_vs_{path_b.stem}"), "a": path_a.stem,
-            "b": path_b.stem, "commit_a": diffing.last_commit(path_a), "commit_b": diffing.last_commit(path_b),
+    meta = {**plan.meta_for(f"diff_{path_a.stem}_vs_{path_b.stem}"), "a": path_a.stem, "b": path_b.stem,
+            "commit_a": diffing.last_commit(path_a), "commit_b": diffing.last_commit(path_b),
             "timing": f"{args.rounds} rounds with fresh instances x {args.pairs} interleaved A,B,B,A pairs of "
                       "eval.timed_step on the same inputs; B/A = geometric mean over rounds of the ratio of means, "
                       "Student-t interval over rounds"}
     rows, skipped = [], ""
-    if backend == "gloo" and (harness.needs_gpu(path_a) or harness.needs_gpu(path_b)):
+    if plan.backend == "gloo" and any(planning.builds_device_code(p) for p in plan.versions):
         skipped = f"timing skipped: {path_a.stem} or {path_b.stem} builds GPU code and this machine runs CPU/gloo"
     else:
-        cases = harness.case_args(args.cases, world_size, backend)
-        for path in (path_a, path_b):
-            harness.build_version(path)
-        print(f"timing {path_a.stem} and {path_b.stem}: {len(cases)} shape(s), {args.rounds} rounds x {args.pairs} "
-              f"pairs, world size {world_size}, {backend}")
-        rows = diffing.time_versions(path_a, path_b, cases, world_size, backend, args.rounds, args.pairs, args.alpha)
+        print(f"timing {path_a.stem} and {path_b.stem}: {len(plan.cases)} shape(s), {args.rounds} rounds x "
+              f"{args.pairs} pairs, world size {plan.world_size}, {plan.backend}")
+        rows = diffing.time_versions(plan, args.rounds, args.pairs, args.alpha)
         meta["alpha"] = args.alpha
     report = render(meta, diffs, rows, skipped)
     print(report)
-    folder = harness.run_folder(args.out, meta)
+    folder = planning.run_folder(args.out, meta)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "diff.md").write_text(report + "\n")
     (folder / "code.diff").write_text(code)
@@ -92,4 +90,4 @@ def render(meta: dict, diffs: list, rows: list, skipped: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(harness.run_cli(main))
+    sys.exit(run_cli(main))

@@ -4,27 +4,25 @@
     POPCORN_FD=3 [POPCORN_SEED=S] [POPCORN_GPUS=N] python eval.py test|benchmark|leaderboard|profile TESTFILE
 
 It imports `reference`, `utils`, `task` and `submission` from its own folder, writes `key: value` lines to the file
-descriptor POPCORN_FD and exits 112 when a check fails. Keys, timing steps and stop rules are those of the official
-runner. Run from the repository without POPCORN_FD, it hands over to the human face (`a2a/harness.py`: check, time,
-stage, trace a version).
+descriptor POPCORN_FD and exits 112 when a check fails. The process model is the runner's (gpu-mode
+reference-kernels, problems/amd_distributed/eval.py): a spawn pool of POPCORN_GPUS workers reused across cases (a
+worker is rank 0 in one case and another rank in the next), an NCCL group per case with `device_id` on the fixed
+port, no `set_device` anywhere (the current device stays cuda:0 in every worker), the submission imported inside
+the worker during the first case and within that case's time limit, the same timed loop, seeds, warm-up and stop
+rules. What differs, and why none of it can turn a failure there into a pass here: README, "Faithful to the runner".
 
-Additions over the official runner, none of which changes its output for a working submission:
-- the submission is imported once in a separate process before any case (a load_inline build happens once, outside
-  the per-case timeouts);
-- a watchdog kills the ranks of a case that runs past its timeout, names where each rank was, and rebuilds the pool;
-- the failing rank's own error is reported first and whole; errors its peers hit because of it are marked follow-on;
-- the check compares against a copy of the input taken before the call (a submission that edits its input cannot
-  make the check agree with a wrong answer);
-- SIGTERM, SIGHUP and SIGINT end the whole process tree (ranks and whatever a submission started); ranks die with
-  this process;
-- bad input gets one line and a non-zero exit; CPU runs on gloo.
-The human face passes its options as A2A_* environment variables, read once in `protocol_main`: A2A_BACKEND,
-A2A_EXTRA (device-side time and harness floor), A2A_RANK_PREFIX, A2A_TIMEOUT, A2A_RENDEZVOUS=private (ranks join a
-store this process holds on a port the OS gave it, instead of the runner's fixed port).
+Run from the repository without POPCORN_FD, it hands over to the human face (a2a/harness.py). The human face's
+options arrive as A2A_* variables, read once in `protocol_main`: A2A_BACKEND, A2A_EXTRA (device-side time, harness
+floor, import time), A2A_RANK_PREFIX, A2A_TIMEOUT, A2A_RENDEZVOUS=private (ranks join a store this process holds on
+a port the OS gave it, instead of the runner's fixed port).
+
+Also a small rank API for tools (tools/, a2a/): RankPool, clone_data, snapshot, all_ok, slowest_rank, synchronize,
+timed_step, rank_device, own_device.
 """
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import ctypes
 import dataclasses
@@ -33,19 +31,20 @@ import multiprocessing
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 HERE = Path(__file__).resolve().parent
 MODES = ("test", "benchmark", "leaderboard", "profile")
-EXIT_CHECK_FAILED = 112
-EXIT_BAD_TEST_FILE = 113
-EXIT_USAGE = 2
+# Exit codes: README lists them. 2 and 113 are the runner's own.
+EXIT_USAGE = 2  # the command line is wrong
+EXIT_CHECK_FAILED = 112  # a submission failed a check, crashed or hung
+EXIT_BAD_INPUT = 113  # a file, a case value, a seed or a POPCORN_* value that no run could use
+EXIT_CRASH = 114  # the evaluator itself failed: a bug here, never blamed on the submission
 SPEC_KEYS = ("num_experts", "experts_per_token", "hidden_dim", "max_num_tokens", "seed", "world_size")
 
 # Per-case timeouts of the official runner (seconds); A2A_TIMEOUT replaces them.
@@ -53,7 +52,14 @@ OFFICIAL_TIMEOUT_S = {"test": 60, "benchmark": 180, "leaderboard": 180, "profile
 # After one rank of a case has failed, how long the others get to return before the watchdog kills them.
 FAILED_PEER_GRACE_S = 10.0
 DEFAULT_MASTER_PORT = 12356  # the runner's fixed rendezvous port
-BUILD_TIMEOUT_S = 900
+MAX_REPEATS = 100
+LEADERBOARD_SEED_STEP = 13  # leaderboard mode: a fresh input per run, seed + 13 each time
+MAX_LINE_CHARS = 1000
+# Largest value of each field a run can take; a larger one is bad input, not a submission's failure.
+SEED_MAX = 2**64 - 1 - 2**16  # the generator takes seeds up to 2**64 - 1; room for + rank and the +13 steps
+CASE_LIMITS = {"num_experts": (1, 1024), "experts_per_token": (1, 1024), "hidden_dim": (1, 65536),
+               "max_num_tokens": (2, 65536), "seed": (0, SEED_MAX), "world_size": (1, 64)}
+REFERENCE_BYTES_MAX = 4 << 30  # the reference's dispatch buffer per rank: num_experts * max_num_tokens * hidden * 2
 
 # NVLink multicast stays off on every machine this runs on (it can take a shared host's GPUs down).
 for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
@@ -61,7 +67,7 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTIC
 
 
 class UserError(Exception):
-    """Bad input: reported as one line, non-zero exit, no traceback."""
+    """Bad input: one line, a non-zero exit, no traceback."""
 
 
 class Terminated(BaseException):
@@ -89,8 +95,6 @@ def install_signal_handlers() -> None:
 # --------------------------------------------------------------------------------------------------------------
 # Process trees (Linux): ranks die with their parent, and nothing a submission starts outlives the run.
 # --------------------------------------------------------------------------------------------------------------
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
 
 
 def _prctl(option: int, value: int) -> None:
@@ -101,28 +105,26 @@ def _prctl(option: int, value: int) -> None:
 
 
 def die_with_parent(signum: int = signal.SIGKILL) -> None:
-    """The kernel sends `signum` to this process when its parent dies."""
-    _prctl(_PR_SET_PDEATHSIG, signum)
+    """The kernel sends `signum` to this process when its parent dies (PR_SET_PDEATHSIG)."""
+    _prctl(1, signum)
 
 
 def become_subreaper() -> None:
     """Orphaned descendants (a submission's children whose rank died) are re-parented here, not to init, so that
-    kill_tree still finds them."""
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    kill_tree still finds them (PR_SET_CHILD_SUBREAPER)."""
+    _prctl(36, 1)
 
 
 def descendants(pid: int) -> list[int]:
     """Every live process below `pid`, from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(entry))
     found, queue = [], [pid]
     while queue:
         for child in children.get(queue.pop(), []):
@@ -136,19 +138,15 @@ def kill_tree(pid: int, include_root: bool = True) -> None:
     re-parented to this process. The root is left for its owner to reap (multiprocessing joins its workers)."""
     below = descendants(pid)
     for victim in below + ([pid] if include_root else []):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     for victim in below:
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(victim, 0)
-        except ChildProcessError:
-            pass
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Test files
+# Test files and case values
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -171,6 +169,7 @@ class PopcornOutput:
 class TestCase:
     args: dict
     spec: str
+    secret_seed: Optional[int] = None  # the POPCORN_SEED mixed into args["seed"], if any
 
 
 @dataclasses.dataclass
@@ -183,6 +182,12 @@ class Stats:
     worst: float
 
 
+# The result contract: the official Stats fields for every timed case; with A2A_EXTRA, these extra statistics
+# (`benchmark.N.device_mean`, ...). The human face and the tables derive their columns from here (a2a/rows.py).
+EXTRA_STATS = ("device", "floor")
+EXTRA_STAT_FIELDS = ("runs", "mean", "best")
+
+
 def cantor_combine(a: int, b: int) -> int:
     """Mixes the secret seed into a public test seed (Cantor pairing), as the official runner does."""
     return int(a + (a + b) * (a + b + 1) // 2)
@@ -192,18 +197,19 @@ TEST_PART = re.compile(r"\s*([a-zA-Z_]+):\s*([a-zA-Z]+|[+-]?[0-9]+)\s*")
 
 
 def parse_test_line(line: str) -> dict:
-    """`key: value; key: value` -> dict; raises ValueError naming the bad part."""
+    """`key: value; key: value` -> dict, with the runner's grammar; raises ValueError naming the bad part. Unlike the
+    runner, a key given twice and an over-long line are errors (the runner keeps the last value silently)."""
+    if len(line) > MAX_LINE_CHARS:
+        raise ValueError(f"a test line of {len(line)} characters (at most {MAX_LINE_CHARS}): '{line[:60]}...'")
     case = {}
     for part in line.split(";"):
         matched = TEST_PART.fullmatch(part)
         if not matched:
             raise ValueError(f"invalid test case: '{line}': '{part}'")
         key, value = matched[1], matched[2]
-        try:
-            value = int(value)
-        except ValueError:
-            pass
-        case[key] = value
+        if key in case:
+            raise ValueError(f"invalid test case: '{line}': '{key}' is given twice")
+        case[key] = int(value) if re.fullmatch(r"[+-]?[0-9]+", value) else value
     return case
 
 
@@ -213,44 +219,77 @@ def spec_line(case: dict) -> str:
 
 
 def get_test_cases(text: str, seed: Optional[int]) -> list[TestCase]:
-    tests = [TestCase(args=parse_test_line(line), spec=line) for line in text.splitlines()]
+    tests = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            tests.append(TestCase(args=parse_test_line(line), spec=line))
+        except ValueError as exc:
+            raise ValueError(f"line {number}: {exc}") from None
     if seed is not None:
         for test in tests:
             if isinstance(test.args.get("seed"), int):
                 test.args["seed"] = cantor_combine(test.args["seed"], seed)
+                test.secret_seed = seed
+    return tests
+
+
+def read_test_file(path: Path, seed: Optional[int]) -> list[TestCase]:
+    """The cases of a test file; UserError with one line for a file that cannot be read or parsed."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise UserError(f"Could not open test file `{path}`: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"test file `{path}` is not UTF-8 text (byte {exc.start})") from None
+    try:
+        tests = get_test_cases(text, seed)
+    except ValueError as exc:
+        raise UserError(f"test file `{path}`, {exc}") from None
+    if not tests:
+        raise UserError(f"test file `{path}` holds no test cases")
     return tests
 
 
 def calculate_stats(durations: list[float]) -> Stats:
     runs = len(durations)
     avg = sum(durations) / runs
-    variance = sum((d - avg) ** 2 for d in durations)
-    std = math.sqrt(variance / (runs - 1)) if runs > 1 else 0.0
+    std = math.sqrt(sum((d - avg) ** 2 for d in durations) / (runs - 1)) if runs > 1 else 0.0
     return Stats(runs=runs, mean=avg, std=std, err=std / math.sqrt(runs), best=float(min(durations)),
                  worst=float(max(durations)))
 
 
-# Smallest value of each field for which a case can run.
-CASE_MINIMUM = {"num_experts": 1, "experts_per_token": 1, "hidden_dim": 1, "max_num_tokens": 2, "world_size": 1}
-
-
 def case_problem(args: dict) -> Optional[str]:
     """None when the case's fields can make a run, else what is wrong (one line, no test prefix)."""
+    unknown = [key for key in args if key not in SPEC_KEYS]
+    if unknown:
+        return f"unknown field '{unknown[0]}' (a case has exactly {', '.join(SPEC_KEYS)})"
     missing = [key for key in SPEC_KEYS if key not in args]
     if missing:
         return f"lacks {', '.join(missing)}"
     for key in SPEC_KEYS:
         if not isinstance(args[key], int):
             return f"{key} must be an integer, not '{args[key]}'"
-    for key, minimum in CASE_MINIMUM.items():
-        if args[key] < minimum:
+    for key, (low, high) in CASE_LIMITS.items():
+        if not low <= args[key] <= high:
             why = " (token counts are drawn from [1, max_num_tokens))" if key == "max_num_tokens" else ""
-            return f"{key} must be at least {minimum}, not {args[key]}{why}"
+            if key == "seed":
+                return f"seed {args[key]} is outside what the generator takes (0 to {high})"
+            return f"{key} must be at least {low}, not {args[key]}{why}" if args[key] < low else \
+                f"{key} must be at most {high}, not {args[key]}"
     if args["experts_per_token"] > args["num_experts"]:
         return f"experts_per_token ({args['experts_per_token']}) must not exceed num_experts ({args['num_experts']})"
     if args["num_experts"] % args["world_size"]:
         return f"{args['num_experts']} experts cannot be split evenly over {args['world_size']} ranks"
+    reference_bytes = args["num_experts"] * args["max_num_tokens"] * args["hidden_dim"] * 2
+    if reference_bytes > REFERENCE_BYTES_MAX:
+        return (f"num_experts x max_num_tokens x hidden_dim is too large: the reference would need "
+                f"{reference_bytes / 2**30:.1f} GiB per rank (at most {REFERENCE_BYTES_MAX >> 30} GiB)")
     return None
+
+
+def max_cpu_ranks() -> int:
+    """gloo ranks a CPU machine may run at once: one per core, at least 8, never more than 64."""
+    return min(64, max(8, os.cpu_count() or 1))
 
 
 def validate_cases(tests: list[TestCase], pool_size: int, backend: str, gpus: int) -> None:
@@ -258,20 +297,26 @@ def validate_cases(tests: list[TestCase], pool_size: int, backend: str, gpus: in
     if not tests:
         raise UserError("there are no test cases to run")
     for test in tests:
-        problem = case_problem(test.args)
-        if problem:
-            raise UserError(f"test '{test.spec}': {problem}")
-        ws = test.args["world_size"]
-        if ws > pool_size:
+        ws = test.args.get("world_size")
+        if isinstance(ws, int) and ws > pool_size:
             raise UserError(f"test '{test.spec}' needs {ws} ranks but the pool has {pool_size} "
                             f"(POPCORN_GPUS={pool_size})")
-        if backend != "gloo" and ws > gpus:
+        if isinstance(ws, int) and backend != "gloo" and ws > gpus:
             raise UserError(f"test '{test.spec}' needs {ws} ranks but this machine has {gpus} GPU(s); "
                             f"use --world-size {gpus} or --backend gloo")
+        if isinstance(ws, int) and backend == "gloo" and ws > max_cpu_ranks():
+            raise UserError(f"test '{test.spec}' needs {ws} ranks; on CPU (gloo) at most {max_cpu_ranks()} run at "
+                            f"once here ({os.cpu_count()} cores)")
+        problem = case_problem(test.args)
+        if problem and test.secret_seed is not None and problem.startswith("seed "):
+            problem = (f"the secret seed {test.secret_seed} mixed into this test's seed gives {test.args['seed']}, "
+                       f"more than the generator takes ({SEED_MAX}); use a smaller one")
+        if problem:
+            raise UserError(f"test '{test.spec[:120]}': {problem}")
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Rank side: what a pool worker runs for one rank of one case
+# Rank side: what a pool worker runs for one rank of one case, and the rank API tools use
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -295,7 +340,18 @@ class RankFailure:
     at: float = dataclasses.field(default_factory=time.time)
 
 
+class RankResult(NamedTuple):
+    ok: bool
+    value: Any  # the job's result, or a RankFailure
+    import_s: Optional[float] = None  # seconds this rank spent importing the submission during this case
+
+
 _setup: Optional[RankSetup] = None
+# The reference's functions, bound when the worker starts, before any submission is imported: a submission that
+# replaces reference.check_implementation at import changes nothing here (README says what stays open).
+_reference: tuple = ()
+_kernel: Optional[Callable] = None
+_import_s: Optional[float] = None
 
 
 def _on_gpu() -> bool:
@@ -304,35 +360,235 @@ def _on_gpu() -> bool:
     return _setup is not None and _setup.backend != "gloo" and torch.cuda.is_available()
 
 
-def _synchronize():
+def rank_device(rank: int):
+    """Where a rank's inputs live: cuda:rank on a GPU run, else the CPU."""
+    import torch
+
+    return torch.device(f"cuda:{rank}") if _on_gpu() else torch.device("cpu")
+
+
+def own_device(rank: int):
+    """A guard for a tool's own GPU work (probes, markers, its buffers) on its rank's device; on exit the current
+    device is again what the runner leaves (cuda:0). Never put a submission's call inside it."""
+    import torch
+
+    return torch.cuda.device(rank) if _on_gpu() else contextlib.nullcontext()
+
+
+def synchronize() -> None:
+    """torch.cuda.synchronize() as the runner calls it: on the current device, which the runner never changes."""
     import torch
 
     if _on_gpu():
         torch.cuda.synchronize()
 
 
-def _clone_data(data, rank: int):
-    """Clones tensors in tuples, lists and dicts (onto cuda:rank on a GPU run), as the official runner does inside
-    the timed region."""
+def clone_data(data, rank: int):
+    """The runner's clone: tensors in tuples, lists and dicts are cloned onto cuda:rank (the CPU on gloo); other
+    objects (cfg, rank_data) pass through uncopied, so the timed clone costs what it costs there."""
     import torch
 
     if isinstance(data, tuple):
-        return tuple(_clone_data(x, rank) for x in data)
+        return tuple(clone_data(x, rank) for x in data)
     if isinstance(data, list):
-        return [_clone_data(x, rank) for x in data]
+        return [clone_data(x, rank) for x in data]
     if isinstance(data, dict):
-        return {k: _clone_data(v, rank) for k, v in data.items()}
+        return {k: clone_data(v, rank) for k, v in data.items()}
     if isinstance(data, torch.Tensor):
-        return data.clone().to(f"cuda:{rank}") if _on_gpu() else data.clone()
-    # Like the official runner, other objects (cfg, rank_data) are passed through, not copied: the timed clone
-    # costs what it costs there.
+        return data.clone().to(rank_device(rank))
     return data
 
 
-def _snapshot(data):
+def snapshot(data):
     """A deep copy of a case's input taken before the submission sees it: the check runs against this, so a
     submission that writes into `rank_data` cannot change what it is checked against."""
     return copy.deepcopy(data)
+
+
+def all_ok(ok: bool, rank: int) -> bool:
+    """True when every rank's `ok` is true (a collective: all ranks must call it)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([0 if ok else 1], dtype=torch.int32, device=rank_device(rank))
+    dist.all_reduce(flag)
+    return flag.item() == 0
+
+
+def slowest_rank(values: list, rank: int) -> list:
+    """Element by element, the largest value over the ranks (a collective: every rank calls it with the same
+    shape). Per-step device times become the slowest rank's, as the device-side number is defined."""
+    import torch
+    import torch.distributed as dist
+
+    merged = torch.tensor(values, dtype=torch.float64, device=rank_device(rank))
+    dist.all_reduce(merged, op=dist.ReduceOp.MAX)
+    return merged.tolist()
+
+
+STEP_BOUNDARIES = ("start", "cloned", "returned", "synchronized", "barrier passed")
+_events: dict = {}
+
+
+def _timing_events(device):
+    """Two timing events for this device, made once: making them inside the timed window cost ~20 µs of every
+    leaderboard-style step that the floor step did not pay (measured with tools/step_anatomy.py, H200 x2)."""
+    import torch
+
+    if device.index not in _events:
+        _events[device.index] = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    return _events[device.index]
+
+
+def timed_step(call: Optional[Callable], data, rank: int, device_clock: bool = False,
+               probe: Optional[Callable[[str], None]] = None):
+    """One leaderboard-style step in the runner's order, the same code for a case and for the harness floor (`call`
+    None): clear the L2, synchronize, barrier, start the host clock, clone the input, call, synchronize, barrier,
+    stop. Returns (host ns, output, device ns). The host time is the official number on rank 0. With
+    `device_clock`, the device time is taken around the call alone: CUDA events on the rank's stream on a GPU run,
+    this rank's host clock on a CPU run. `probe(boundary)` is called at each of STEP_BOUNDARIES (tools: stamps,
+    markers); the call itself runs with the current device the runner leaves."""
+    import torch
+    import torch.distributed as dist
+    from utils import clear_l2_cache
+
+    mark = probe or (lambda _boundary: None)
+    events = stream = None
+    if call is not None and device_clock and _on_gpu():
+        events, stream = _timing_events(rank_device(rank)), torch.cuda.current_stream(rank_device(rank))
+    clear_l2_cache()
+    synchronize()
+    dist.barrier()
+    start = time.perf_counter_ns()
+    mark("start")
+    cloned = clone_data(data, rank)
+    mark("cloned")
+    output = device_ns = None
+    if events:
+        events[0].record(stream)
+        output = call(cloned)
+        events[1].record(stream)
+    elif call is not None:
+        call_start = time.perf_counter_ns()
+        output = call(cloned)
+        device_ns = time.perf_counter_ns() - call_start if device_clock else None
+    mark("returned")
+    synchronize()
+    mark("synchronized")
+    dist.barrier()
+    host_ns = time.perf_counter_ns() - start
+    mark("barrier passed")
+    if events:
+        events[1].synchronize()
+        device_ns = events[0].elapsed_time(events[1]) * 1e6
+    return host_ns, output, device_ns
+
+
+def _custom_kernel() -> Callable:
+    """The submission's custom_kernel, imported on first use inside a case, as the runner does: a load_inline build
+    at import time happens here, in every worker at once, within the case's time limit."""
+    global _kernel, _import_s
+    if _kernel is None:
+        _set_phase("importing the submission")
+        started = time.monotonic()
+        import submission
+
+        kernel = getattr(submission, "custom_kernel", None)
+        if not callable(kernel):
+            raise ImportError("submission.py defines no custom_kernel(data)")
+        _kernel, _import_s = kernel, time.monotonic() - started
+    return _kernel
+
+
+def _rank_test(test: TestCase, rank: int):
+    generate_input, check_implementation = _reference
+    custom_kernel = _custom_kernel()
+    _set_phase("generating input")
+    data = generate_input(**test.args, rank=rank)
+    unchanged = snapshot(data)
+    synchronize()
+    _set_phase("in custom_kernel")
+    output = custom_kernel(clone_data(data, rank))
+    synchronize()
+    _set_phase("checking the output")
+    return check_implementation(unchanged, output)
+
+
+def _rank_benchmark(test: TestCase, rank: int, recheck: bool, max_repeats: int, max_time_ns: float, extra: bool):
+    import torch
+    import torch.distributed as dist
+
+    generate_input, check_implementation = _reference
+    custom_kernel = _custom_kernel()
+    _set_phase("generating input")
+    data = generate_input(**test.args, rank=rank)
+    unchanged = snapshot(data)
+    _set_phase("in custom_kernel")
+    output = custom_kernel(clone_data(data, rank))
+    _set_phase("checking the output")
+    good, message = check_implementation(unchanged, output)
+    if not all_ok(good, rank):
+        return False, RankFailure(message) if not good else RankFailure("another rank failed its check", True)
+
+    durations, device_durations = [], []
+    _set_phase("in the timing loop")
+    bm_start = time.perf_counter_ns()
+    for i in range(max_repeats):
+        error_message = None
+        if recheck:
+            test.args["seed"] += LEADERBOARD_SEED_STEP
+            data = generate_input(**test.args, rank=rank)
+            unchanged = snapshot(data)
+        host_ns, output, device_ns = timed_step(custom_kernel, data, rank, device_clock=extra)
+        durations.append(host_ns)
+        device_durations.append(device_ns)
+        if recheck:
+            good, message = check_implementation(unchanged, output)
+            error_message = None if good else message
+        del output
+        if not all_ok(error_message is None, rank):
+            return False, RankFailure(error_message or "another rank failed its check", not error_message)
+        should_stop = False
+        if rank == 0 and i > 1:
+            stats = calculate_stats(durations)
+            should_stop = (stats.err / stats.mean < 0.001 or stats.mean * stats.runs > max_time_ns
+                           or time.perf_counter_ns() - bm_start > 120e9)
+        stop = torch.tensor([should_stop], dtype=torch.bool, device=rank_device(rank))
+        dist.broadcast(stop, 0)
+        if stop.item():
+            break
+
+    result = {"stats": calculate_stats(durations) if rank == 0 else None}
+    if extra:
+        result["device"] = calculate_stats(slowest_rank(device_durations, rank))
+        floor = [timed_step(None, data, rank)[0] for _ in range(max(len(durations), 10))]
+        result["floor"] = calculate_stats(floor) if rank == 0 else None
+    return True, result
+
+
+def _rank_profile(test: TestCase, rank: int):
+    from torch.profiler import ProfilerActivity, profile
+
+    generate_input, _ = _reference
+    custom_kernel = _custom_kernel()
+    _set_phase("generating input")
+    data = clone_data(generate_input(**test.args, rank=rank), rank)
+    synchronize()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _on_gpu() else [])
+    _set_phase("profiling")
+    with profile(activities=activities) as prof:
+        custom_kernel(data)
+        synchronize()
+    return True, prof.events()
+
+
+def _rank_call(test: TestCase, rank: int, fn, args: tuple):
+    """Any picklable fn(rank, world_size, *args): what launch.parallel_launch runs."""
+    _set_phase("in the launched function")
+    return True, fn(rank, test.args["world_size"], *args)
+
+
+_RANK_JOBS = {"test": _rank_test, "benchmark": _rank_benchmark, "profile": _rank_profile, "call": _rank_call}
 
 
 class _RankPrefix:
@@ -344,21 +600,17 @@ class _RankPrefix:
     def write(self, text: str):
         out = []
         for piece in text.splitlines(keepends=True):
-            if self.at_line_start:
-                out.append(self.prefix)
-            out.append(piece)
+            out += [self.prefix, piece] if self.at_line_start else [piece]
             self.at_line_start = piece.endswith("\n")
         self.stream.write("".join(out))
         return len(text)
-
-    def flush(self):
-        self.stream.flush()
 
     def __getattr__(self, name):
         return getattr(self.stream, name)
 
 
 def _join_group(rank: int, world_size: int, setup: RankSetup, case_id: int):
+    """The runner's group: NCCL bound to cuda:rank through `device_id`, which does not change the current device."""
     import torch
     import torch.distributed as dist
 
@@ -379,236 +631,57 @@ def _join_group(rank: int, world_size: int, setup: RankSetup, case_id: int):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         dist.init_process_group("gloo", rank=rank, world_size=world_size, **rendezvous)
     else:
-        torch.cuda.set_device(rank)
         dist.init_process_group(setup.backend, rank=rank, world_size=world_size,
                                 device_id=torch.device(f"cuda:{rank}"), **rendezvous)
-
-
-def _leave_group():
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 # What a peer's failure looks like from a rank that was waiting on it in a collective.
 _FOLLOW_ON = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|NCCL communicator|"
                         r"ProcessGroup(Gloo|NCCL)|gloo/transport|another rank failed", re.IGNORECASE)
+BUILD_ERROR_LINES = 4
 
 
 def _failure_from_exception(exc: BaseException) -> RankFailure:
-    """The exception type, its whole message on one line and the innermost frame of the submission, if any."""
+    """The exception type, its message on one line and the innermost frame of the submission, if any. A failed
+    extension build keeps only the compiler's error lines."""
     import torch.distributed as dist
 
     frames = traceback.extract_tb(exc.__traceback__)
     where = next((f for f in reversed(frames) if f.filename.endswith("submission.py")), frames[-1] if frames else None)
     location = f" (at {Path(where.filename).name}:{where.lineno})" if where else ""
-    message = " ".join(str(exc).split())
+    text = str(exc)
+    if "Error building extension" in text:
+        errors = [line.strip() for line in text.splitlines() if "error" in line.lower()]
+        text = " | ".join(errors[:BUILD_ERROR_LINES]) or text.splitlines()[0]
+    message = " ".join(text.split())
     follow_on = isinstance(exc, getattr(dist, "DistError", ())) or bool(_FOLLOW_ON.search(message))
     return RankFailure(f"{type(exc).__name__}: {message}{location}", follow_on=follow_on)
 
 
-def _rank_entry(job: str, test: TestCase, rank: int, params: dict, setup: RankSetup, case_id: int):
-    """Runs one rank of one case in a pool worker. Returns (True, value) or (False, RankFailure)."""
-    global _setup
-    _setup = setup
+def _rank_entry(job: str, test: TestCase, rank: int, params: dict, setup: RankSetup, case_id: int) -> RankResult:
+    """Runs one rank of one case in a pool worker."""
+    import torch.distributed as dist
+
+    global _setup, _import_s
+    _setup, _import_s = setup, None
     try:
         _set_phase("joining the process group")
         _join_group(rank, test.args["world_size"], setup, case_id)
         try:
             ok, value = _RANK_JOBS[job](test, rank, **params)
         finally:
-            _leave_group()
+            if dist.is_initialized():
+                dist.destroy_process_group()
         if not ok and not isinstance(value, RankFailure):
             value = RankFailure(str(value))
-        return ok, value
+        return RankResult(ok, value, _import_s)
     except BaseException as exc:  # reported to the parent, which owns the exit status
-        return False, _failure_from_exception(exc)
-
-
-def _all_ok(ok: bool, rank: int) -> bool:
-    """True when every rank's `ok` is true (a collective: all ranks must call it)."""
-    import torch
-    import torch.distributed as dist
-
-    flag = torch.tensor([0 if ok else 1], dtype=torch.int32, device=f"cuda:{rank}" if _on_gpu() else "cpu")
-    dist.all_reduce(flag)
-    return flag.item() == 0
-
-
-def slowest_rank(values: list, rank: int) -> list:
-    """Element by element, the largest value over the ranks (a collective: every rank calls it with the same
-    shape). Per-step device times become the slowest rank's, as the device-side number is defined."""
-    import torch
-    import torch.distributed as dist
-
-    merged = torch.tensor(values, dtype=torch.float64, device=f"cuda:{rank}" if _on_gpu() else "cpu")
-    dist.all_reduce(merged, op=dist.ReduceOp.MAX)
-    return merged.tolist()
-
-
-def timed_step(call: Optional[Callable], data, rank: int, device_clock: bool = False,
-               stamps: Optional[list] = None):
-    """One leaderboard-style step, the same code for a case and for the harness floor (`call` None): clear the L2,
-    synchronize, barrier, start the host clock, clone the input, call, synchronize, barrier, stop. Returns
-    (host ns, output, device ns). The host time is the official number on rank 0. With `device_clock`, the device
-    time is taken around the call alone: CUDA events on a GPU run, this rank's host clock on a CPU run. With
-    `stamps`, the host clock shared by all processes (time.time_ns) is appended at STEP_BOUNDARIES
-    (tools/step_anatomy.py)."""
-    import torch.distributed as dist
-    from utils import clear_l2_cache
-
-    events = timing_events() if call is not None and device_clock and _on_gpu() else None
-    clear_l2_cache()
-    _synchronize()
-    dist.barrier()
-    start = time.perf_counter_ns()
-    _stamp(stamps)
-    cloned = _clone_data(data, rank)
-    _stamp(stamps)
-    output = device_ns = None
-    if events:
-        events[0].record()
-        output = call(cloned)
-        events[1].record()
-    elif call is not None and device_clock:
-        call_start = time.perf_counter_ns()
-        output = call(cloned)
-        device_ns = time.perf_counter_ns() - call_start
-    elif call is not None:
-        output = call(cloned)
-    _stamp(stamps)
-    _synchronize()
-    _stamp(stamps)
-    dist.barrier()
-    host_ns = time.perf_counter_ns() - start
-    _stamp(stamps)
-    if events:
-        device_ns = events[0].elapsed_time(events[1]) * 1e6
-    return host_ns, output, device_ns
-
-
-STEP_BOUNDARIES = ("start", "cloned", "returned", "synchronized", "barrier passed")
-
-
-def _stamp(stamps: Optional[list]) -> None:
-    if stamps is not None:
-        stamps.append(time.time_ns())
-
-
-_events: dict = {}
-
-
-def timing_events():
-    """Two timing events for this device, made once: making them inside the timed window cost ~20 µs of every
-    leaderboard-style step that the floor step did not pay (measured with tools/step_anatomy.py, H200 x2)."""
-    import torch
-
-    device = torch.cuda.current_device()
-    if device not in _events:
-        _events[device] = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    return _events[device]
-
-
-def _rank_test(test: TestCase, rank: int):
-    from reference import check_implementation, generate_input
-    from submission import custom_kernel
-
-    _set_phase("generating input")
-    data = generate_input(**test.args, rank=rank)
-    unchanged = _snapshot(data)
-    _synchronize()
-    _set_phase("in custom_kernel")
-    output = custom_kernel(_clone_data(data, rank))
-    _synchronize()
-    _set_phase("checking the output")
-    return check_implementation(unchanged, output)
-
-
-def _rank_benchmark(test: TestCase, rank: int, recheck: bool, max_repeats: int, max_time_ns: float, extra: bool):
-    import torch
-    import torch.distributed as dist
-    from reference import check_implementation, generate_input
-    from submission import custom_kernel
-
-    device = f"cuda:{rank}" if _on_gpu() else "cpu"
-    _set_phase("generating input")
-    data = generate_input(**test.args, rank=rank)
-    unchanged = _snapshot(data)
-    _set_phase("in custom_kernel")
-    output = custom_kernel(_clone_data(data, rank))
-    _set_phase("checking the output")
-    good, message = check_implementation(unchanged, output)
-    if not _all_ok(good, rank):
-        return False, RankFailure(message) if not good else RankFailure("another rank failed its check", True)
-
-    durations, device_durations = [], []
-    _set_phase("in the timing loop")
-    bm_start = time.perf_counter_ns()
-    for i in range(max_repeats):
-        error_message = None
-        if recheck:
-            test.args["seed"] += 13
-            data = generate_input(**test.args, rank=rank)
-            unchanged = _snapshot(data)
-        host_ns, output, device_ns = timed_step(custom_kernel, data, rank, device_clock=extra)
-        durations.append(host_ns)
-        device_durations.append(device_ns)
-        if recheck:
-            good, message = check_implementation(unchanged, output)
-            if not good:
-                error_message = message
-        del output
-        if not _all_ok(error_message is None, rank):
-            return False, RankFailure(error_message) if error_message else RankFailure("another rank failed its "
-                                                                                       "check", True)
-        should_stop = False
-        if rank == 0 and i > 1:
-            stats = calculate_stats(durations)
-            should_stop = (stats.err / stats.mean < 0.001 or stats.mean * stats.runs > max_time_ns
-                           or time.perf_counter_ns() - bm_start > 120e9)
-        stop = torch.tensor([should_stop], dtype=torch.bool, device=device)
-        dist.broadcast(stop, 0)
-        if stop.item():
-            break
-
-    result = {"stats": calculate_stats(durations) if rank == 0 else None}
-    if extra:
-        result["device"] = calculate_stats(slowest_rank(device_durations, rank))
-        floor = [timed_step(None, data, rank)[0] for _ in range(max(len(durations), 10))]
-        result["floor"] = calculate_stats(floor) if rank == 0 else None
-    return True, result
-
-
-def _rank_profile(test: TestCase, rank: int):
-    from torch.profiler import ProfilerActivity, profile
-
-    from reference import generate_input
-    from submission import custom_kernel
-
-    _set_phase("generating input")
-    data = _clone_data(generate_input(**test.args, rank=rank), rank)
-    _synchronize()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _on_gpu() else [])
-    _set_phase("profiling")
-    with profile(activities=activities) as prof:
-        custom_kernel(data)
-        _synchronize()
-    return True, prof.events()
-
-
-def _rank_call(test: TestCase, rank: int, fn, args: tuple):
-    """Any picklable fn(rank, world_size, *args): what launch.parallel_launch runs."""
-    _set_phase("in the launched function")
-    return True, fn(rank, test.args["world_size"], *args)
-
-
-_RANK_JOBS = {"test": _rank_test, "benchmark": _rank_benchmark, "profile": _rank_profile, "call": _rank_call}
+        return RankResult(False, _failure_from_exception(exc), _import_s)
 
 
 # What a pool worker is doing, kept in shared memory so the watchdog can say where a stuck rank is.
-PHASES = ("idle", "joining the process group", "generating input", "in custom_kernel", "checking the output",
-          "in the timing loop", "profiling", "in the launched function")
+PHASES = ("idle", "joining the process group", "importing the submission", "generating input", "in custom_kernel",
+          "checking the output", "in the timing loop", "profiling", "in the launched function")
 _phase_slot = None
 
 
@@ -619,26 +692,25 @@ def _set_phase(name: str) -> None:
 
 def _worker_loop(conn, phase_slot, parent_pid: int) -> None:
     """A pool worker: runs one rank of a case per message until it gets None. Dies with the pool's owner."""
-    global _phase_slot
+    global _phase_slot, _reference
     die_with_parent()
     if os.getppid() != parent_pid:  # the owner died before the line above took effect
         os._exit(1)
     _phase_slot = phase_slot
-    while True:
-        message = conn.recv()
-        if message is None:
-            return
+    with contextlib.suppress(ImportError):  # tools' pools run where no bundle is importable
+        from reference import check_implementation, generate_input
+
+        _reference = (generate_input, check_implementation)
+    while (message := conn.recv()) is not None:
         result = _rank_entry(*message)
         _set_phase("idle")
         conn.send(result)
 
 
 def _death_message(exitcode: Optional[int]) -> str:
-    if exitcode is not None and exitcode < 0:
-        try:
+    with contextlib.suppress(ValueError, TypeError):
+        if exitcode < 0:
             return f"rank process died (exit code {exitcode}, {signal.Signals(-exitcode).name})"
-        except ValueError:
-            pass
     return f"rank process died (exit code {exitcode})"
 
 
@@ -647,8 +719,9 @@ class RankPool:
 
     As on the leaderboard, a process does not keep its rank: worker (rank + case number) % size runs `rank`, so
     per-process GPU state must be rebuilt for every process group. A case that runs past its timeout has its
-    workers killed (SIGKILL, with whatever they started), the ranks that did not return are named, and fresh
-    workers take their place. Each worker talks over its own pipe, so a killed worker leaves no lock held.
+    workers killed (SIGKILL, with whatever they started) and the ranks that did not return are named; a fresh worker
+    takes a killed one's place when a later case needs it. Each worker talks over its own pipe, so a killed worker
+    leaves no lock held.
 
     `master_port` None: this process holds a TCP store on a port the OS gave it for the pool's whole life and the
     ranks of case n join it as clients under the prefix `case<n>/`, so no port is ever bound twice. A port number:
@@ -658,13 +731,11 @@ class RankPool:
     def __init__(self, size: int, backend: str, master_port: Optional[int] = None, rank_prefix: bool = False):
         self.context = multiprocessing.get_context("spawn")
         self.backend, self.rank_prefix = backend, rank_prefix
-        self.store = self.master_port = None
+        self.store, self.master_port = None, master_port
         if master_port is None:
             import torch.distributed as dist
 
             self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        else:
-            self.master_port = master_port
         self.workers = [self._start() for _ in range(size)]
         self.cases_run = 0
 
@@ -685,12 +756,14 @@ class RankPool:
         phase = PHASES[self.workers[slot][2].value]
         return f"in {test.spec}" if phase == "in the launched function" else phase
 
-    def run(self, job: str, test: TestCase, timeout_s: float, params: Optional[dict] = None) -> list:
-        """Runs `job` on every rank of `test`; returns one (ok, value) per rank, value a RankFailure when not ok."""
+    def run(self, job: str, test: TestCase, timeout_s: float, params: Optional[dict] = None) -> list[RankResult]:
+        """Runs `job` on every rank of `test`; one RankResult per rank (value a RankFailure when not ok)."""
         world_size = test.args["world_size"]
         slots = [(rank + self.cases_run) % len(self.workers) for rank in range(world_size)]
-        case_id = self.cases_run
-        self.cases_run += 1
+        for slot in slots:
+            if self.workers[slot] is None:
+                self.workers[slot] = self._start()
+        case_id, self.cases_run = self.cases_run, self.cases_run + 1
         setup = self._setup()
         for rank, slot in enumerate(slots):
             self.workers[slot][1].send((job, test, rank, params or {}, setup, case_id))
@@ -706,10 +779,10 @@ class RankPool:
                         results[rank] = conn.recv()
                     except EOFError:  # the pipe closes before the dying process is reaped: wait for its code
                         process.join(timeout=5)
-                        results[rank] = (False, RankFailure(_death_message(process.exitcode)))
+                        results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode)))
                 elif not process.is_alive():
-                    results[rank] = (False, RankFailure(_death_message(process.exitcode)))
-            failed = [rank for rank, (ok, _) in results.items() if not ok]
+                    results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode)))
+            failed = [rank for rank, result in results.items() if not result.ok]
             if failed:
                 deadline = min(deadline, time.monotonic() + FAILED_PEER_GRACE_S)
             if len(results) < world_size and time.monotonic() > deadline:
@@ -723,45 +796,41 @@ class RankPool:
                                           f"rank(s) {', '.join(map(str, missing))} did not return and were killed "
                                           f"({where})")
                     print(failure.message, file=sys.stderr, flush=True)
-                self._replace(slots)
-                return [results.get(rank, (False, failure)) for rank in range(world_size)]
+                self._retire(slots)
+                return [results.get(rank, RankResult(False, failure)) for rank in range(world_size)]
             time.sleep(0.002)
-        dead = [slot for slot in slots if not self.workers[slot][0].is_alive()]
-        if dead:
-            self._replace(dead)
+        self._retire([slot for slot in slots if not self.workers[slot][0].is_alive()])
         return [results[rank] for rank in range(world_size)]
 
-    def _replace(self, slots: list[int]) -> None:
+    def _retire(self, slots: list[int]) -> None:
+        """Kills the workers in `slots` with everything below them; run() starts fresh ones when needed."""
         for slot in slots:
             process, conn, _ = self.workers[slot]
             kill_tree(process.pid, include_root=process.is_alive())
             process.join()
             conn.close()
-            self.workers[slot] = self._start()
-        if self.master_port is not None:
+            self.workers[slot] = None
+        if slots and self.master_port is not None:
             self.master_port += 1
 
     def shutdown(self) -> None:
         """Ends what the submission started in each worker, then lets the workers exit (SIGKILL after 10 s)."""
-        for process, conn, _ in self.workers:
+        live = [worker for worker in self.workers if worker is not None]
+        for process, conn, _ in live:
             kill_tree(process.pid, include_root=False)
-            try:
+            with contextlib.suppress(OSError):
                 conn.send(None)
-            except OSError:
-                pass
-        for process, conn, _ in self.workers:
+        for process, conn, _ in live:
             process.join(timeout=10)
             if process.is_alive():
                 kill_tree(process.pid)
                 process.join()
             conn.close()
+        self.workers = []
 
     def kill(self) -> None:
         """Ends every worker and everything below it at once (a signal or an error)."""
-        for process, conn, _ in self.workers:
-            kill_tree(process.pid, include_root=process.is_alive())
-            process.join()
-            conn.close()
+        self._retire([slot for slot, worker in enumerate(self.workers) if worker is not None])
         self.workers = []
 
 
@@ -772,10 +841,10 @@ class RankPool:
 FOLLOW_ON_SUMMARY_CHARS = 160
 
 
-def rank_failures(results: list) -> str:
+def rank_failures(results: list[RankResult]) -> str:
     """The failing ranks' own errors first, whole, in the order they happened; then, summarised, what their peers
     hit because of them."""
-    failures = [(rank, value) for rank, (ok, value) in enumerate(results) if not ok]
+    failures = [(rank, result.value) for rank, result in enumerate(results) if not result.ok]
     causes = sorted((f for f in failures if not f[1].follow_on), key=lambda f: f[1].at)
     follow_ons = sorted((f for f in failures if f[1].follow_on), key=lambda f: f[1].at)
     if not causes:
@@ -790,80 +859,74 @@ def rank_failures(results: list) -> str:
 
 
 @dataclasses.dataclass
-class ProtocolOptions:
-    """What the human face asks of the protocol face (A2A_* variables, read once)."""
+class ProtocolRun:
+    """One protocol-face run: the output, the pool and what the human face asked for (A2A_*, read once)."""
+    logger: PopcornOutput
+    pool: RankPool
     backend: str
     extra: bool
-    rank_prefix: bool
-    private_rendezvous: bool
     timeout_s: Optional[float]
+    import_logged: bool = False
 
-    @classmethod
-    def from_environment(cls) -> "ProtocolOptions":
-        import torch
-
-        timeout = os.environ.get("A2A_TIMEOUT")
-        return cls(backend=os.environ.get("A2A_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo"),
-                   extra=bool(os.environ.get("A2A_EXTRA")), rank_prefix=bool(os.environ.get("A2A_RANK_PREFIX")),
-                   private_rendezvous=os.environ.get("A2A_RENDEZVOUS") == "private",
-                   timeout_s=float(timeout) if timeout else None)
-
-    def case_timeout(self, mode: str) -> float:
-        return self.timeout_s or OFFICIAL_TIMEOUT_S[mode]
+    def case(self, job: str, test: TestCase, mode: str, params: Optional[dict] = None) -> list[RankResult]:
+        results = self.pool.run(job, test, self.timeout_s or OFFICIAL_TIMEOUT_S[mode], params)
+        imports = [r.import_s for r in results if r.import_s is not None]
+        if self.extra and imports and not self.import_logged:  # human face: what the first case spent importing
+            self.logger.log("import_s", f"{max(imports):.2f}")
+            self.import_logged = True
+        return results
 
 
-def run_testing(logger: PopcornOutput, pool: RankPool, tests: list[TestCase], options: ProtocolOptions) -> int:
+def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
     passed = True
-    logger.log("test-count", len(tests))
+    run.logger.log("test-count", len(tests))
     for idx, test in enumerate(tests):
-        logger.log(f"test.{idx}.spec", test.spec)
-        results = pool.run("test", test, options.case_timeout("test"))
-        if all(ok for ok, _ in results):
-            logger.log(f"test.{idx}.status", "pass")
+        run.logger.log(f"test.{idx}.spec", test.spec)
+        results = run.case("test", test, "test")
+        if all(r.ok for r in results):
+            run.logger.log(f"test.{idx}.status", "pass")
         else:
             passed = False
-            logger.log(f"test.{idx}.status", "fail")
-            logger.log(f"test.{idx}.error", rank_failures(results))
-    logger.log("check", "pass" if passed else "fail")
+            run.logger.log(f"test.{idx}.status", "fail")
+            run.logger.log(f"test.{idx}.error", rank_failures(results))
+    run.logger.log("check", "pass" if passed else "fail")
     return 0 if passed else EXIT_CHECK_FAILED
 
 
-def run_single_benchmark(pool: RankPool, test: TestCase, recheck: bool, max_repeats: int, max_time_ns: float,
-                         mode: str, options: ProtocolOptions):
-    params = dict(recheck=recheck, max_repeats=max_repeats, max_time_ns=max_time_ns, extra=options.extra)
-    results = pool.run("benchmark", test, options.case_timeout(mode), params)
-    if not all(ok for ok, _ in results):
-        return rank_failures(results)
-    return results[0][1]
+def _benchmark(run: ProtocolRun, test: TestCase, recheck: bool, max_time_ns: float, mode: str):
+    params = dict(recheck=recheck, max_repeats=MAX_REPEATS, max_time_ns=max_time_ns, extra=run.extra)
+    results = run.case("benchmark", test, mode, params)
+    return results[0].value if all(r.ok for r in results) else rank_failures(results)
 
 
-def _log_benchmark(logger: PopcornOutput, idx: int, result) -> bool:
-    if isinstance(result, str):
-        logger.log(f"benchmark.{idx}.status", "fail")
-        logger.log(f"benchmark.{idx}.error", result)
-        return False
-    for field in dataclasses.fields(Stats):
-        logger.log(f"benchmark.{idx}.{field.name}", getattr(result["stats"], field.name))
-    for kind in ("device", "floor"):
-        if result.get(kind) is not None:
-            for field in ("runs", "mean", "best"):
-                logger.log(f"benchmark.{idx}.{kind}_{field}", getattr(result[kind], field))
-    return True
-
-
-def run_benchmarking(logger: PopcornOutput, pool: RankPool, tests: list[TestCase], mode: str,
-                     options: ProtocolOptions) -> int:
-    recheck, max_time_ns, warmup_time_ns = (True, 30e9, 1e7) if mode == "leaderboard" else (False, 10e9, 10e7)
-    run_single_benchmark(pool, tests[0], False, 100, warmup_time_ns, mode, options)
-    logger.log("benchmark-count", len(tests))
+def run_benchmarking(run: ProtocolRun, tests: list[TestCase], mode: str) -> int:
+    """The runner's order: a warm-up on the first case (0.1 s budget in benchmark mode, 0.01 s in leaderboard
+    mode), then every case; leaderboard mode rechecks with fresh seeds, logs each spec after its run and stops at
+    the first failure."""
+    leaderboard = mode == "leaderboard"
+    _benchmark(run, tests[0], False, 1e7 if leaderboard else 1e8, mode)
+    run.logger.log("benchmark-count", len(tests))
     passed = True
     for idx, test in enumerate(tests):
-        logger.log(f"benchmark.{idx}.spec", test.spec)
-        result = run_single_benchmark(pool, test, recheck, 100, max_time_ns, mode, options)
-        passed = _log_benchmark(logger, idx, result) and passed
-        if not passed and mode == "leaderboard":
-            break
-    logger.log("check", "pass" if passed else "fail")
+        if not leaderboard:
+            run.logger.log(f"benchmark.{idx}.spec", test.spec)
+        result = _benchmark(run, test, leaderboard, 30e9 if leaderboard else 10e9, mode)
+        if leaderboard:
+            run.logger.log(f"benchmark.{idx}.spec", test.spec)
+        if isinstance(result, str):
+            passed = False
+            run.logger.log(f"benchmark.{idx}.status", "fail")
+            run.logger.log(f"benchmark.{idx}.error", result)
+            if leaderboard:
+                break
+            continue
+        for field in dataclasses.fields(Stats):
+            run.logger.log(f"benchmark.{idx}.{field.name}", getattr(result["stats"], field.name))
+        for kind in EXTRA_STATS:
+            if result.get(kind) is not None:
+                for field in EXTRA_STAT_FIELDS:
+                    run.logger.log(f"benchmark.{idx}.{kind}_{field}", getattr(result[kind], field))
+    run.logger.log("check", "pass" if passed else "fail")
     return 0 if passed else EXIT_CHECK_FAILED
 
 
@@ -884,52 +947,42 @@ def _combine_traces(traces: list) -> Any:
     return averaged
 
 
-def run_profiling(logger: PopcornOutput, pool: RankPool, tests: list[TestCase], options: ProtocolOptions) -> int:
+def run_profiling(run: ProtocolRun, tests: list[TestCase]) -> int:
     passed = True
-    logger.log("benchmark-count", len(tests))
+    run.logger.log("benchmark-count", len(tests))
     for idx, test in enumerate(tests):
-        logger.log(f"benchmark.{idx}.spec", test.spec)
-        results = pool.run("profile", test, options.case_timeout("profile"))
-        if not all(ok for ok, _ in results):
+        run.logger.log(f"benchmark.{idx}.spec", test.spec)
+        results = run.case("profile", test, "profile")
+        if not all(r.ok for r in results):
             passed = False
-            logger.log(f"benchmark.{idx}.status", "fail")
-            logger.log(f"benchmark.{idx}.error", rank_failures(results))
+            run.logger.log(f"benchmark.{idx}.status", "fail")
+            run.logger.log(f"benchmark.{idx}.error", rank_failures(results))
             continue
-        sort_key = "self_cuda_time_total" if options.backend != "gloo" else "self_cpu_time_total"
-        report = _combine_traces([events for _, events in results]).table(sort_by=sort_key, row_limit=20)
-        logger.log(f"benchmark.{idx}.report", base64.b64encode(report.encode("utf-8"), b"+*").decode("utf-8"))
-    logger.log("check", "pass" if passed else "fail")
+        sort_key = "self_cuda_time_total" if run.backend != "gloo" else "self_cpu_time_total"
+        report = _combine_traces([r.value for r in results]).table(sort_by=sort_key, row_limit=20)
+        run.logger.log(f"benchmark.{idx}.report", base64.b64encode(report.encode("utf-8"), b"+*").decode("utf-8"))
+    run.logger.log("check", "pass" if passed else "fail")
     return 0 if passed else EXIT_CHECK_FAILED
 
 
-def builds_device_code(source: str) -> bool:
-    """A submission that builds device code with load_inline: built once before any case, GPU-only."""
-    return "load_inline" in source
-
-
-def import_once(folder: Path, module: str = "submission", env: Optional[dict] = None,
-                compiles: bool = False) -> None:
-    """Imports `module` from `folder` in a separate process: a load_inline build happens there, once, and later
-    processes load it from the extension cache. Reports an import error or a missing custom_kernel as one line."""
-    if compiles:
-        print(f"compiling {module} extensions (once, before any case; ranks load the cached build) ...",
-              file=sys.stderr, flush=True)
-    probe = (f"import sys, {module}\n"
-             f"sys.exit(0 if callable(getattr({module}, 'custom_kernel', None)) else 3)\n")
-    started = time.monotonic()
+def _environment() -> tuple[int, Optional[int], int]:
+    """POPCORN_FD, POPCORN_SEED (removed from the environment, as the runner does) and POPCORN_GPUS."""
+    seed = os.environ.pop("POPCORN_SEED", None)
+    values = {}
+    for name, text, low, high in (("POPCORN_FD", os.getenv("POPCORN_FD"), 0, 2**31 - 1),
+                                  ("POPCORN_SEED", seed, 0, SEED_MAX),
+                                  ("POPCORN_GPUS", os.getenv("POPCORN_GPUS", "1"), 1, 64)):
+        if text is None or text == "":
+            values[name] = None
+            continue
+        if not re.fullmatch(r"[0-9]+", text.strip()) or not low <= int(text) <= high:
+            raise UserError(f"{name} must be an integer from {low} to {high}, not '{text[:40]}'")
+        values[name] = int(text)
     try:
-        done = subprocess.run([sys.executable, "-c", probe], cwd=folder, capture_output=True, text=True,
-                              timeout=float(os.environ.get("A2A_BUILD_TIMEOUT", BUILD_TIMEOUT_S)),
-                              env={**os.environ, **(env or {})})
-    except subprocess.TimeoutExpired:
-        raise UserError(f"importing {module}.py (and building its extensions) did not finish in time")
-    if done.returncode == 3:
-        raise UserError(f"{module}.py defines no custom_kernel(data)")
-    if done.returncode != 0:
-        last = [line for line in done.stderr.strip().splitlines() if line.strip()][-1:] or ["(no message)"]
-        raise UserError(f"importing {module}.py failed: {last[0].strip()}")
-    if compiles:
-        print(f"compiled in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
+        os.fstat(values["POPCORN_FD"])
+    except (OSError, TypeError):
+        raise UserError(f"POPCORN_FD={values['POPCORN_FD']} is not an open file descriptor") from None
+    return values["POPCORN_FD"], values["POPCORN_SEED"], values["POPCORN_GPUS"]
 
 
 def protocol_main() -> int:
@@ -938,57 +991,48 @@ def protocol_main() -> int:
         return EXIT_USAGE
     sys.path.insert(0, str(HERE))
     mode, test_file = sys.argv[1], sys.argv[2]
-    seed = os.getenv("POPCORN_SEED")
-    os.unsetenv("POPCORN_SEED")
     try:
-        seed = int(seed) if seed else None
-        n_gpus = int(os.getenv("POPCORN_GPUS", "1"))
-    except ValueError:
-        print("POPCORN_SEED and POPCORN_GPUS must be integers", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        text = Path(test_file).read_text()
-    except OSError as exc:
-        print(f"Could not open test file `{test_file}`: {exc.strerror}", file=sys.stderr)
-        return EXIT_BAD_TEST_FILE
-    try:
-        tests = get_test_cases(text, seed)
-    except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_BAD_TEST_FILE
-    if not tests:
-        print(f"test file `{test_file}` holds no test cases", file=sys.stderr)
-        return EXIT_BAD_TEST_FILE
-    import torch
-    from utils import set_seed
-
+        fd, seed, n_gpus = _environment()
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     install_signal_handlers()
     become_subreaper()
-    set_seed(seed or 42)
-    options = ProtocolOptions.from_environment()
     pool = None
     try:
-        validate_cases(tests, n_gpus, options.backend, torch.cuda.device_count())
-        submission = HERE / "submission.py"
-        import_once(HERE, compiles=submission.is_file() and builds_device_code(submission.read_text()))
-        with PopcornOutput(int(os.environ["POPCORN_FD"])) as logger:
-            pool = RankPool(n_gpus, options.backend, None if options.private_rendezvous else DEFAULT_MASTER_PORT,
-                            options.rank_prefix)
+        tests = read_test_file(Path(test_file), seed)
+        import torch
+        from utils import set_seed
+
+        set_seed(seed or 42)
+        backend = os.environ.get("A2A_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
+        validate_cases(tests, n_gpus, backend, torch.cuda.device_count())
+        timeout = os.environ.get("A2A_TIMEOUT")
+        with PopcornOutput(fd) as logger:
+            pool = RankPool(n_gpus, backend, None if os.environ.get("A2A_RENDEZVOUS") == "private"
+                            else DEFAULT_MASTER_PORT, bool(os.environ.get("A2A_RANK_PREFIX")))
+            run = ProtocolRun(logger, pool, backend, bool(os.environ.get("A2A_EXTRA")),
+                              float(timeout) if timeout else None)
             if mode == "test":
-                code = run_testing(logger, pool, tests, options)
+                code = run_testing(run, tests)
             elif mode == "profile":
-                code = run_profiling(logger, pool, tests, options)
+                code = run_profiling(run, tests)
             else:
-                code = run_benchmarking(logger, pool, tests, mode, options)
+                code = run_benchmarking(run, tests, mode)
             pool.shutdown()
             pool = None
             return code
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_CHECK_FAILED
+        return EXIT_BAD_INPUT
     except Terminated as stop:
         print(f"eval.py: {stop.name} received; every rank and what it started has been stopped", file=sys.stderr)
         return 128 + stop.signum
+    except Exception as exc:  # a bug in the evaluator, not the submission's doing
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        print(f"eval.py: internal error: {type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno})",
+              file=sys.stderr)
+        return EXIT_CRASH
     finally:
         if pool is not None:
             pool.kill()
@@ -1001,6 +1045,4 @@ if __name__ == "__main__":
     if not (HERE / "a2a" / "harness.py").is_file():
         print("usage: POPCORN_FD=N python eval.py {test|benchmark|leaderboard|profile} TESTFILE", file=sys.stderr)
         sys.exit(EXIT_USAGE)
-    from a2a.harness import main
-
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(__import__("a2a.harness", fromlist=["main"]).main(sys.argv[1:]))

@@ -1,6 +1,9 @@
 """parallel_launch: run a function on N ranks of one process group (spawned processes, a rendezvous store held for
 the run, `[rankN]` prefixed output, everything torn down on the way out). For tests and tools. It is the
-evaluator's RankPool with a generic job, so group setup, failure grace and the watchdog exist once, in eval.py."""
+evaluator's RankPool with a generic job, so group setup, failure grace and the watchdog exist once, in eval.py.
+
+As in the evaluator, the current device in a rank is cuda:0 (what the runner leaves): a function that does its own
+GPU work binds it with `eval.own_device(rank)`, and calls a submission outside that guard."""
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
@@ -26,6 +29,6 @@ def parallel_launch(world_size: int, fn: Callable, *args: Any, backend: Optional
         results = pool.run("call", case, timeout_s, {"fn": fn, "args": args})
     finally:
         pool.shutdown()
-    if not all(ok for ok, _ in results):
+    if not all(result.ok for result in results):
         raise LaunchError(core.rank_failures(results).replace("\n", "; "))
-    return [value for _, value in results]
+    return [result.value for result in results]

@@ -25,14 +25,14 @@ from tabulate import tabulate
 
 import eval as core
 from a2a import harness
+from a2a import plan as planning
+from a2a import rows as result_rows
 
 ROOT = Path(__file__).resolve().parent
 PUBLISHED = ROOT / "reference" / "published.yml"
 TIMING = ("leaderboard-style: rank-0 host clock around clone+custom_kernel+sync+barrier, L2 cleared before each run; "
           "device: max over ranks of per-rank CUDA events around custom_kernel; floor: the same step with no "
           "custom_kernel; SOL here: a2a/sol.py's model on the case's routing with this machine's measured figures")
-ROW_FIELDS = ("status", "runs", "mean_us", "best_us", "device_mean_us", "device_best_us", "floor_mean_us",
-              "floor_best_us")
 
 
 def speed_of_light_mi300x(task: dict) -> dict:
@@ -51,49 +51,43 @@ def published_by_version() -> dict:
     return {s["version"]: (s["step"], s["us"]) for s in steps if "version" in s}
 
 
-def run(versions: list, mode: str, cases: str, world_size, backend, timeout_s, anchors: bool = True,
-        sol_path: Path | None = None, progress=print) -> tuple[pd.DataFrame, dict, dict | None]:
+def run(plan: planning.RunPlan, mode: str, anchors: bool = True, sol_path: Path | None = None,
+        progress=print) -> tuple[pd.DataFrame, dict, dict | None]:
+    """Every version of the plan on its cases; on GPUs the anchors and this machine's speed of light as well."""
     from a2a import anchors as anchor_runs
     from a2a import sol
 
-    harness.use_bundle_modules()
-    world_size, backend = harness.plan_run(world_size, backend)
-    meta = {**harness.run_meta(backend, world_size, mode), "timing": TIMING, "skipped": []}
-    case_list = harness.case_args(cases, world_size, backend)
+    meta = {**plan.meta_for(mode), "timing": TIMING, "skipped": list(plan.skipped)}
+    for line in plan.skipped:
+        progress(line)
     rows = []
-    for name in versions:
-        path = harness.resolve_version(name)
-        if backend == "gloo" and harness.needs_gpu(path):
-            meta["skipped"].append(f"skipped {path.stem}: it builds GPU code (load_inline) and this run is on CPU/gloo")
-            progress(meta["skipped"][-1])
-            continue
-        result = harness.evaluate(path.stem, mode, cases, world_size, backend, timeout_s=timeout_s, progress=progress)
+    for path in plan.versions:
+        result = harness.evaluate(plan, mode, version=path, progress=progress)
         for case in result.cases:
             args = core.parse_test_line(case["spec"])
-            rows.append({"version": path.stem, "kind": "version", **{k: args[k] for k in core.SPEC_KEYS},
-                         **{k: case.get(k) for k in ROW_FIELDS}, "error": case.get("error", "")})
+            rows.append({"version": planning.label(path), "kind": "version", **{k: args[k] for k in core.SPEC_KEYS},
+                         **{k: case.get(k) for k in result_rows.ROW_FIELDS}, "error": case.get("error", "")})
     figures = None
-    if backend == "nccl" and world_size >= 2:
+    if plan.backend == "nccl" and plan.world_size >= 2:
         if anchors:
-            rows += anchor_runs.run(case_list, world_size, progress=progress)
+            rows += anchor_runs.run(plan.case_args, plan.world_size, progress=progress)
         progress("speed of light of this machine: " + (f"from {sol_path}" if sol_path else "measuring"))
-        figures = sol.load(sol_path) if sol_path else sol.measure(world_size, harness.run_meta(backend, world_size,
-                                                                                              "sol"))
+        figures = sol.load(sol_path) if sol_path else sol.measure(plan.world_size, plan.meta_for("sol"))
     else:
         meta["skipped"].append("skipped the anchors and the SOL-here model: they need at least 2 GPUs "
-                               f"(this run is {backend}, world size {world_size})")
+                               f"(this run is {plan.backend}, world size {plan.world_size})")
         progress(meta["skipped"][-1])
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame, meta, figures
-    frame["shape"] = [harness.shape_label(**r) for r in frame[list(core.SPEC_KEYS)].to_dict("records")]
-    given = speed_of_light_mi300x(harness.load_task())
+    frame["shape"] = [result_rows.shape_label(**r) for r in frame[list(core.SPEC_KEYS)].to_dict("records")]
+    given = speed_of_light_mi300x(planning.load_task())
     frame["sol_mi300x_us"] = [given.get((r["num_experts"], r["experts_per_token"], r["hidden_dim"],
                                          r["max_num_tokens"])) for r in frame.to_dict("records")]
     if figures:
-        for args in case_list:
+        for args in plan.case_args:
             modelled = sol.model(sol.routing_of_case(args), args["hidden_dim"], figures)
-            same = frame["shape"] == harness.shape_label(**args)
+            same = frame["shape"] == result_rows.shape_label(**args)
             frame.loc[same, "sol_routed_us"] = modelled["routed"]["total_us"]
             frame.loc[same, "sol_dedup_us"] = modelled["dedup"]["total_us"]
         frame["device_over_sol"] = frame["device_mean_us"] / frame["sol_dedup_us"]
@@ -123,15 +117,15 @@ def tables(frame: pd.DataFrame, meta: dict) -> str:
     for entry in entries:
         rows = frame[frame.version == entry]
         ok = (rows.status == "pass").all()
-        gm = harness.geomean(rows.mean_us) if ok else float("nan")
-        device_gm = harness.geomean(rows.device_mean_us) if ok else float("nan")
+        gm = result_rows.geomean(rows.mean_us) if ok else float("nan")
+        device_gm = result_rows.geomean(rows.device_mean_us) if ok else float("nan")
         if first is None and rows["kind"].iloc[0] == "version":
             first = (gm, device_gm)
         step, pub = published.get(entry.split("_")[0], ("", None)) if rows["kind"].iloc[0] == "version" else ("", None)
         line = {"entry": entry, "kind": rows["kind"].iloc[0], f"geomean {unit}": gm, f"device geomean {unit}": device_gm,
-                f"floor geomean {unit}": harness.geomean(rows.floor_mean_us)}
+                f"floor geomean {unit}": result_rows.geomean(rows.floor_mean_us)}
         if "sol_dedup_us" in frame:
-            line["device / SOL here (dedup)"] = device_gm / harness.geomean(rows.sol_dedup_us)
+            line["device / SOL here (dedup)"] = device_gm / result_rows.geomean(rows.sol_dedup_us)
         if first:
             line["device speedup vs first"] = first[1] / device_gm
         line["published MI300X µs (blog step)"] = f"{pub} ({step})" if pub else ""
@@ -140,10 +134,10 @@ def tables(frame: pd.DataFrame, meta: dict) -> str:
     out += ["Per version and anchor (geometric means over the shapes run):", "",
             tabulate(summary, headers="keys", tablefmt="github", floatfmt=".2f")]
     given = frame.groupby("shape", sort=False)["sol_mi300x_us"].median().dropna()
-    out += ["", f"SOL MI300X geomean (given with the task): {harness.geomean(given):.1f} µs. Published figures are "
+    out += ["", f"SOL MI300X geomean (given with the task): {result_rows.geomean(given):.1f} µs. Published figures are "
             "8x MI300X leaderboard numbers, not measured here. Anchors move the routed volume twice and nothing else."]
     if "sol_dedup_us" in frame:
-        sol_gm = harness.geomean(frame.groupby("shape", sort=False)["sol_dedup_us"].median())
+        sol_gm = result_rows.geomean(frame.groupby("shape", sort=False)["sol_dedup_us"].median())
         out += [f"SOL here geomean (dedup): {sol_gm:.1f} µs."]
     out += meta["skipped"]
     return "\n".join(out)
@@ -153,7 +147,7 @@ def main(argv=None) -> int:
     from a2a import plots, sol
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--versions", default="", help="comma-separated (default: every version)")
+    parser.add_argument("--versions", help="comma-separated names or files (default: every version)")
     parser.add_argument("--mode", default="benchmark", choices=("benchmark", "leaderboard"))
     parser.add_argument("--cases", default="benchmarks")
     parser.add_argument("--world-size", type=int)
@@ -163,15 +157,21 @@ def main(argv=None) -> int:
     parser.add_argument("--sol", type=Path, help="reuse a saved sol.json instead of measuring")
     parser.add_argument("--out", type=Path, default=ROOT / "results")
     args = parser.parse_args(argv)
-    versions = args.versions.split(",") if args.versions else [p.stem for p in harness.list_versions()]
-    frame, meta, figures = run(versions, args.mode, args.cases, args.world_size, args.backend, args.timeout,
-                               anchors=not args.no_anchors, sol_path=args.sol)
+    if args.versions is None:
+        versions = planning.list_versions()
+    else:
+        versions = [name.strip() for name in args.versions.split(",") if name.strip()]
+        if not versions:
+            raise core.UserError(f"--versions '{args.versions}' names no version")
+    plan = planning.make_plan(versions, args.cases, args.world_size, args.backend, timeout_s=args.timeout,
+                              gpu_only="skip")
+    frame, meta, figures = run(plan, args.mode, anchors=not args.no_anchors, sol_path=args.sol)
     if frame.empty:
         print("nothing ran on this machine")
         return 0
     report = tables(frame, meta)
     print(report)
-    folder = harness.run_folder(args.out, meta)
+    folder = planning.run_folder(args.out, meta)
     folder.mkdir(parents=True, exist_ok=True)
     frame.assign(**{k: v for k, v in meta.items() if k != "skipped"}).to_csv(folder / "results.csv", index=False)
     (folder / "results.json").write_text(json.dumps({"meta": meta, "sol": figures,
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     if figures:
         sol.save(figures, folder)
     published = {prefix: us for prefix, (_, us) in published_by_version().items()}
-    plots.leaderboard_png(frame, meta, folder / "leaderboard.png", published, harness.geomean)
+    plots.leaderboard_png(frame, meta, folder / "leaderboard.png", published, result_rows.geomean)
     print(f"\nsaved {folder}")
     versions_ok = frame[frame.kind == "version"].status.eq("pass").all()
     return 0 if versions_ok else core.EXIT_CHECK_FAILED

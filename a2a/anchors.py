@@ -124,36 +124,35 @@ _CALLS = {"nccl_a2a_x2": _nccl_call, "nvshmem_a2a_vdev_x2": _nvshmem_call}
 
 
 def _anchor_rank(rank: int, world_size: int, anchor: str, cases: list, iterations: int) -> Optional[list]:
-    """Times `anchor` on every case in this one process group; rank 0 returns one row per case."""
+    """Times `anchor` on every case in this one process group; rank 0 returns one row per case. An anchor is this
+    tool's own work, so all of it runs under the rank's device guard (NVSHMEM binds to the current device)."""
     import torch
 
     import eval as core
+    from a2a import rows as result_rows
 
-    device = torch.device(f"cuda:{rank}")
     rows = []
-    for args in cases:
-        row = {"version": anchor, "kind": "anchor", **args}
-        try:
-            exchange = _exchange_of(args, rank)
-            call, keep = _CALLS[anchor](exchange, device)
-            for _ in range(WARMUP):
-                call(None)
-            torch.cuda.synchronize()
-            host, device_ns = [], []
-            for _ in range(iterations):
-                host_ns, _, dev = core.timed_step(call, None, rank, device_clock=True)
-                host.append(host_ns)
-                device_ns.append(dev)
-            per_iteration = core.slowest_rank(device_ns, rank)
-            floor = [core.timed_step(None, None, rank)[0] for _ in range(iterations)]
-            del keep
-            row.update(status="pass", runs=iterations, mean_us=sum(host) / len(host) / 1e3,
-                       best_us=min(host) / 1e3, device_mean_us=sum(per_iteration) / len(per_iteration) / 1e3,
-                       device_best_us=min(per_iteration) / 1e3, floor_mean_us=sum(floor) / len(floor) / 1e3,
-                       floor_best_us=min(floor) / 1e3, error="")
-        except Exception as exc:  # an anchor that cannot run here is reported, not fatal
-            row.update(status="unavailable", error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
-        rows.append(row)
+    with core.own_device(rank):
+        for args in cases:
+            row = {"version": anchor, "kind": "anchor", **args}
+            try:
+                exchange = _exchange_of(args, rank)
+                call, keep = _CALLS[anchor](exchange, core.rank_device(rank))
+                for _ in range(WARMUP):
+                    call(None)
+                torch.cuda.synchronize()
+                host, device_ns = [], []
+                for _ in range(iterations):
+                    host_ns, _, dev = core.timed_step(call, None, rank, device_clock=True)
+                    host.append(host_ns)
+                    device_ns.append(dev)
+                per_iteration = core.slowest_rank(device_ns, rank)
+                floor = [core.timed_step(None, None, rank)[0] for _ in range(iterations)]
+                del keep
+                row.update(result_rows.row_from_samples(host, per_iteration, floor))
+            except Exception as exc:  # an anchor that cannot run here is reported, not fatal
+                row.update(status="unavailable", error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+            rows.append(row)
     return rows if rank == 0 else None
 
 

@@ -146,26 +146,26 @@ def _diff_rank(rank: int, world_size: int, path_a: str, path_b: str, cases: list
     versions, then per round alternate timed steps A,B,B,A,... Rank 0 returns per case {"a": ..., "b": ...} with
     host and device ns per round and step, or the check failure."""
     import eval as core
-    from a2a import harness
+    from a2a.plan import load_version
     from reference import check_implementation, generate_input
 
-    instances = {key: [harness.load_version(Path(path), f"diff_{key}_{r}") for r in range(rounds)]
+    instances = {key: [load_version(Path(path), f"diff_{key}_{r}") for r in range(rounds)]
                  for key, path in (("a", path_a), ("b", path_b))}
     results = []
     for args in cases:
         data = generate_input(**args, rank=rank)
         case = {}
         for key, modules in instances.items():
-            good, message = check_implementation(core._snapshot(data),
-                                                 modules[0].custom_kernel(core._clone_data(data, rank)))
-            if not core._all_ok(good, rank):
+            good, message = check_implementation(core.snapshot(data),
+                                                 modules[0].custom_kernel(core.clone_data(data, rank)))
+            if not core.all_ok(good, rank):
                 case[key] = {"failed": message or "another rank failed its check"}
         timed = [key for key in instances if key not in case]
         steps = {key: {"host": [], "device": []} for key in timed}
         for r in range(rounds):
             for key in timed:
                 for _ in range(WARMUP):
-                    instances[key][r].custom_kernel(core._clone_data(data, rank))
+                    instances[key][r].custom_kernel(core.clone_data(data, rank))
             order = timed if len(timed) == 2 else timed * 2
             this_round = {key: {"host": [], "device": []} for key in timed}
             for pair in range(pairs):
@@ -208,12 +208,12 @@ def verdict(ratio: float, shown: tuple, decisive: tuple) -> str:
 def compare(case_results: list, cases: list, alpha: float = FAMILY_ALPHA) -> list:
     """One row per (case, timing): means, B/A with its 95% interval, the verdict at a family-wise error rate of
     `alpha` over all verdicts of the run (Bonferroni); or the failure that kept a case from being timed."""
-    from a2a import harness
+    from a2a.rows import shape_label
 
     verdicts = sum(2 for case in case_results if all("failed" not in case[key] for key in ("a", "b")))
     rows = []
     for args, case in zip(cases, case_results):
-        shape = harness.shape_label(**args)
+        shape = shape_label(**args)
         failed = {key: case[key]["failed"] for key in ("a", "b") if "failed" in case[key]}
         for timing, field in (("device-side", "device"), ("leaderboard-style", "host")):
             if failed:
@@ -231,12 +231,14 @@ def compare(case_results: list, cases: list, alpha: float = FAMILY_ALPHA) -> lis
     return rows
 
 
-def time_versions(path_a: Path, path_b: Path, cases: list, world_size: int, backend: str, rounds: int,
-                  pairs: int, alpha: float = FAMILY_ALPHA) -> list:
+def time_versions(plan, rounds: int, pairs: int, alpha: float = FAMILY_ALPHA) -> list:
+    """Times the plan's two versions (A, B) on its cases; one row per (case, timing)."""
     from launch import parallel_launch
 
-    results = parallel_launch(world_size, _diff_rank, str(path_a), str(path_b), cases, rounds, pairs,
-                              backend=backend, timeout_s=1800)[0]
+    path_a, path_b = plan.versions
+    cases = plan.case_args
+    results = parallel_launch(plan.world_size, _diff_rank, str(path_a), str(path_b), cases, rounds, pairs,
+                              backend=plan.backend, timeout_s=1800)[0]
     return compare(results, cases, alpha)
 
 
@@ -273,8 +275,8 @@ def last_commit(path: Path) -> str:
     import os
     import subprocess
 
-    from a2a import harness
+    from a2a.plan import ROOT
 
-    done = subprocess.run(["git", "log", "-1", "--format=%h", "--", str(path)], cwd=harness.ROOT, capture_output=True,
+    done = subprocess.run(["git", "log", "-1", "--format=%h", "--", str(path)], cwd=ROOT, capture_output=True,
                           text=True)
     return done.stdout.strip() or os.environ.get("A2A_COMMIT", "unknown")

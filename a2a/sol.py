@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from a2a import harness
+from a2a import plan as planning
 
 SOL_FILE = "sol.json"
 STORE_BYTES_PER_RANK = 64 << 20
@@ -44,6 +44,13 @@ def _per_peer(total: int, world_size: int) -> int:
 
 
 def _measure_rank(rank: int, world_size: int) -> Optional[dict]:
+    import eval as core
+
+    with core.own_device(rank):  # every probe is this tool's own work on its rank's GPU
+        return _measured(rank, world_size)
+
+
+def _measured(rank: int, world_size: int) -> Optional[dict]:
     import torch
     import torch.distributed as dist
 
@@ -204,21 +211,23 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description="Measure this machine's speed-of-light figures (GPUs only).")
     parser.add_argument("--world-size", type=int)
-    parser.add_argument("--out", type=Path, default=harness.ROOT / "results")
+    parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
-    harness.use_bundle_modules()
-    gpus = harness.machine_gpus()
+    planning.use_bundle_modules()
+    gpus = planning.machine_gpus()
     if gpus < 2:
         print(f"skipped: the speed-of-light probes need at least 2 GPUs (this machine has {gpus})")
         return 0
     world_size = args.world_size or min(gpus, 8)
-    meta = harness.run_meta("nccl", world_size, "sol")
+    meta = planning.run_meta("nccl", world_size, "sol")
     figures = measure(world_size, meta)
-    path = save(figures, harness.run_folder(args.out, meta))
+    path = save(figures, planning.run_folder(args.out, meta))
     print(summary(figures))
     print(f"\nsaved {path}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(harness.run_cli(main))
+    from a2a.harness import run_cli
+
+    sys.exit(run_cli(main))

@@ -4,8 +4,9 @@
 
 Each rank imports the version's trace build (A2A_TRACE=1: kernels record (phase, block, warp, start, end) on the
 device clock; a version without probes is traced from the profiler's kernel records alone) and runs, per case,
-warm-up calls, then `iterations` clean calls and JSON_ITERATIONS profiled ones, each between two marker kernels that
-stamp the device clock where the stream reaches them. The profiled calls run under torch.profiler (host side: the
+warm-up calls, then `iterations` clean calls and JSON_ITERATIONS profiled ones, each the evaluator's own step
+(eval.timed_step) with two marker kernels right around the call that stamp the device clock where the stream reaches
+them. The profiled calls run under torch.profiler (host side: the
 call, launches, syncs, PyTorch ops), which slows the host (seen: v2's smallest shape, 185-200 µs marker to marker
 under the profiler against 110-137 µs timed); so the table and the picture come from the clean calls, and the
 profiled ones feed trace.json's host thread (and the table of a version without probes). The L2 is cleared before
@@ -25,12 +26,10 @@ marker-to-marker time; within each kernel, the time each named phase was active;
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 WARMUP = 5
 JSON_ITERATIONS = 3  # iterations written into trace.json (the table uses all of them)
@@ -55,34 +54,42 @@ def _profile_events(prof) -> list:
 
 
 def _traced_calls(module, probes, data, rank: int, iterations: int, profiled: bool) -> dict:
-    """`iterations` calls between stamps: marks, probe records and host ns per call (and the profiler's events)."""
+    """`iterations` evaluator steps (eval.timed_step) with a marker kernel right before and after the call: marks,
+    probe records and host ns per call (and the profiler's events). The markers are this tool's own work, bound to
+    the rank's GPU; the call runs with the current device the runner leaves."""
     import contextlib
 
     import torch
-    import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, record_function
 
     import eval as core
-    from utils import clear_l2_cache
 
     take = getattr(module, "trace_take", None)
-    marks = torch.zeros(iterations, 2, dtype=torch.int64, device=f"cuda:{rank}")
-    records, host_call_ns = [], []
+    with core.own_device(rank):
+        marks = torch.zeros(iterations, 2, dtype=torch.int64, device=core.rank_device(rank))
+    records, host_call_ns, step = [], [], {}
+
+    def probe(boundary: str) -> None:
+        if boundary == "cloned":
+            with core.own_device(rank):
+                probes.stamp(marks[step["i"], 0:1])
+            if profiled:
+                step["annotation"] = record_function("custom_kernel")
+                step["annotation"].__enter__()
+            step["started"] = time.perf_counter_ns()
+        elif boundary == "returned":
+            host_call_ns.append(time.perf_counter_ns() - step["started"])
+            if profiled:
+                step["annotation"].__exit__(None, None, None)
+            with core.own_device(rank):
+                probes.stamp(marks[step["i"], 1:2])
+
     profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if profiled \
         else contextlib.nullcontext()
     with profiler as prof:
         for i in range(iterations):
-            clear_l2_cache()
-            cloned = core._clone_data(data, rank)
-            torch.cuda.synchronize()
-            dist.barrier()
-            probes.stamp(marks[i, 0:1])
-            started = time.perf_counter_ns()
-            with record_function("custom_kernel") if profiled else contextlib.nullcontext():
-                module.custom_kernel(cloned)
-            host_call_ns.append(time.perf_counter_ns() - started)
-            probes.stamp(marks[i, 1:2])
-            torch.cuda.synchronize()
+            step["i"] = i
+            core.timed_step(module.custom_kernel, data, rank, probe=probe)
             if take:
                 records.append(take().tolist())
     return {"marks": marks.cpu().tolist(), "records": records, "host_call_ns": host_call_ns,
@@ -91,26 +98,25 @@ def _traced_calls(module, probes, data, rank: int, iterations: int, profiled: bo
 
 def _trace_rank(rank: int, world_size: int, path: str, cases: list, iterations: int) -> list:
     """Per case: {"clean": rank data, "profiled": rank data} (see _traced_calls; plus rank, clock and phases)."""
-    import torch
-
     import eval as core
-    from a2a import harness
+    from a2a.plan import load_version
     from a2a.probes import Probes
     from reference import generate_input
 
-    os.environ["A2A_TRACE"] = "1"
-    module = harness.load_version(Path(path), f"traced_{Path(path).stem}")
+    module = load_version(Path(path), f"traced_{Path(path).stem}", trace=True)
     take = getattr(module, "trace_take", None)
-    probes = Probes(rank, world_size)
+    with core.own_device(rank):
+        probes = Probes(rank, world_size)
     try:
-        clock = probes.clock_offsets()[rank]
+        with core.own_device(rank):
+            clock = probes.clock_offsets()[rank]
         common = {"rank": rank, "clock": clock, "phases": list(getattr(module, "TRACE_PHASES", ())) if take else []}
         results = []
         for args in cases:
             data = generate_input(**args, rank=rank)
             for _ in range(WARMUP):
-                module.custom_kernel(core._clone_data(data, rank))
-            torch.cuda.synchronize()
+                module.custom_kernel(core.clone_data(data, rank))
+            core.synchronize()
             if take:
                 take()
             results.append({"clean": {**common, **_traced_calls(module, probes, data, rank, iterations, False)},
@@ -118,7 +124,8 @@ def _trace_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
                                                                    True)}})
         return results
     finally:
-        probes.close()
+        with core.own_device(rank):
+            probes.close()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -370,34 +377,31 @@ def case_label(args: dict) -> str:
             f"_s{args['seed']}")
 
 
-def trace_version(version: str, cases: str, world_size: Optional[int], backend: Optional[str], iterations: int,
-                  out: Path) -> list:
-    """Traces every case of `cases`; returns the folders written (empty where the machine cannot trace)."""
+def trace_version(plan, iterations: int, out: Path) -> list:
+    """Traces the plan's version on every case of the plan; returns the folders written (empty where the machine
+    cannot trace)."""
     import eval as core
-    from a2a import harness, probes
+    from a2a import probes
+    from a2a.plan import device_slug
     from launch import parallel_launch
 
-    harness.use_bundle_modules()
-    path = harness.checked_version(version)
-    world_size, backend = harness.plan_run(world_size, backend)
-    if backend != "nccl" or world_size < 2:
-        print(f"skipped tracing {path.stem}: timelines need at least 2 GPUs (this run: {backend}, world size "
-              f"{world_size})")
+    path = plan.version
+    if plan.backend != "nccl" or plan.world_size < 2:
+        print(f"skipped tracing {path.stem}: timelines need at least 2 GPUs (this run: {plan.backend}, world size "
+              f"{plan.world_size})")
         return []
     if iterations < 1:
         raise core.UserError(f"--iterations must be at least 1, not {iterations}")
-    case_list = harness.case_args(cases, world_size, backend)
-    harness.build_version(path, trace=True)
     probes.extension()
-    print(f"tracing {path.stem} on {len(case_list)} case(s): {iterations} clean and {JSON_ITERATIONS} profiled calls "
-          "each")
-    per_rank = parallel_launch(world_size, _trace_rank, str(path), case_list, iterations, backend="nccl",
+    print(f"tracing {path.stem} on {len(plan.cases)} case(s): {iterations} clean and {JSON_ITERATIONS} profiled "
+          "calls each")
+    per_rank = parallel_launch(plan.world_size, _trace_rank, str(path), plan.case_args, iterations, backend="nccl",
                                timeout_s=900)
     folders = []
-    for index, args in enumerate(case_list):
-        meta = {**harness.run_meta(backend, world_size, "trace"), "version": path.stem, "case": core.spec_line(args),
+    for index, args in enumerate(plan.case_args):
+        meta = {**plan.meta_for("trace"), "version": path.stem, "case": core.spec_line(args),
                 "iterations": iterations, "profiled_iterations": JSON_ITERATIONS}
-        name = f"{meta['date']}_{harness.device_slug(meta)}_ws{world_size}_{path.stem}_{case_label(args)}"
+        name = f"{meta['date']}_{device_slug(meta)}_ws{plan.world_size}_{path.stem}_{case_label(args)}"
         folder = write([cases[index] for cases in per_rank], meta, out / name)
         print((folder / "phases.md").read_text())
         print(f"saved {folder}")

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "problems" / "all2all"), str(ROOT / "reference" / "all2all"), str(ROOT / "reference"),
-                str(ROOT)]
+sys.path.insert(0, str(ROOT))
+from a2a.plan import use_bundle_modules  # noqa: E402
+
+use_bundle_modules()
 V1 = ROOT / "submissions" / "all2all" / "v1_torch_sort.py"
 
 

@@ -1,21 +1,21 @@
-"""tools/check_device.py: the real versions compile for sm_90, gfx940 and gfx90a; a planted error on either
-vendor's path fails the check and names the target."""
-import shutil
+"""tools/check_device.py: the real versions compile for sm_90, gfx942 (whole code objects) and gfx90a; a planted
+error on either vendor's path fails the check and names the target, AMD inline assembly included."""
 import subprocess
 import sys
 
 import pytest
 
 from tests.conftest import ROOT
+from tools import check_device
 
-pytestmark = pytest.mark.skipif(not (shutil.which("nvcc") and shutil.which("hipcc")),
-                                reason="needs nvcc and hipcc (CI installs Debian's hipcc)")
+pytestmark = pytest.mark.skipif(bool(check_device.missing_tools()),
+                                reason=f"needs {', '.join(check_device.missing_tools())} ({check_device.INSTALL_HINT})")
 TOOL = ROOT / "tools" / "check_device.py"
 V2 = ROOT / "submissions" / "all2all" / "v2_p2p.py"
 
 
 def run_tool(*files):
-    return subprocess.run([sys.executable, str(TOOL), *map(str, files)], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, str(TOOL), *map(str, files)], capture_output=True, text=True, timeout=900)
 
 
 def planted(tmp_path, old: str, new: str):
@@ -29,7 +29,9 @@ def planted(tmp_path, old: str, new: str):
 def test_every_version_compiles_for_nvidia_and_amd():
     result = run_tool()
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "v2_p2p.py: hipcc gfx940: ok" in result.stdout
+    for target in ("nvcc sm_90", "clang gfx942", "hipcc gfx90a", "clang gfx942 trace"):
+        assert f"v4_low_overhead.py: {target}: ok" in result.stdout
+    assert "v4_low_overhead.py: gfx942 memory model:" in result.stdout
 
 
 def test_planted_amd_error_fails(tmp_path):
@@ -38,7 +40,17 @@ def test_planted_amd_error_fails(tmp_path):
     result = run_tool(path)
     assert result.returncode == 1
     assert "planted.py: nvcc sm_90: ok" in result.stdout
-    assert "planted.py: hipcc gfx940: FAILED" in result.stdout and "hipcc gfx940" in result.stderr
+    assert "planted.py: clang gfx942: FAILED" in result.stdout and "clang gfx942" in result.stderr
+
+
+def test_planted_amd_assembly_error_fails(tmp_path):
+    # Inline assembly the gfx942 assembler rejects, inside the AMD branch: only a whole `-c` compile catches it.
+    path = planted(tmp_path, "__device__ __forceinline__ void warp_sync() { __builtin_amdgcn_wave_barrier(); }",
+                   "__device__ __forceinline__ void warp_sync() { asm volatile(\"s_planted_nonsense 1\"); }")
+    result = run_tool(path)
+    assert result.returncode == 1
+    assert "planted.py: nvcc sm_90: ok" in result.stdout
+    assert "planted.py: clang gfx942: FAILED" in result.stdout
 
 
 def test_planted_nvidia_error_fails(tmp_path):
@@ -47,4 +59,4 @@ def test_planted_nvidia_error_fails(tmp_path):
     result = run_tool(path)
     assert result.returncode == 1
     assert "planted.py: nvcc sm_90: FAILED" in result.stdout
-    assert "planted.py: hipcc gfx940: ok" in result.stdout
+    assert "planted.py: clang gfx942: ok" in result.stdout

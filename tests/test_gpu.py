@@ -1,32 +1,143 @@
-"""GPU runs (NCCL, one process per GPU). Skip with a reason on machines without at least 2 GPUs."""
+"""GPU runs (NCCL, one process per GPU). Skip with a reason on machines without at least 2 GPUs.
+
+Every rank path here leaves the current device where the runner leaves it (cuda:0): the versions must take their
+device from their inputs, as on the leaderboard. Test helpers bind their own GPU work with eval.own_device."""
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from a2a import harness
-from a2a.harness import evaluate, parse_popcorn
+from a2a.harness import evaluate
+from a2a.plan import list_versions, load_version, make_plan, resolve_version
+from a2a.rows import parse_popcorn
 from launch import parallel_launch
-from tests.conftest import (ROOT, gpu_count, hanging_human_face, hanging_submission, requires_gpus, run_eval,
-                            wait_until_gone)
+from tests.conftest import (ROOT, gpu_count, hanging_human_face, hanging_submission, requires_gpus, run_bundle,
+                            run_eval, v1_kernel_source, wait_until_gone)
 
 pytestmark = [pytest.mark.gpu, requires_gpus]
 P2P_VERSIONS = ["v2", "v3", "v4"]
 # Whether dispatch-recv's expert-major rows already hold the expert's output (v2 scales them in place; from v3 the
 # expert is fused into combine-send and the layout keeps the dispatched input).
 EXPERT_IN_LAYOUT = {"v2": True, "v3": False, "v4": False}
+QUIET = {"progress": lambda *_: None}
+
+
+def largest() -> int:
+    return min(gpu_count(), 8)
 
 
 def world_sizes():
-    return sorted({min(gpu_count(), 8), 2}) if gpu_count() >= 2 else [2]
+    return sorted({largest(), 2}) if gpu_count() >= 2 else [2]
 
 
-def _load(version: str, name: str = ""):
-    path = harness.resolve_version(version)
-    return harness.load_version(path, name or path.stem)
+def _load(version: str, name: str = "", trace: bool = False):
+    path = resolve_version(version)
+    return load_version(path, name or path.stem, trace=trace)
+
+
+def _sync(rank: int) -> None:
+    """The test's own wait for its rank's GPU (torch.cuda.synchronize() alone waits for cuda:0, the current one)."""
+    import torch
+
+    torch.cuda.synchronize(rank)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Faithful to the runner: the current device, the staged bundles, a cold start
+# --------------------------------------------------------------------------------------------------------------
+
+# Allocates its output on the current device, as a submission that trusts `device="cuda"` does. Under the runner
+# that is cuda:0 in every rank, so every rank but 0 fails the device check.
+CANARY = v1_kernel_source() + """
+
+def custom_kernel(data):
+    return _v1_kernel(data).to("cuda")
+"""
+
+# Right answers, but it records the current device at import and at every call, and fails if it is not cuda:0.
+WATCHES_THE_DEVICE = v1_kernel_source() + """
+import torch
+
+SEEN_AT_IMPORT = torch.cuda.current_device()
+
+
+def custom_kernel(data):
+    now = torch.cuda.current_device()
+    if (SEEN_AT_IMPORT, now) != (0, 0):
+        raise RuntimeError(f"the current device was cuda:{SEEN_AT_IMPORT} at import and cuda:{now} in the call")
+    return _v1_kernel(data)
+"""
+
+
+def _staged(tmp_path: Path, version: str, body: str = "") -> Path:
+    bundle = tmp_path / "bundle"
+    assert run_eval("stage", version, str(bundle)).returncode == 0
+    if body:
+        (bundle / "submission.py").write_text(body)
+    return bundle
+
+
+def _official_cases(bundle: Path, section: str, world_size: int) -> str:
+    """The runner's test file for `section`, rewritten to `world_size` (the official cases have world size 8)."""
+    lines = (bundle / f"{section}.txt").read_text().replace("world_size: 8", f"world_size: {world_size}")
+    (bundle / f"{section}_ws{world_size}.txt").write_text(lines)
+    return f"{section}_ws{world_size}.txt"
+
+
+def _nccl(world_size: int, **extra) -> dict:
+    return {"A2A_BACKEND": "nccl", "POPCORN_GPUS": str(world_size), **extra}
+
+
+def test_a_submission_on_the_current_device_fails_as_on_the_runner(tmp_path):
+    bundle = _staged(tmp_path, "v1", CANARY)
+    code, output, stderr = run_bundle(bundle, "test", _official_cases(bundle, "tests", largest()), _nccl(largest()))
+    keys = parse_popcorn(output)
+    assert code == 112 and keys["check"] == "fail", output + stderr[-2000:]
+    assert "device mismatch: cuda:0 != cuda:1" in keys["test.0.error"], keys["test.0.error"]
+
+
+def test_no_harness_path_sets_the_current_device(tmp_path):
+    from a2a import diffing, timeline
+
+    path = tmp_path / "watches.py"
+    path.write_text(WATCHES_THE_DEVICE)
+    for mode, cases in (("test", "tests:0,5"), ("benchmark", "benchmarks:0"), ("leaderboard", "benchmarks:1")):
+        result = evaluate(make_plan(str(path), cases, largest(), "nccl"), mode, **QUIET)
+        assert result.exit_code == 0, [case["error"] for case in result.cases]
+    assert timeline.trace_version(make_plan(str(path), "benchmarks:0", 2, "nccl"), 2, tmp_path / "traces")
+    rows = diffing.time_versions(make_plan([str(path), str(path)], "benchmarks:0", 2, "nccl"), rounds=2, pairs=1)
+    assert all("B/A" in row for row in rows), rows
+
+
+@pytest.mark.parametrize("version", [p.stem.split("_")[0] for p in list_versions()])
+def test_the_staged_bundle_passes_the_protocol_face_in_every_mode(tmp_path, version):
+    """Exactly what the runner runs, at the largest world size: a spawn pool of that many workers, each rank in
+    another process from case to case, the fixed port, no set_device; test mode, then benchmark and leaderboard
+    mode (a fresh secret seed, a check of every run)."""
+    bundle = _staged(tmp_path, version)
+    tests, benchmarks = _official_cases(bundle, "tests", largest()), _official_cases(bundle, "benchmarks", largest())
+    for mode, test_file, seed in (("test", tests, None), ("benchmark", benchmarks, None),
+                                  ("leaderboard", benchmarks, str(int(time.time()) % 100_000))):
+        env = _nccl(largest(), **({"POPCORN_SEED": seed} if seed else {}))
+        code, output, stderr = run_bundle(bundle, mode, test_file, env)
+        keys = parse_popcorn(output)
+        assert code == 0 and keys.get("check") == "pass", (mode, output[-2000:], stderr[-3000:])
+        counted = int(keys["test-count" if mode == "test" else "benchmark-count"])
+        assert counted == (9 if mode == "test" else 5), keys
+
+
+def test_a_cold_start_fits_the_first_test(tmp_path):
+    """An empty extension cache: every rank imports the newest version at once in the first case, one builds and
+    the others wait, inside the runner's 60 s."""
+    newest = list_versions()[-1]
+    result = evaluate(make_plan(str(newest), "tests:0", largest(), "nccl"), "test", cold=True, **QUIET)
+    assert result.exit_code == 0, [case["error"] for case in result.cases]
+    assert result.import_s is not None and result.import_s < 60, result.import_s
+    print(f"cold start of {newest.stem}: {result.import_s:.1f} s importing (and building) in the first case")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -34,15 +145,8 @@ def _load(version: str, name: str = ""):
 # --------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("world_size", world_sizes())
-def test_v1_passes_every_official_test_on_gpus(world_size):
-    result = run_eval("test", "v1", "--world-size", str(world_size))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert result.stdout.count("| pass") == 9
-
-
 def test_benchmark_reports_device_time_and_floor():
-    (case,) = evaluate("v1", "benchmark", "benchmarks:0", 2, "nccl", progress=lambda *_: None).cases
+    (case,) = evaluate(make_plan("v1", "benchmarks:0", 2, "nccl"), "benchmark", **QUIET).cases
     assert case["status"] == "pass"
     assert 0 < case["device_mean_us"] < case["mean_us"] and 0 < case["floor_mean_us"] < case["mean_us"]
 
@@ -53,7 +157,7 @@ def test_no_rendezvous_fails_on_gpus_while_ports_churn(process_token):
     try:
         time.sleep(3)
         for version in ("v1", "v2", "v1"):
-            result = evaluate(version, "test", "tests:0,1", 2, "nccl", progress=lambda *_: None)
+            result = evaluate(make_plan(version, "tests:0,1", 2, "nccl"), "test", **QUIET)
             assert result.exit_code == 0 and [c["status"] for c in result.cases] == ["pass", "pass"], result.cases
     finally:
         churn.kill()
@@ -72,16 +176,8 @@ def test_sigterm_ends_a_hanging_gpu_run(tmp_path, process_token):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# P2P versions. Each rank loads the version file itself; load_inline finds the build the first test made.
+# P2P versions. Each rank loads the version file itself; load_inline finds the build or makes it (one rank builds).
 # --------------------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("world_size", world_sizes())
-@pytest.mark.parametrize("version", P2P_VERSIONS)
-def test_p2p_version_passes_every_official_test(version, world_size):
-    result = run_eval("test", version, "--world-size", str(world_size))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert result.stdout.count("| pass") == 9
 
 
 def _expert_counts(module, state, world_size):
@@ -103,7 +199,7 @@ def _dispatched_rows(rank, world_size, version, spec):
     module = _load(version)
     data = generate_input(**spec, rank=rank, world_size=world_size)
     module.custom_kernel(data)
-    torch.cuda.synchronize()
+    _sync(rank)
     state = module._state
     n_local, cap = state.num_local_experts, state.capacity
     counts = _expert_counts(module, state, world_size)
@@ -131,7 +227,7 @@ def _dispatched_rows(rank, world_size, version, spec):
 @pytest.mark.parametrize("version", P2P_VERSIONS)
 def test_dispatch_delivers_each_pair_once_to_the_right_expert(version):
     spec = dict(num_experts=64, experts_per_token=6, hidden_dim=2048, max_num_tokens=32, seed=1234)
-    results = parallel_launch(min(gpu_count(), 8), _dispatched_rows, version, spec, backend="nccl")
+    results = parallel_launch(largest(), _dispatched_rows, version, spec, backend="nccl")
     assert all(ok for ok, _ in results), results
     assert sum(n for _, n in results) > 0
 
@@ -155,7 +251,7 @@ def _pressure(rank, world_size, version, spec, repeats):
 @pytest.mark.parametrize("version", P2P_VERSIONS)
 def test_pressure_same_seed_bit_identical_then_fresh_seeds(version):
     spec = dict(num_experts=256, experts_per_token=8, hidden_dim=7168, max_num_tokens=256, seed=4)
-    results = parallel_launch(min(gpu_count(), 8), _pressure, version, spec, 20, backend="nccl")
+    results = parallel_launch(largest(), _pressure, version, spec, 20, backend="nccl")
     assert all(identical for identical, _ in results), "same input gave different outputs"
     assert all(not failures for _, failures in results), results
 
@@ -163,21 +259,16 @@ def test_pressure_same_seed_bit_identical_then_fresh_seeds(version):
 @pytest.mark.parametrize("version", P2P_VERSIONS)
 def test_survives_regrouping_with_gpus_reassigned(version, tmp_path):
     """One pool, groups of changing size in a row: each worker gets another rank (GPU) from case to case."""
-    from tests.conftest import run_bundle
-
-    assert run_eval("stage", version, str(tmp_path / "b")).returncode == 0
-    sizes = [min(gpu_count(), 8), 2, min(gpu_count(), 8), 2, 2]
+    bundle = _staged(tmp_path, version)
+    sizes = [largest(), 2, largest(), 2, 2]
     lines = [f"num_experts: 64; experts_per_token: 6; hidden_dim: 2048; max_num_tokens: 32; seed: {i}; "
              f"world_size: {ws}" for i, ws in enumerate(sizes)]
-    (tmp_path / "b" / "mixed.txt").write_text("\n".join(lines) + "\n")
-    code, output, stderr = run_bundle(tmp_path / "b", "test", "mixed.txt",
-                                      {"A2A_BACKEND": "nccl", "POPCORN_GPUS": str(min(gpu_count(), 8))})
-    keys = parse_popcorn(output)
-    assert code == 0 and keys.get("check") == "pass", output + stderr[-3000:]
+    (bundle / "mixed.txt").write_text("\n".join(lines) + "\n")
+    code, output, stderr = run_bundle(bundle, "test", "mixed.txt", _nccl(largest()))
+    assert code == 0 and parse_popcorn(output).get("check") == "pass", output + stderr[-3000:]
 
 
 def _peer_never_comes(rank, world_size, version, spec):
-    import torch
     import torch.distributed as dist
 
     from reference import generate_input
@@ -185,12 +276,12 @@ def _peer_never_comes(rank, world_size, version, spec):
     module = _load(version)
     data = generate_input(**spec, rank=rank, world_size=world_size)
     module.custom_kernel(data)
-    torch.cuda.synchronize()
+    _sync(rank)
     dist.barrier()
     if rank == 0:
         started = time.monotonic()
         module.custom_kernel(data)
-        torch.cuda.synchronize()
+        _sync(rank)
         elapsed = time.monotonic() - started
         time.sleep(0.5)  # the report thread polls every 20 ms
         return elapsed
@@ -211,35 +302,50 @@ def test_spin_wait_gives_up_and_says_what_it_waited_for(version, capfd, monkeypa
     assert f"[a2a {version}] rank 0: gave up after 2000 ms waiting for the row count from rank 1" in text, text[-3000:]
 
 
+def _phases_in_order(records, phases) -> bool:
+    """Per (block, warp), phases ordered by their first start come in TRACE_PHASES order: a tuple that names the
+    device enum's values in another order puts a later phase before an earlier one somewhere."""
+    first: dict = {}
+    for phase, where, start, _ in records.tolist():
+        key = (where, phase)
+        first[key] = min(first.get(key, start), start)
+    by_warp: dict = {}
+    for (where, phase), start in first.items():
+        by_warp.setdefault(where, []).append((start, phase))
+    return all([phase for _, phase in sorted(seen)] == sorted(phase for _, phase in seen) for seen in by_warp.values())
+
+
 def _trace_build_matches(rank, world_size, version, spec):
     import torch
 
     from reference import generate_input
 
     timed = _load(version, f"{version}_timed")
-    os.environ["A2A_TRACE"] = "1"
-    traced = _load(version, f"{version}_traced")
+    traced = _load(version, f"{version}_traced", trace=True)
     data = generate_input(**spec, rank=rank, world_size=world_size)
     expected = timed.custom_kernel(data).clone()
     outputs = [traced.custom_kernel(data) for _ in range(3)]
+    traced.trace_take()
+    traced.custom_kernel(data)
     records = traced.trace_take()
-    phases = {traced.TRACE_PHASES[int(p)] for p in records[:, 0].tolist()}
-    return all(torch.equal(out, expected) for out in outputs), phases
+    named = {traced.TRACE_PHASES[int(p)] for p in records[:, 0].tolist()}
+    return all(torch.equal(out, expected) for out in outputs), named, _phases_in_order(records, traced.TRACE_PHASES)
 
 
 @pytest.mark.parametrize("version", P2P_VERSIONS)
-def test_trace_build_output_is_bit_identical_to_the_timed_build(version):
+def test_trace_build_is_bit_identical_and_names_its_phases_in_order(version):
     spec = dict(num_experts=256, experts_per_token=8, hidden_dim=7168, max_num_tokens=128, seed=11)
     results = parallel_launch(2, _trace_build_matches, version, spec, backend="nccl")
-    assert all(same for same, _ in results)
-    module_phases = set(_load_phases(version))
-    assert all(phases == module_phases for _, phases in results), results
+    module_phases = _load_phases(version)
+    assert all(same for same, _, _ in results)
+    assert all(named == set(module_phases) for _, named, _ in results), results
+    assert all(ordered for _, _, ordered in results)
 
 
 def _load_phases(version):
     import ast
 
-    for node in ast.parse(harness.resolve_version(version).read_text()).body:
+    for node in ast.parse(resolve_version(version).read_text()).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "TRACE_PHASES" for t in node.targets):
             return ast.literal_eval(node.value)
     raise AssertionError("no TRACE_PHASES")
@@ -255,7 +361,7 @@ def test_trace_writes_the_json_the_picture_and_the_table(tmp_path):
 
     from a2a import timeline
 
-    (folder,) = timeline.trace_version("v3", "benchmarks:0", 2, "nccl", 4, tmp_path)
+    (folder,) = timeline.trace_version(make_plan("v3", "benchmarks:0", 2, "nccl"), 4, tmp_path)
     trace = json.loads((folder / "trace.json").read_text())
     assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0, 1}
     assert set(trace["otherData"]["clock_alignment"]) == {"rank 0", "rank 1"}
@@ -265,28 +371,30 @@ def test_trace_writes_the_json_the_picture_and_the_table(tmp_path):
 
 def test_sol_measures_this_machine():
     from a2a import sol
+    from a2a.plan import run_meta
 
-    figures = sol.measure(2, harness.run_meta("nccl", 2, "sol"))
+    figures = sol.measure(2, run_meta("nccl", 2, "sol"))
     assert 0 < figures["launch_us"] < 50 and 0 < figures["one_way_latency_us"] < 50
     assert 10 < figures["a2a_store_gbps"] < 2000 and 10 < figures["pair_store_gbps"] < 2000
     assert 100 < figures["local_copy_gbps"] < 20000
 
 
 def test_anchors_time_a_case():
+    import torch.distributed._symmetric_memory as symm_mem
+
     from a2a import anchors
 
-    args = harness.case_args("benchmarks:1", 2, "nccl")
-    rows = anchors.run(args, 2, iterations=10, progress=lambda *_: None)
+    rows = anchors.run(make_plan("v1", "benchmarks:1", 2, "nccl").case_args, 2, iterations=10, **QUIET)
     by_name = {row["version"]: row for row in rows}
-    assert by_name["nccl_a2a_x2"]["status"] == "pass" and by_name["nccl_a2a_x2"]["device_mean_us"] > 0
-    nvshmem = by_name["nvshmem_a2a_vdev_x2"]
-    assert nvshmem["status"] == "pass" or nvshmem["error"], nvshmem
+    for name in anchors.ANCHORS:
+        if name.startswith("nvshmem") and hasattr(symm_mem, "is_nvshmem_available") \
+                and not symm_mem.is_nvshmem_available():
+            continue  # this torch has no NVSHMEM: the row must say so instead of timing
+        assert by_name[name]["status"] == "pass" and by_name[name]["device_mean_us"] > 0, by_name[name]
 
 
 def test_diff_of_a_version_against_itself_on_gpus():
     from a2a import diffing
 
-    path = harness.resolve_version("v3")
-    cases = harness.case_args("benchmarks:0,4", 2, "nccl")
-    rows = diffing.time_versions(path, path, cases, 2, "nccl", rounds=6, pairs=6)
+    rows = diffing.time_versions(make_plan(["v3", "v3"], "benchmarks:0,4", 2, "nccl"), rounds=6, pairs=6)
     assert {row["verdict"] for row in rows} == {"no difference within noise"}, rows

@@ -6,7 +6,8 @@ import sys
 
 import pandas as pd
 
-from a2a import harness, plots
+from a2a import plots
+from a2a.rows import geomean
 from tests.conftest import ROOT
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -44,5 +45,5 @@ def test_picture_with_anchors_and_speed_of_light(tmp_path):
     meta = {"device": "test", "world_size": 2, "backend": "nccl", "mode": "benchmark", "date": "2026-11-22",
             "commit": "abc"}
     path = plots.leaderboard_png(pd.DataFrame(rows), meta, tmp_path / "p.png", {"v1": 1311, "v2": 517},
-                                 harness.geomean)
+                                 geomean)
     assert path.read_bytes()[:8] == PNG and path.stat().st_size > 20_000

@@ -1,20 +1,31 @@
 #!/usr/bin/env python3
-"""Compile-only check of every version's device code, for NVIDIA and for AMD.
+"""Compile-only check of every version's device code, for NVIDIA and for AMD's real ISA.
 
 For each submission that holds a KERNELS string (the device code without torch headers), it writes it to a .cu
-file and compiles it with plain `-c` (so inline assembly is checked too), and again with -DA2A_TRACE where the file
-has timeline probes (the trace build):
+file and compiles it with plain `-c` (so inline assembly goes through the assembler), and again with -DA2A_TRACE
+where the file has timeline probes (the trace build):
   - NVIDIA: nvcc -arch=sm_90 -c
-  - AMD: PyTorch's hipify (what load_inline does on ROCm), then hipcc --offload-arch=gfx940 -c and gfx90a
-    (Debian's hipcc; gfx942, the MI300X, is unknown to it; gfx940 is its closest sibling).
+  - AMD MI300X: PyTorch's hipify (what load_inline does on ROCm), then Debian's clang-19 for gfx942, a whole code
+    object (-c, linked with the ROCm device library). Debian's device-library bitcode (5.2) lacks the one file that
+    names gfx942's ISA version; it is generated here from its single constant (9402), so nothing else is stood in.
+  - AMD MI250 (gfx90a) with Debian's hipcc 5.2: a second, older HIP toolchain.
 Exits non-zero naming each file and target that failed, with the compiler's first error lines.
+
+`gfx942_assembly(path)` returns the gfx942 assembly of a file's device code, and `memory_model(asm)` counts, per
+kernel, the system-scope release stores (`buffer_wbl2 sc0 sc1`, then a store or atomic with `sc0 sc1`) and acquire
+loads (a load with `sc0 sc1`, then `buffer_inv sc0 sc1`) that publishing and waiting on a flag compile to on the
+MI300X; the memory-model test holds each version to what its NOTES promise.
 
     python tools/check_device.py [FILES...]    (default: submissions/*/v*.py and the toolkit's a2a/probes.py)
 """
 from __future__ import annotations
 
 import ast
+import contextlib
+import functools
+import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,9 +33,13 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-AMD_ARCHS = ("gfx940", "gfx90a")
-# What PyTorch's ROCm extension build defines on the command line (the prelude keys its AMD branch on it).
-TORCH_ROCM_DEFINES = ("-D__HIP_PLATFORM_AMD__=1", "-DUSE_ROCM=1")
+CLANG = "clang++-19"
+# What PyTorch's ROCm extension build defines on the command line (the prelude keys its AMD branch on it), and the
+# optimisation load_inline asks for in every version.
+TORCH_ROCM_FLAGS = ("-D__HIP_PLATFORM_AMD__=1", "-DUSE_ROCM=1", "-O3")
+DEBIAN_DEVICE_LIBS = Path("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode")
+GFX942_ISA_VERSION = 9402
+INSTALL_HINT = "CI installs them from Debian: apt-get install hipcc libamdhip64-dev clang-19 lld-19"
 
 
 def kernels_of(path: Path) -> str | None:
@@ -37,9 +52,6 @@ def kernels_of(path: Path) -> str | None:
 
 
 def hipify(source: Path) -> Path:
-    import contextlib
-    import io
-
     from torch.utils.hipify import hipify_python
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -50,6 +62,27 @@ def hipify(source: Path) -> Path:
     return Path(entry.hipified_path) if entry is not None and entry.hipified_path else source
 
 
+@functools.lru_cache(maxsize=1)
+def gfx942_device_libs() -> Path:
+    """A device-library folder for gfx942: Debian's bitcode, plus oclc_isa_version_942.bc made from its constant."""
+    folder = Path(tempfile.mkdtemp(prefix="a2a-gfx942-libs-"))
+    for bitcode in DEBIAN_DEVICE_LIBS.glob("*.bc"):
+        (folder / bitcode.name).symlink_to(bitcode)
+    (folder / "isa942.ll").write_text(
+        'target triple = "amdgcn-amd-amdhsa"\n'
+        f"@__oclc_ISA_version = linkonce_odr protected local_unnamed_addr addrspace(4) constant i32 "
+        f"{GFX942_ISA_VERSION}, align 4\n")
+    subprocess.run([CLANG.replace("++", ""), "-target", "amdgcn-amd-amdhsa", "-nogpulib", "-c", "-emit-llvm",
+                    "isa942.ll", "-o", "oclc_isa_version_942.bc"], cwd=folder, check=True, capture_output=True)
+    return folder
+
+
+def gfx942_command(source: str, output: str, defines: list, assembly: bool = False) -> list:
+    return [CLANG, "-x", "hip", "--offload-arch=gfx942", f"--rocm-device-lib-path={gfx942_device_libs()}",
+            *TORCH_ROCM_FLAGS, *defines, "--cuda-device-only", "--no-gpu-bundle-output", "-S" if assembly else "-c",
+            source, "-o", output]
+
+
 def compile_one(command: list[str], cwd: Path) -> str | None:
     """None on success, else the first error lines."""
     env = dict(os.environ, HIP_PLATFORM="amd")  # Debian's hipcc picks NVIDIA when nvcc is on the PATH
@@ -58,6 +91,52 @@ def compile_one(command: list[str], cwd: Path) -> str | None:
         return None
     lines = [line for line in (done.stderr + done.stdout).splitlines() if "error" in line.lower()]
     return "\n    ".join((lines or (done.stderr + done.stdout).splitlines())[:6])
+
+
+def gfx942_assembly(path: Path, trace: bool = False) -> str:
+    """The gfx942 assembly of a file's device code, as load_inline would build it on ROCm (after hipify)."""
+    source = kernels_of(path)
+    if source is None:
+        raise ValueError(f"{path.name} has no KERNELS")
+    with tempfile.TemporaryDirectory(prefix="a2a-asm-") as tmp:
+        (Path(tmp) / "kernels.cu").write_text(source)
+        hipified = hipify(Path(tmp) / "kernels.cu")
+        error = compile_one(gfx942_command(hipified.name, "kernels.s", ["-DA2A_TRACE"] if trace else [], True),
+                            Path(tmp))
+        if error:
+            raise RuntimeError(f"{path.name}: gfx942 assembly failed:\n    {error}")
+        return (Path(tmp) / "kernels.s").read_text()
+
+
+_INSTRUCTION = re.compile(r"^\s+([a-z][a-z0-9_]*)\b(.*)$")
+_WAITS = ("s_waitcnt", "s_nop")
+
+
+def memory_model(assembly: str) -> dict:
+    """{function: (release stores, acquire loads)} at system scope, for every function of the assembly."""
+    functions, name = {}, None
+    for line in assembly.splitlines():
+        started = re.match(r"^\s*\.type\s+([\w.$]+),@function", line)
+        if started:
+            name = started[1]
+            functions[name] = []
+        elif line.startswith(".Lfunc_end"):
+            name = None
+        elif name and (instruction := _INSTRUCTION.match(line)):
+            functions[name].append((instruction[1], instruction[2]))
+    counts = {}
+    for name, body in functions.items():
+        release = acquire = 0
+        for i, (op, operands) in enumerate(body):
+            after = next(((o, a) for o, a in body[i + 1:i + 6] if o not in _WAITS), ("", ""))
+            if op == "buffer_wbl2" and "sc0 sc1" in operands and "sc0 sc1" in after[1] \
+                    and re.match(r"(flat|global)_(store|atomic)", after[0]):
+                release += 1
+            if re.match(r"(flat|global)_load", op) and "sc0 sc1" in operands and after[0] == "buffer_inv" \
+                    and "sc0 sc1" in after[1]:
+                acquire += 1
+        counts[name] = (release, acquire)
+    return counts
 
 
 def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
@@ -79,28 +158,36 @@ def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
         for build, defines in builds:
             targets.append((f"nvcc sm_90{build}", [nvcc, "-arch=sm_90", *defines, "-c", "kernels.cu", "-o",
                                                    "kernels.o"], cuda_dir))
-            for arch in AMD_ARCHS:
-                targets.append((f"hipcc {arch}{build}", [hipcc, "-x", "hip", f"--offload-arch={arch}",
-                                                         *TORCH_ROCM_DEFINES, *defines, "-c", hipified.name, "-o",
-                                                         f"kernels_{arch}.o"], hip_dir))
+            targets.append((f"clang gfx942{build}", gfx942_command(hipified.name, "kernels_gfx942.o", defines),
+                            hip_dir))
+            targets.append((f"hipcc gfx90a{build}", [hipcc, "-x", "hip", "--offload-arch=gfx90a", *TORCH_ROCM_FLAGS,
+                                                     *defines, "-c", hipified.name, "-o", "kernels_gfx90a.o"],
+                            hip_dir))
         for name, command, cwd in targets:
             error = compile_one(command, cwd)
-            status = "ok" if error is None else "FAILED"
-            print(f"{path.name}: {name}: {status}")
+            print(f"{path.name}: {name}: {'ok' if error is None else 'FAILED'}")
             if error is not None:
                 failures.append(f"{path.name}: {name}:\n    {error}")
+    if not failures:
+        release, acquire = map(sum, zip(*memory_model(gfx942_assembly(path)).values()))
+        print(f"{path.name}: gfx942 memory model: {release} system-scope release stores, {acquire} acquire loads")
     return failures
+
+
+def missing_tools() -> list[str]:
+    missing = [name for name in ("nvcc", "hipcc", CLANG) if shutil.which(name) is None]
+    if not DEBIAN_DEVICE_LIBS.is_dir():
+        missing.append(f"the ROCm device library ({DEBIAN_DEVICE_LIBS})")
+    return missing
 
 
 def main(argv: list[str]) -> int:
     files = [Path(a) for a in argv] or sorted((ROOT / "submissions").glob("*/v*.py")) + [ROOT / "a2a" / "probes.py"]
-    nvcc, hipcc = shutil.which("nvcc"), shutil.which("hipcc")
-    missing = [name for name, tool in (("nvcc", nvcc), ("hipcc", hipcc)) if tool is None]
+    missing = missing_tools()
     if missing:
-        print(f"check-device: {' and '.join(missing)} not found (CI installs hipcc from Debian: apt-get install "
-              f"hipcc libamdhip64-dev)", file=sys.stderr)
+        print(f"check-device: {', '.join(missing)} not found ({INSTALL_HINT})", file=sys.stderr)
         return 2
-    failures = [failure for path in files for failure in check(path, nvcc, hipcc)]
+    failures = [failure for path in files for failure in check(path, shutil.which("nvcc"), shutil.which("hipcc"))]
     if failures:
         print("\ndevice-code check failed:\n" + "\n".join(failures), file=sys.stderr)
         return 1

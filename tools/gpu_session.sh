@@ -4,9 +4,11 @@
 #
 #   tools/gpu_session.sh DIR STEP...          run the steps now; logs under DIR/logs
 #   tools/gpu_session.sh DIR start STEP...    run them detached (they outlive this command) and return at once
-#   steps: build | tests[:K_EXPRESSION] | sol | leaderboard:VERSIONS[:OPTIONS] | trace:VERSION:CASES | sweep:VERSION |
-#          diff:A:B | anatomy:VERSION | wait (until a detached run is done) | pack:DEST (DEST/session.tgz: logs,
-#          results/, traces/)
+#   steps: cold:VERSIONS (each version's first case on an empty extension cache, all ranks importing at once, as on
+#          the leaderboard; run it first on a fresh machine) | build (every extension not built yet, timed and trace
+#          builds, in parallel) | tests[:K_EXPRESSION] | sol | leaderboard:VERSIONS[:OPTIONS] | trace:VERSION:CASES |
+#          sweep:VERSION | diff:A:B | anatomy:VERSION | wait (until a detached run is done) | pack:DEST
+#          (DEST/session.tgz: logs, results/, traces/)
 #
 # DIR must outlive one device command (the device tool empties $OUT before each, and re-syncs the repository copy,
 # which removes files a step wrote into results/ or traces/ there): every output goes under DIR; use a fixed path
@@ -17,8 +19,10 @@ out=$(realpath -m "$1"); shift
 cd "$(dirname "$0")/.."
 mkdir -p "$out/logs" "$out/results" "$out/traces"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# One extension cache for the session, under DIR: empty on a fresh machine, so `cold` measures real cold starts and
+# everything after reuses their builds.
+export TORCH_EXTENSIONS_DIR="$out/extensions"
 py=python3
-bundle_path="$PWD:$PWD/problems/all2all:$PWD/reference/all2all:$PWD/reference"
 
 step() {  # step NAME LIMIT_S COMMAND...
   local name=$1 limit=$2; shift 2
@@ -29,23 +33,23 @@ step() {  # step NAME LIMIT_S COMMAND...
   tail -n 4 "$out/logs/$name.log" | sed 's/^/   /' | tee -a "$out/logs/session.log"
 }
 
-build() {  # every load_inline extension, timed and trace builds, in parallel
-  local pids=()
-  for file in submissions/all2all/v*.py; do
-    grep -q load_inline "$file" || continue
-    local module=$(basename "$file" .py)
-    for trace in 0 1; do
-      [ "$trace" = 1 ] && ! grep -q A2A_TRACE "$file" && continue
-      (cd submissions/all2all && A2A_TRACE=$trace PYTHONPATH="$bundle_path" $py -c "import $module") \
-        > "$out/logs/build_${module}_trace$trace.log" 2>&1 &
-      pids+=($!)
-    done
-  done
-  PYTHONPATH="$bundle_path" $py -c "from a2a import probes; probes.extension()" > "$out/logs/build_probes.log" 2>&1 &
-  pids+=($!)
-  local failed=0
-  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-  return $failed
+build() {  # every load_inline extension, timed and trace builds, in parallel (a2a.plan.prebuild)
+  $py - <<'PY'
+import sys
+from a2a import plan, probes
+versions = plan.list_versions()
+failures = plan.prebuild(versions)
+probes.extension()
+print("\n".join(failures) or "built every extension")
+sys.exit(1 if failures else 0)
+PY
+}
+
+cold() {  # cold VERSION: its first official test on an empty extension cache, every rank importing at once
+  local file=$(ls submissions/all2all/"$1"_*.py) name
+  name=$(grep -o 'name="a2a_[a-z0-9_]*"' "$file" | head -1 | cut -d'"' -f2)
+  if [ -e "$TORCH_EXTENSIONS_DIR/$name" ]; then echo "not a cold start: $name is already built"; return 1; fi
+  $py eval.py test "$1" --cases tests:0
 }
 
 run_steps() {
@@ -54,7 +58,9 @@ run_steps() {
     case "$kind" in
       build) step build 600 "$0" "$out" _build ;;
       _build) build ;;
-      tests) step "tests" 900 $py -m pytest -q -rs tests/test_gpu.py ${a:+-k "$a"} ;;
+      cold) for v in ${a//,/ }; do step "cold_$v" 300 "$0" "$out" _cold "$v"; done ;;
+      _cold) cold "$a" ;;
+      tests) step "tests" 1500 $py -m pytest -q -rs tests/test_gpu.py ${a:+-k "$a"} ;;
       sol) step sol 300 $py -m a2a.sol --out "$out/results" ;;
       leaderboard) step "leaderboard_${a//,/-}" 900 $py run_leaderboard.py --versions "$a" --out "$out/results" $b ;;
       trace) step "trace_${a}_${b//[:,]/-}" 400 $py eval.py trace "$a" --cases "$b" --out "$out/traces" ;;

@@ -15,31 +15,35 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import eval as core  # noqa: E402
-from a2a import harness  # noqa: E402
+from a2a import plan as planning  # noqa: E402
+from a2a.harness import run_cli  # noqa: E402
+from a2a.rows import shape_label  # noqa: E402
+
 
 def _anatomy_rank(rank: int, world_size: int, path: str, cases: list, iterations: int):
     import torch.distributed as dist
 
     from reference import generate_input
 
-    module = harness.load_version(Path(path), f"anatomy_{Path(path).stem}")
+    module = planning.load_version(Path(path), f"anatomy_{Path(path).stem}")
     results = []
     for args in cases:
         data = generate_input(**args, rank=rank)
         for _ in range(3):
-            module.custom_kernel(core._clone_data(data, rank))
-        core._synchronize()
+            module.custom_kernel(core.clone_data(data, rank))
+        core.synchronize()
         steps = []
         for i in range(2 * iterations):
             call = i % 2 == 0
             stamps: list = []
             _, _, device_ns = core.timed_step(module.custom_kernel if call else None, data, rank, device_clock=True,
-                                              stamps=stamps)
+                                              probe=lambda _boundary: stamps.append(time.time_ns()))
             steps.append({"call": call, "stamps": stamps, "device_ns": device_ns or 0.0})
         gathered = [None] * world_size
         dist.all_gather_object(gathered, steps)
@@ -83,26 +87,20 @@ def main(argv=None) -> int:
     parser.add_argument("--world-size", type=int)
     parser.add_argument("--backend")
     parser.add_argument("--iterations", type=int, default=50)
-    parser.add_argument("--out", type=Path, default=harness.ROOT / "results")
+    parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
-    harness.use_bundle_modules()
-    path = harness.checked_version(args.version)
-    world_size, backend = harness.plan_run(args.world_size, args.backend)
-    if backend == "gloo" and harness.needs_gpu(path):
-        raise core.UserError(f"{path.stem} builds GPU code and this run is on CPU/gloo")
-    cases = harness.case_args(args.cases, world_size, backend)
-    harness.build_version(path)
-    results = parallel_launch(world_size, _anatomy_rank, str(path), cases, args.iterations, backend=backend,
-                              timeout_s=900)[0]
-    meta = harness.run_meta(backend, world_size, f"anatomy-{path.stem}")
-    rows = [{"shape": harness.shape_label(**c), **summarise(r)} for c, r in zip(cases, results)]
-    text = (f"# Anatomy of the timed step: {path.stem}\n\n{meta['device']}, world size {world_size}, {backend}, "
-            f"{meta['date']}, commit {meta['commit']}; {args.iterations} case steps interleaved with as many floor "
-            "steps; medians, µs. step = rank 0's leaderboard-style step; device = slowest rank's CUDA events around "
-            "the call; start_lag = how late the last rank left the first barrier; clone, call_host, sync_wait = the "
-            "slowest rank's; barrier_wait = rank 0's wait in the final barrier.\n\n"
+    plan = planning.make_plan(args.version, args.cases, args.world_size, args.backend)
+    results = parallel_launch(plan.world_size, _anatomy_rank, str(plan.version), plan.case_args, args.iterations,
+                              backend=plan.backend, timeout_s=900)[0]
+    meta = plan.meta_for(f"anatomy-{plan.version.stem}")
+    rows = [{"shape": shape_label(**c), **summarise(r)} for c, r in zip(plan.case_args, results)]
+    text = (f"# Anatomy of the timed step: {plan.version.stem}\n\n{meta['device']}, world size {plan.world_size}, "
+            f"{plan.backend}, {meta['date']}, commit {meta['commit']}; {args.iterations} case steps interleaved with "
+            "as many floor steps; medians, µs. step = rank 0's leaderboard-style step; device = slowest rank's CUDA "
+            "events around the call; start_lag = how late the last rank left the first barrier; clone, call_host, "
+            "sync_wait = the slowest rank's; barrier_wait = rank 0's wait in the final barrier.\n\n"
             + tabulate(rows, headers="keys", tablefmt="github", floatfmt=".1f"))
-    folder = harness.run_folder(args.out, meta)
+    folder = planning.run_folder(args.out, meta)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "anatomy.md").write_text(text + "\n")
     print(text + f"\n\nsaved {folder}")
@@ -110,4 +108,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(harness.run_cli(main))
+    sys.exit(run_cli(main))

@@ -2,9 +2,9 @@
 """Sweep the launch shape of a version that has LAUNCH_SHAPE (v3 onward): grid (blocks per multiprocessor, scaled by
 the device's count) x threads per block. v3 has a shape per kernel (one kernel varied at a time, the others at their
 defaults); from v4 there is one kernel, swept with the graph path off and on (its `configure`). Each shape's output
-must be bit-identical to the default shape's (else it is marked); time = device-side time of one call (CUDA events,
-slowest rank per call, median over the calls), after a barrier, as in the evaluator's device clock; host µs = the
-CPU time inside the call (median, slowest rank).
+must be bit-identical to the default shape's (else it is marked); time = the evaluator's timed step with its device
+clock (CUDA events around the call, slowest rank per call, median over the calls); host µs = the host time inside
+the call (median, slowest rank).
 
     python tools/sweep_launch.py VERSION [--cases benchmarks] [--world-size N] [--iterations 30] [--out results]
 
@@ -22,7 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import eval as core  # noqa: E402
-from a2a import harness  # noqa: E402
+from a2a import plan as planning  # noqa: E402
+from a2a.harness import run_cli  # noqa: E402
+from a2a.plan import load_version  # noqa: E402
+from a2a.rows import geomean, shape_label  # noqa: E402
 
 PER_MULTIPROCESSOR = (0.5, 1, 2, 4)
 THREADS = (128, 256, 512, 1024)
@@ -51,6 +54,8 @@ def shapes_to_try(module) -> list:
 
 
 def _sweep_rank(rank: int, world_size: int, path: str, cases: list, iterations: int):
+    """Per case and launch shape: the evaluator's timed step (device clock on), with the host time inside the call
+    taken between the step's boundaries."""
     import statistics
 
     import torch
@@ -58,35 +63,31 @@ def _sweep_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
 
     from reference import generate_input
 
-    module = harness.load_version(Path(path), f"swept_{Path(path).stem}")
-    events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    module = load_version(Path(path), f"swept_{Path(path).stem}")
     rows = []
     for args in cases:
         data = generate_input(**args, rank=rank)
-        expected = module.custom_kernel(core._clone_data(data, rank)).clone()
+        expected = module.custom_kernel(core.clone_data(data, rank)).clone()
         for kernel, per_multiprocessor, threads, apply in shapes_to_try(module):
             apply()
             if not kernel:
                 continue
-            same = torch.equal(module.custom_kernel(core._clone_data(data, rank)), expected)
-            device_us, host_us = [], []
+            same = torch.equal(module.custom_kernel(core.clone_data(data, rank)), expected)
+            device_us, host_us, stamps = [], [], {}
+
+            def probe(boundary: str) -> None:
+                stamps[boundary] = time.perf_counter_ns()
+
             for _ in range(iterations):
-                cloned = core._clone_data(data, rank)
-                torch.cuda.synchronize()
-                dist.barrier()
-                events[0].record()
-                started = time.perf_counter_ns()
-                module.custom_kernel(cloned)
-                host_us.append((time.perf_counter_ns() - started) / 1e3)
-                events[1].record()
-                events[1].synchronize()
-                device_us.append(events[0].elapsed_time(events[1]) * 1e3)
+                _, _, device_ns = core.timed_step(module.custom_kernel, data, rank, device_clock=True, probe=probe)
+                device_us.append(device_ns / 1e3)
+                host_us.append((stamps["returned"] - stamps["cloned"]) / 1e3)
             slowest = core.slowest_rank([device_us, host_us], rank)
-            agree = torch.tensor([int(same)], device=f"cuda:{rank}")
+            agree = torch.tensor([int(same)], device=core.rank_device(rank))
             dist.all_reduce(agree, op=dist.ReduceOp.MIN)
-            rows.append({"shape": harness.shape_label(**args), "kernel": kernel,
-                         "per_multiprocessor": per_multiprocessor, "threads": threads,
-                         "device_us": statistics.median(slowest[0]), "host_us": statistics.median(slowest[1]), "bit_identical": bool(agree.item())})
+            rows.append({"shape": shape_label(**args), "kernel": kernel, "per_multiprocessor": per_multiprocessor,
+                         "threads": threads, "device_us": statistics.median(slowest[0]),
+                         "host_us": statistics.median(slowest[1]), "bit_identical": bool(agree.item())})
     return rows if rank == 0 else None
 
 
@@ -109,7 +110,7 @@ def report(frame, meta: dict, folder: Path) -> str:
     best = {}
     for ax, kernel in zip(axes[0], kernels):
         rows = frame[frame.kernel == kernel]
-        table = rows.groupby(["threads", "per_multiprocessor"])["device_us"].apply(harness.geomean).unstack()
+        table = rows.groupby(["threads", "per_multiprocessor"])["device_us"].apply(geomean).unstack()
         broken = rows[~rows.bit_identical]
         sound = table.stack().drop(index=list(zip(broken.threads, broken.per_multiprocessor)), errors="ignore")
         threads, per_multiprocessor = sound.idxmin()  # only shapes whose output stayed bit-identical
@@ -121,7 +122,7 @@ def report(frame, meta: dict, folder: Path) -> str:
                   f"best: {best[kernel][0]} blocks per multiprocessor x {int(threads)} threads"
                   + (f"; NOT bit-identical at {len(broken)} shape(s)" if len(broken) else ""), ""]
         if "host_us" in rows:
-            host = rows.groupby(["threads", "per_multiprocessor"])["host_us"].apply(harness.geomean).unstack()
+            host = rows.groupby(["threads", "per_multiprocessor"])["host_us"].apply(geomean).unstack()
             lines += [f"host µs inside the call ({kernel}):", "",
                       tabulate(host.reset_index(), headers="keys", tablefmt="github", floatfmt=".1f", showindex=False),
                       ""]
@@ -157,23 +158,19 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default="benchmarks")
     parser.add_argument("--world-size", type=int)
     parser.add_argument("--iterations", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=harness.ROOT / "results")
+    parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
-    harness.use_bundle_modules()
-    path = harness.checked_version(args.version)
-    if "LAUNCH_SHAPE" not in path.read_text():
-        raise core.UserError(f"{path.stem} has no LAUNCH_SHAPE to sweep")
-    world_size, backend = harness.plan_run(args.world_size, None)
-    if backend != "nccl":
+    plan = planning.make_plan(args.version, args.cases, args.world_size, gpu_only="keep")
+    if "LAUNCH_SHAPE" not in plan.version.read_text():
+        raise core.UserError(f"{plan.version.stem} has no LAUNCH_SHAPE to sweep")
+    if plan.backend != "nccl":
         print("skipped: the launch-shape sweep needs GPUs")
         return 0
-    cases = harness.case_args(args.cases, world_size, backend)
-    harness.build_version(path)
-    rows = parallel_launch(world_size, _sweep_rank, str(path), cases, args.iterations, backend="nccl",
-                           timeout_s=1200)[0]
-    meta = {**harness.run_meta(backend, world_size, f"sweep-{path.stem}"), "version": path.stem,
+    rows = parallel_launch(plan.world_size, _sweep_rank, str(plan.version), plan.case_args, args.iterations,
+                           backend="nccl", timeout_s=1200)[0]
+    meta = {**plan.meta_for(f"sweep-{plan.version.stem}"), "version": plan.version.stem,
             "iterations": args.iterations, "multiprocessors": torch.cuda.get_device_properties(0).multi_processor_count}
-    folder = harness.run_folder(args.out, meta)
+    folder = planning.run_folder(args.out, meta)
     folder.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame(rows)
     frame.assign(**meta).to_csv(folder / "sweep.csv", index=False)
@@ -185,4 +182,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(harness.run_cli(main))
+    sys.exit(run_cli(main))

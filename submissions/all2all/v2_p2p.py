@@ -416,18 +416,25 @@ int launch_all2all(const A2AParams& p, int grid, cudaStream_t stream) {
 BINDING = r"""
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+// NOTES: the runner never sets the current device (it stays cuda:0 in every worker process), so every entry point
+// that allocates, maps, queries or launches first binds the device it is given: the input's, for the hot path.
+static c10::Device on_device(int64_t index) { return c10::Device(c10::DeviceType::CUDA, (c10::DeviceIndex)index); }
 
 static void check(int err, const char* what) {
   TORCH_CHECK(err == 0, "a2a v2: ", what, " failed: ", cudaGetErrorString((cudaError_t)err));
 }
 
-int64_t heap_create(int64_t bytes) {
+int64_t heap_create(int64_t device, int64_t bytes) {
+  const at::cuda::OptionalCUDAGuard guard(on_device(device));
   void* base = nullptr;
   check(heap_alloc(&base, (size_t)bytes), "allocating the symmetric heap");
   return reinterpret_cast<int64_t>(base);
 }
 
-torch::Tensor heap_handle(int64_t base) {
+torch::Tensor heap_handle(int64_t device, int64_t base) {
+  const at::cuda::OptionalCUDAGuard guard(on_device(device));
   cudaIpcMemHandle_t handle;
   check(heap_export(reinterpret_cast<void*>(base), &handle), "cudaIpcGetMemHandle");
   auto out = torch::empty({(int64_t)sizeof(handle)}, torch::kUInt8);
@@ -435,7 +442,8 @@ torch::Tensor heap_handle(int64_t base) {
   return out;
 }
 
-int64_t heap_open(torch::Tensor handle_bytes) {
+int64_t heap_open(int64_t device, torch::Tensor handle_bytes) {
+  const at::cuda::OptionalCUDAGuard guard(on_device(device));
   cudaIpcMemHandle_t handle;
   TORCH_CHECK(handle_bytes.numel() == (int64_t)sizeof(handle), "a2a v2: bad IPC handle size");
   memcpy(&handle, handle_bytes.cpu().data_ptr(), sizeof(handle));
@@ -445,7 +453,8 @@ int64_t heap_open(torch::Tensor handle_bytes) {
 }
 
 // Returns (host address, device address) of the give-up report word.
-std::vector<int64_t> report_create() {
+std::vector<int64_t> report_create(int64_t device_index) {
+  const at::cuda::OptionalCUDAGuard guard(on_device(device_index));
   uint64_t *host = nullptr, *device = nullptr;
   check(report_alloc(&host, &device), "allocating the give-up report");
   return {reinterpret_cast<int64_t>(host), reinterpret_cast<int64_t>(device)};
@@ -458,6 +467,7 @@ int64_t heap_free(int64_t base) { return heap_release(reinterpret_cast<void*>(ba
 void all2all(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, torch::Tensor out,
              torch::Tensor heap_bases, std::vector<int64_t> offsets, torch::Tensor scratch, torch::Tensor expert_x,
              torch::Tensor expert_meta, std::vector<int64_t> dims, int64_t grid, int64_t report) {
+  const at::cuda::OptionalCUDAGuard guard(device_of(x));
   A2AParams p;
   p.report = reinterpret_cast<uint64_t*>(report);
   p.x = reinterpret_cast<const __half*>(x.data_ptr());
@@ -487,21 +497,22 @@ void all2all(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, torc
 
 #if defined(A2A_TRACE)
 void trace_attach(torch::Tensor buffer) {
+  const at::cuda::OptionalCUDAGuard guard(device_of(buffer));
   check(trace_attach_buffer(buffer.data_ptr<int64_t>(), (int)((buffer.numel() - 1) / 4)), "attaching the trace buffer");
 }
 #endif
 """
 
 CPP_DECLS = """
-int64_t heap_create(int64_t bytes);
-torch::Tensor heap_handle(int64_t base);
-int64_t heap_open(torch::Tensor handle_bytes);
+int64_t heap_create(int64_t device, int64_t bytes);
+torch::Tensor heap_handle(int64_t device, int64_t base);
+int64_t heap_open(int64_t device, torch::Tensor handle_bytes);
 int64_t heap_close(int64_t base);
 int64_t heap_free(int64_t base);
 void all2all(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, torch::Tensor out,
              torch::Tensor heap_bases, std::vector<int64_t> offsets, torch::Tensor scratch, torch::Tensor expert_x,
              torch::Tensor expert_meta, std::vector<int64_t> dims, int64_t grid, int64_t report);
-std::vector<int64_t> report_create();
+std::vector<int64_t> report_create(int64_t device_index);
 """
 
 TRACE = os.environ.get("A2A_TRACE") == "1"
@@ -510,7 +521,7 @@ TRACE_PHASES = ("dispatch_send", "dispatch_send.row_out", "dispatch_send.publish
                 "combine_send", "combine_send.row_out", "combine_recv", "combine_recv.wait_rows", "combine_recv.reduce")
 TRACE_CAPACITY = 1 << 20  # records per rank between two trace_take() calls
 
-# Built at import, so the evaluator builds it once before any case.
+# Built at import: under the runner, in every worker during the first case (torch lets one build, the rest wait).
 _ext = load_inline(
     name="a2a_v2_p2p" + ("_trace" if TRACE else ""),
     cpp_sources=CPP_DECLS + ("void trace_attach(torch::Tensor buffer);" if TRACE else ""),
@@ -529,8 +540,8 @@ class GiveUpReport:
     """The mapped host word a kernel writes when a spin-wait gives up, and a daemon thread that prints it at once.
     The kernels themselves finish (with wrong data, which the check then reports)."""
 
-    def __init__(self):
-        self.host, self.device = _ext.report_create()
+    def __init__(self, device: torch.device):
+        self.host, self.device = _ext.report_create(device.index)
         self.rank = -1
         self.word = ctypes.c_uint64.from_address(self.host)
         threading.Thread(target=self._watch, name="a2a-give-up-report", daemon=True).start()
@@ -575,12 +586,12 @@ class P2PState:
         for size in sizes:
             self.offsets.append(total)
             total += _align(size)
-        self.base = _ext.heap_create(total)
-        mine = _ext.heap_handle(self.base).to(device)
+        self.base = _ext.heap_create(device.index, total)
+        mine = _ext.heap_handle(device.index, self.base).to(device)
         handles = torch.empty(world_size, mine.numel(), dtype=torch.uint8, device=device)
         dist.all_gather_into_tensor(handles, mine)
         handles = handles.cpu()
-        self.peers = {r: _ext.heap_open(handles[r]) for r in range(world_size) if r != rank}
+        self.peers = {r: _ext.heap_open(device.index, handles[r]) for r in range(world_size) if r != rank}
         bases = [self.base if r == rank else self.peers[r] for r in range(world_size)]
         self.heap_bases = torch.tensor(bases, dtype=torch.int64, device=device)
         self.scratch = torch.zeros(world_size + 2 + self.num_local_experts + 2 * self.slots + 1 + region,
@@ -654,7 +665,7 @@ def custom_kernel(data: input_t) -> output_t:
         raise ValueError(f"v2 moves rows in 16-byte pieces: hidden_dim must be a multiple of 8, not {cfg.hidden_dim}")
     global _report
     if _report is None:
-        _report = GiveUpReport()
+        _report = GiveUpReport(x.device)
     _report.rank = rank
     state = _get_state(cfg, rank, world_size, x.device)
     state.epoch += 1

@@ -474,6 +474,11 @@ int launch_all2all(const A2AParams& p, const LaunchShape* shape, cudaStream_t st
 BINDING = r"""
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+// NOTES: the runner never sets the current device (it stays cuda:0 in every worker process), so every entry point
+// that allocates, maps, queries or launches first binds the device it is given: the input's, for the hot path.
+static c10::Device on_device(int64_t index) { return c10::Device(c10::DeviceType::CUDA, (c10::DeviceIndex)index); }
 
 static void check(int err, const char* what) {
   TORCH_CHECK(err == 0, "a2a v3: ", what, " failed: ", cudaGetErrorString((cudaError_t)err));
@@ -504,13 +509,15 @@ Dims scratch_regions(Dims dims) {
           {"abandon", l.abandon}, {"recv_list", l.recv_list}, {"total", l.total}};
 }
 
-int64_t heap_create(int64_t bytes) {
+int64_t heap_create(int64_t device, int64_t bytes) {
+  const at::cuda::OptionalCUDAGuard guard(on_device(device));
   void* base = nullptr;
   check(heap_alloc(&base, (size_t)bytes), "allocating the symmetric heap");
   return reinterpret_cast<int64_t>(base);
 }
 
-torch::Tensor heap_handle(int64_t base) {
+torch::Tensor heap_handle(int64_t device, int64_t base) {
+  const at::cuda::OptionalCUDAGuard guard(on_device(device));
   cudaIpcMemHandle_t handle;
   check(heap_export(reinterpret_cast<void*>(base), &handle), "cudaIpcGetMemHandle");
   auto out = torch::empty({(int64_t)sizeof(handle)}, torch::kUInt8);
@@ -518,7 +525,8 @@ torch::Tensor heap_handle(int64_t base) {
   return out;
 }
 
-int64_t heap_open(torch::Tensor handle_bytes) {
+int64_t heap_open(int64_t device, torch::Tensor handle_bytes) {
+  const at::cuda::OptionalCUDAGuard guard(on_device(device));
   cudaIpcMemHandle_t handle;
   TORCH_CHECK(handle_bytes.numel() == (int64_t)sizeof(handle), "a2a v3: bad IPC handle size");
   memcpy(&handle, handle_bytes.cpu().data_ptr(), sizeof(handle));
@@ -528,7 +536,8 @@ int64_t heap_open(torch::Tensor handle_bytes) {
 }
 
 // Returns (host address, device address) of the give-up report word.
-std::vector<int64_t> report_create() {
+std::vector<int64_t> report_create(int64_t device_index) {
+  const at::cuda::OptionalCUDAGuard guard(on_device(device_index));
   uint64_t *host = nullptr, *device = nullptr;
   check(report_alloc(&host, &device), "allocating the give-up report");
   return {reinterpret_cast<int64_t>(host), reinterpret_cast<int64_t>(device)};
@@ -541,6 +550,7 @@ int64_t heap_free(int64_t base) { return heap_release(reinterpret_cast<void*>(ba
 void all2all(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, torch::Tensor out,
              torch::Tensor heap_bases, torch::Tensor scratch, torch::Tensor expert_x, torch::Tensor expert_meta,
              Dims dims, int64_t report) {
+  const at::cuda::OptionalCUDAGuard guard(device_of(x));
   A2AParams p;
   p.report = reinterpret_cast<uint64_t*>(report);
   p.x = reinterpret_cast<const __half*>(x.data_ptr());
@@ -579,15 +589,16 @@ void all2all(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, torc
 
 #if defined(A2A_TRACE)
 void trace_attach(torch::Tensor buffer) {
+  const at::cuda::OptionalCUDAGuard guard(device_of(buffer));
   check(trace_attach_buffer(buffer.data_ptr<int64_t>(), (int)((buffer.numel() - 1) / 4)), "attaching the trace buffer");
 }
 #endif
 """
 
 CPP_DECLS = """
-int64_t heap_create(int64_t bytes);
-torch::Tensor heap_handle(int64_t base);
-int64_t heap_open(torch::Tensor handle_bytes);
+int64_t heap_create(int64_t device, int64_t bytes);
+torch::Tensor heap_handle(int64_t device, int64_t base);
+int64_t heap_open(int64_t device, torch::Tensor handle_bytes);
 int64_t heap_close(int64_t base);
 int64_t heap_free(int64_t base);
 std::map<std::string, int64_t> heap_regions(std::map<std::string, int64_t> dims);
@@ -595,7 +606,7 @@ std::map<std::string, int64_t> scratch_regions(std::map<std::string, int64_t> di
 void all2all(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, torch::Tensor out,
              torch::Tensor heap_bases, torch::Tensor scratch, torch::Tensor expert_x, torch::Tensor expert_meta,
              std::map<std::string, int64_t> dims, int64_t report);
-std::vector<int64_t> report_create();
+std::vector<int64_t> report_create(int64_t device_index);
 """
 
 TRACE = os.environ.get("A2A_TRACE") == "1"
@@ -604,7 +615,7 @@ TRACE_PHASES = ("dispatch_send", "dispatch_send.row_out", "dispatch_send.publish
                 "combine_send.row_out_scaled", "combine_recv", "combine_recv.wait_rows", "combine_recv.reduce")
 TRACE_CAPACITY = 1 << 20  # records per rank between two trace_take() calls
 
-# Built at import, so the evaluator builds it once before any case.
+# Built at import: under the runner, in every worker during the first case (torch lets one build, the rest wait).
 _ext = load_inline(
     name="a2a_v3_fused_combine" + ("_trace" if TRACE else ""),
     cpp_sources=CPP_DECLS + ("void trace_attach(torch::Tensor buffer);" if TRACE else ""),
@@ -629,8 +640,8 @@ class GiveUpReport:
     """The mapped host word a kernel writes when a spin-wait gives up, and a daemon thread that prints it at once.
     The kernels themselves finish (with wrong data, which the check then reports)."""
 
-    def __init__(self):
-        self.host, self.device = _ext.report_create()
+    def __init__(self, device: torch.device):
+        self.host, self.device = _ext.report_create(device.index)
         self.rank = -1
         self.word = ctypes.c_uint64.from_address(self.host)
         threading.Thread(target=self._watch, name="a2a-give-up-report", daemon=True).start()
@@ -666,12 +677,12 @@ class P2PState:
         self.dims = {"topk": cfg.experts_per_token, "hidden": cfg.hidden_dim, "num_local_experts": self.num_local_experts,
                      "rank": rank, "world": world_size, "slots": cfg.max_num_tokens * cfg.experts_per_token,
                      "capacity": self.capacity, "timeout_ns": SPIN_TIMEOUT_NS}
-        self.base = _ext.heap_create(_ext.heap_regions(self.dims)["total"])
-        mine = _ext.heap_handle(self.base).to(device)
+        self.base = _ext.heap_create(device.index, _ext.heap_regions(self.dims)["total"])
+        mine = _ext.heap_handle(device.index, self.base).to(device)
         handles = torch.empty(world_size, mine.numel(), dtype=torch.uint8, device=device)
         dist.all_gather_into_tensor(handles, mine)
         handles = handles.cpu()
-        self.peers = {r: _ext.heap_open(handles[r]) for r in range(world_size) if r != rank}
+        self.peers = {r: _ext.heap_open(device.index, handles[r]) for r in range(world_size) if r != rank}
         bases = [self.base if r == rank else self.peers[r] for r in range(world_size)]
         self.heap_bases = torch.tensor(bases, dtype=torch.int64, device=device)
         self.scratch = torch.zeros(_ext.scratch_regions(self.dims)["total"], dtype=torch.int32, device=device)
@@ -753,7 +764,7 @@ def custom_kernel(data: input_t) -> output_t:
         raise ValueError(f"v3 moves rows in 16-byte pieces: hidden_dim must be a multiple of 8, not {cfg.hidden_dim}")
     global _report
     if _report is None:
-        _report = GiveUpReport()
+        _report = GiveUpReport(x.device)
     _report.rank = rank
     state = _get_state(cfg, rank, world_size, x.device)
     state.epoch += 1

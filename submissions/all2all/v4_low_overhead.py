@@ -510,6 +510,11 @@ int graph_release(GraphLaunch* g) {
 BINDING = r"""
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+// NOTES: the runner never sets the current device (it stays cuda:0 in every worker process), so every entry point
+// that allocates, maps, queries or launches first binds the device it is given: the input's, for the hot path.
+static c10::Device on_device(int64_t index) { return c10::Device(c10::DeviceType::CUDA, (c10::DeviceIndex)index); }
 
 static void check(int err, const char* what) {
   TORCH_CHECK(err == 0, "a2a v4: ", what, " failed: ", cudaGetErrorString((cudaError_t)err));
@@ -582,7 +587,8 @@ void state_destroy(int64_t handle) {
   delete s;
 }
 
-int64_t resident_blocks(int64_t threads) {
+int64_t resident_blocks(int64_t device, int64_t threads) {
+  const at::cuda::OptionalCUDAGuard guard(on_device(device));
   int blocks = 0;
   check(max_resident_blocks((int)threads, &blocks), "querying occupancy");
   return blocks;
@@ -600,6 +606,7 @@ void set_launch(int64_t handle, int64_t grid, int64_t threads, bool use_graph) {
 // The hot path: three input tensors and the token count in, a view of the output out.
 torch::Tensor run(int64_t handle, const torch::Tensor& x, const torch::Tensor& indices, const torch::Tensor& weights,
                   int64_t num_tokens) {
+  const at::cuda::OptionalCUDAGuard guard(device_of(x));
   auto* s = reinterpret_cast<CallState*>(handle);
   TORCH_CHECK(x.is_contiguous() && indices.is_contiguous() && weights.is_contiguous(),
               "a2a v4: inputs must be contiguous");
@@ -623,19 +630,22 @@ torch::Tensor run(int64_t handle, const torch::Tensor& x, const torch::Tensor& i
 }
 
 // Returns (host address, device address) of the give-up report word.
-std::vector<int64_t> report_create() {
+std::vector<int64_t> report_create(int64_t device_index) {
+  const at::cuda::OptionalCUDAGuard guard(on_device(device_index));
   uint64_t *host = nullptr, *device = nullptr;
   check(report_alloc(&host, &device), "allocating the give-up report");
   return {reinterpret_cast<int64_t>(host), reinterpret_cast<int64_t>(device)};
 }
 
-int64_t heap_create(int64_t bytes) {
+int64_t heap_create(int64_t device, int64_t bytes) {
+  const at::cuda::OptionalCUDAGuard guard(on_device(device));
   void* base = nullptr;
   check(heap_alloc(&base, (size_t)bytes), "allocating the symmetric heap");
   return reinterpret_cast<int64_t>(base);
 }
 
-torch::Tensor heap_handle(int64_t base) {
+torch::Tensor heap_handle(int64_t device, int64_t base) {
+  const at::cuda::OptionalCUDAGuard guard(on_device(device));
   cudaIpcMemHandle_t handle;
   check(heap_export(reinterpret_cast<void*>(base), &handle), "cudaIpcGetMemHandle");
   auto out = torch::empty({(int64_t)sizeof(handle)}, torch::kUInt8);
@@ -643,7 +653,8 @@ torch::Tensor heap_handle(int64_t base) {
   return out;
 }
 
-int64_t heap_open(torch::Tensor handle_bytes) {
+int64_t heap_open(int64_t device, torch::Tensor handle_bytes) {
+  const at::cuda::OptionalCUDAGuard guard(on_device(device));
   cudaIpcMemHandle_t handle;
   TORCH_CHECK(handle_bytes.numel() == (int64_t)sizeof(handle), "a2a v4: bad IPC handle size");
   memcpy(&handle, handle_bytes.cpu().data_ptr(), sizeof(handle));
@@ -658,15 +669,16 @@ int64_t heap_free(int64_t base) { return heap_release(reinterpret_cast<void*>(ba
 
 #if defined(A2A_TRACE)
 void trace_attach(torch::Tensor buffer) {
+  const at::cuda::OptionalCUDAGuard guard(device_of(buffer));
   check(trace_attach_buffer(buffer.data_ptr<int64_t>(), (int)((buffer.numel() - 1) / 4)), "attaching the trace buffer");
 }
 #endif
 """
 
 CPP_DECLS = """
-int64_t heap_create(int64_t bytes);
-torch::Tensor heap_handle(int64_t base);
-int64_t heap_open(torch::Tensor handle_bytes);
+int64_t heap_create(int64_t device, int64_t bytes);
+torch::Tensor heap_handle(int64_t device, int64_t base);
+int64_t heap_open(int64_t device, torch::Tensor handle_bytes);
 int64_t heap_close(int64_t base);
 int64_t heap_free(int64_t base);
 std::map<std::string, int64_t> heap_regions(std::map<std::string, int64_t> dims);
@@ -674,11 +686,11 @@ std::map<std::string, int64_t> scratch_regions(std::map<std::string, int64_t> di
 int64_t state_create(std::map<std::string, int64_t> dims, torch::Tensor heap_bases, torch::Tensor scratch,
                      torch::Tensor expert_x, torch::Tensor expert_meta, torch::Tensor out, int64_t report);
 void state_destroy(int64_t handle);
-int64_t resident_blocks(int64_t threads);
+int64_t resident_blocks(int64_t device, int64_t threads);
 void set_launch(int64_t handle, int64_t grid, int64_t threads, bool use_graph);
 torch::Tensor run(int64_t handle, const torch::Tensor& x, const torch::Tensor& indices, const torch::Tensor& weights,
                   int64_t num_tokens);
-std::vector<int64_t> report_create();
+std::vector<int64_t> report_create(int64_t device_index);
 """
 
 TRACE = os.environ.get("A2A_TRACE") == "1"
@@ -686,7 +698,7 @@ TRACE_PHASES = ("all2all", "all2all.send_row", "all2all.publish_counts", "all2al
                 "all2all.wait_row_flag", "all2all.row_in_and_home", "all2all.wait_combined", "all2all.reduce")
 TRACE_CAPACITY = 1 << 20  # records per rank between two trace_take() calls
 
-# Built at import, so the evaluator builds it once before any case.
+# Built at import: under the runner, in every worker during the first case (torch lets one build, the rest wait).
 _ext = load_inline(
     name="a2a_v4_low_overhead" + ("_trace" if TRACE else ""),
     cpp_sources=CPP_DECLS + ("void trace_attach(torch::Tensor buffer);" if TRACE else ""),
@@ -711,8 +723,8 @@ class GiveUpReport:
     """The mapped host word a kernel writes when a spin-wait gives up, and a daemon thread that prints it at once.
     The kernels themselves finish (with wrong data, which the check then reports)."""
 
-    def __init__(self):
-        self.host, self.device = _ext.report_create()
+    def __init__(self, device: torch.device):
+        self.host, self.device = _ext.report_create(device.index)
         self.rank = -1
         self.word = ctypes.c_uint64.from_address(self.host)
         threading.Thread(target=self._watch, name="a2a-give-up-report", daemon=True).start()
@@ -750,12 +762,12 @@ class P2PState:
         self.dims = {"topk": cfg.experts_per_token, "hidden": cfg.hidden_dim, "num_local_experts": self.num_local_experts,
                      "rank": rank, "world": world_size, "slots": cfg.max_num_tokens * cfg.experts_per_token,
                      "capacity": self.capacity, "timeout_ns": SPIN_TIMEOUT_NS}
-        self.base = _ext.heap_create(_ext.heap_regions(self.dims)["total"])
-        mine = _ext.heap_handle(self.base).to(device)
+        self.base = _ext.heap_create(device.index, _ext.heap_regions(self.dims)["total"])
+        mine = _ext.heap_handle(device.index, self.base).to(device)
         handles = torch.empty(world_size, mine.numel(), dtype=torch.uint8, device=device)
         dist.all_gather_into_tensor(handles, mine)
         handles = handles.cpu()
-        self.peers = {r: _ext.heap_open(handles[r]) for r in range(world_size) if r != rank}
+        self.peers = {r: _ext.heap_open(device.index, handles[r]) for r in range(world_size) if r != rank}
         bases = [self.base if r == rank else self.peers[r] for r in range(world_size)]
         self.heap_bases = torch.tensor(bases, dtype=torch.int64, device=device)
         self.scratch = torch.zeros(_ext.scratch_regions(self.dims)["total"], dtype=torch.int32, device=device)
@@ -775,7 +787,8 @@ class P2PState:
     def configure(self) -> None:
         """Applies LAUNCH_SHAPE and USE_GRAPH (the grid capped at what can be resident at once)."""
         per_multiprocessor, threads = LAUNCH_SHAPE
-        grid = min(max(1, round(per_multiprocessor * self.multiprocessors)), _ext.resident_blocks(threads))
+        grid = min(max(1, round(per_multiprocessor * self.multiprocessors)),
+                   _ext.resident_blocks(self.device.index, threads))
         _ext.set_launch(self.handle, grid, threads, USE_GRAPH)
 
     def close(self):
@@ -803,7 +816,7 @@ def _new_state(key: tuple, cfg, rank: int, world_size: int, device: torch.device
     global _state, _state_key, _report
     _close_state()
     if _report is None:
-        _report = GiveUpReport()
+        _report = GiveUpReport(device)
     _report.rank = rank
     _state = P2PState(key, cfg, rank, world_size, device)
     _state_key = key
@@ -841,6 +854,7 @@ dist.destroy_process_group = _destroy_process_group_and_heap
 
 def custom_kernel(data: input_t) -> output_t:
     cfg, rank_data, rank, world_size = data
-    key = (rank, world_size, cfg.num_experts, cfg.experts_per_token, cfg.hidden_dim, cfg.max_num_tokens)
+    key = (rank, world_size, rank_data.x.device, cfg.num_experts, cfg.experts_per_token, cfg.hidden_dim,
+           cfg.max_num_tokens)
     state = _state if key == _state_key else _new_state(key, cfg, rank, world_size, rank_data.x.device)
     return _ext.run(state.handle, rank_data.x, rank_data.indices, rank_data.weights, rank_data.num_tokens)

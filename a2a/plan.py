@@ -1,0 +1,305 @@
+"""The run plan: which submission files, which cases (validated once, here), how many ranks on which backend, and
+what the results are labelled with (device, date, commit). Every command and tool makes one plan and works from it:
+`python eval.py`, run_leaderboard.py, diff.py, the trace, sweep and anatomy tools.
+
+Layers (imports only go down): commands and tools -> a2a.harness (the human face) -> a2a.timeline, a2a.anchors,
+a2a.diffing, a2a.sol -> a2a.plan, a2a.rows, launch -> eval (the protocol core, which imports nothing of a2a).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.util
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import eval as core
+from eval import UserError
+
+ROOT = core.HERE
+TASK_YML = ROOT / "problems" / "all2all" / "task.yml"
+SUBMISSIONS = ROOT / "submissions" / "all2all"
+# Where the bundle's modules (task, reference, utils) live in the repository; a leaderboard bundle has them side by
+# side with eval.py. The one place that says so (tests, tools and tools/gpu_session.sh read it from here).
+BUNDLE_DIRS = (ROOT / "problems" / "all2all", ROOT / "reference" / "all2all", ROOT / "reference")
+
+
+def use_bundle_modules() -> None:
+    """Makes task, reference and utils importable as in a bundle; spawned ranks inherit the path."""
+    for folder in reversed(BUNDLE_DIRS):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+
+
+def commit() -> str:
+    """The commit measured; A2A_COMMIT names it where the tree travels without .git (the device machine)."""
+    if os.environ.get("A2A_COMMIT"):
+        return os.environ["A2A_COMMIT"]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def run_meta(backend: str, world_size: int, mode: str) -> dict:
+    """What every saved result carries: device, world size, backend, mode, date, commit."""
+    import torch
+
+    device = torch.cuda.get_device_name(0) if backend == "nccl" else \
+        f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+    return {"device": device, "world_size": world_size, "backend": backend, "mode": mode,
+            "date": datetime.date.today().isoformat(), "commit": commit()}
+
+
+def device_slug(meta: dict) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", meta["device"]).strip("-").lower()
+
+
+def run_folder(out: Path, meta: dict) -> Path:
+    """results/<date>_<device>_ws<N>_<mode>_<commit>/"""
+    return out / f"{meta['date']}_{device_slug(meta)}_ws{meta['world_size']}_{meta['mode']}_{meta['commit']}"
+
+
+def load_task(path: Path = TASK_YML) -> dict:
+    import yaml
+
+    try:
+        task = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}")
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path} is not valid YAML: {' '.join(str(exc).split())}")
+    if not isinstance(task, dict):
+        raise UserError(f"{path}: expected a mapping at the top level")
+    for key in ("files", "tests", "benchmarks"):
+        if not isinstance(task.get(key), list) or not task[key]:
+            raise UserError(f"{path}: '{key}' must be a non-empty list")
+    for section in ("tests", "benchmarks"):
+        for i, case in enumerate(task[section]):
+            if not isinstance(case, dict) or set(case) != set(core.SPEC_KEYS) or not all(
+                    isinstance(v, int) for v in case.values()):
+                raise UserError(f"{path}: {section}[{i}] must give exactly the integer fields "
+                                f"{', '.join(core.SPEC_KEYS)}")
+    for i, entry in enumerate(task["files"]):
+        if not isinstance(entry, dict) or not {"name", "source"} <= set(entry):
+            raise UserError(f"{path}: files[{i}] must have 'name' and 'source'")
+    return task
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Versions: a name from submissions/ or a user's own file, resolved once to a path that is never turned back into a
+# name (so `--versions mine/v1.py` runs that file, not the repository's v1).
+# --------------------------------------------------------------------------------------------------------------
+
+
+def list_versions() -> list[Path]:
+    return sorted(SUBMISSIONS.glob("v*.py"))
+
+
+def resolve_version(name: str) -> Path:
+    """A version name (`v1`, `v1_torch_sort`) or a path to a submission file; UserError otherwise."""
+    if not name.strip():
+        raise UserError("an empty version name")
+    path = Path(name)
+    if path.suffix == ".py" or os.sep in name:
+        if not path.is_file():
+            raise UserError(f"no such file: {name}")
+        return path.resolve()
+    matches = [p for p in list_versions() if p.stem == name or p.stem.split("_")[0] == name]
+    if len(matches) != 1:
+        known = ", ".join(p.stem for p in list_versions()) or "none"
+        raise UserError(f"unknown version '{name}' (known: {known})")
+    return matches[0]
+
+
+def label(path: Path) -> str:
+    """How results name a version: its stem for the repository's versions, the file's path for a user's own (so a
+    user's v1.py is never mistaken for the repository's v1)."""
+    return path.stem if path.parent == SUBMISSIONS else str(path)
+
+
+def submission_problem(path: Path) -> Optional[str]:
+    """None when the file parses and defines custom_kernel; otherwise what is wrong, in one line."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError) as exc:
+        return f"{path.name} does not parse: {getattr(exc, 'lineno', '?')}: {getattr(exc, 'msg', exc)}"
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror}"
+    names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    return None if "custom_kernel" in names else f"{path.name} defines no custom_kernel(data)"
+
+
+def builds_device_code(path: Path) -> bool:
+    """A submission that builds device code with load_inline: GPU-only."""
+    return "load_inline" in path.read_text(errors="replace")
+
+
+def load_version(path: Path, name: str, trace: bool = False):
+    """Imports a version file as the module `name` (several instances can live side by side). A load_inline build
+    happens at the first import on the machine; torch's lock lets one process build while the others wait."""
+    if trace:
+        os.environ["A2A_TRACE"] = "1"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def prebuild(paths: list[Path]) -> list[str]:
+    """Builds the timed and trace extensions of `paths` all at once, one child process each (a build already in the
+    cache costs an import); returns the failures, one line each. For a session that then runs many steps
+    (tools/gpu_session.sh): the evaluator never needs it."""
+    children = []
+    for path in [p for p in paths if builds_device_code(p)]:
+        for trace in ("0", "1"):
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, BUNDLE_DIRS)), A2A_TRACE=trace)
+            children.append((f"{path.stem}{' (trace)' if trace == '1' else ''}",
+                             subprocess.Popen([sys.executable, "-c", f"import {path.stem}"], cwd=path.parent, env=env,
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+    failures = []
+    for name, child in children:
+        _, stderr = child.communicate()
+        if child.returncode:
+            last = [line for line in stderr.splitlines() if line.strip()][-1:] or ["(no message)"]
+            failures.append(f"{name}: {last[0]}")
+    return failures
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Cases
+# --------------------------------------------------------------------------------------------------------------
+
+
+def select_cases(task: dict, selector: str) -> list[core.TestCase]:
+    """`tests`, `benchmarks`, `tests:0,3`, `benchmarks:4`, or a file of test lines (blank lines skipped); each
+    case's own values are checked here, before any world size is rewritten."""
+    section, colon, picks = selector.partition(":")
+    if section in ("tests", "benchmarks"):
+        cases = task[section]
+        if colon:
+            indices = picks.split(",")
+            if not all(re.fullmatch(r"[0-9]+", i) and int(i) < len(cases) for i in indices):
+                raise UserError(f"--cases {selector}: give indices from 0 to {len(cases) - 1}, "
+                                f"separated by commas")
+            cases = [cases[int(i)] for i in indices]
+        return [core.TestCase(args=dict(case), spec=core.spec_line(case)) for case in cases]
+    path = Path(selector)
+    if path.exists() and not path.is_file():
+        raise UserError(f"--cases {selector}: not a file")
+    if not path.is_file():
+        raise UserError(f"--cases {selector}: no such file (expected tests, benchmarks, tests:I,J, "
+                        f"benchmarks:I or a test file)")
+    try:
+        lines = [line for line in path.read_bytes().decode("utf-8").splitlines() if line.strip()]
+        tests = core.get_test_cases("\n".join(lines), None)
+    except OSError as exc:
+        raise UserError(f"--cases {selector}: cannot read it: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--cases {selector}: not UTF-8 text (byte {exc.start})") from None
+    except ValueError as exc:
+        raise UserError(f"--cases {selector}: {exc}") from None
+    if not tests:
+        raise UserError(f"--cases {selector}: the file holds no test cases")
+    for test in tests:
+        problem = core.case_problem(test.args)
+        if problem:
+            raise UserError(f"--cases {selector}: test '{test.spec[:120]}': {problem}")
+    return tests
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """Made once per command (make_plan) and handed to everything that runs. `cases` carry the runner's test line
+    (`spec`, world size rewritten, public seed) and the arguments a rank gets (`args`, the secret seed mixed in)."""
+    versions: tuple  # submission files (Path), in the order named
+    cases: tuple  # core.TestCase, validated
+    world_size: int
+    backend: str
+    meta: dict  # device, world size, backend, date, commit (mode added by meta_for)
+    seed: Optional[int] = None
+    timeout_s: Optional[float] = None
+    skipped: tuple = ()  # one line per version left out on this machine, and why
+
+    @property
+    def version(self) -> Path:
+        if len(self.versions) != 1:
+            raise UserError(f"this command takes one version, not {len(self.versions)}")
+        return self.versions[0]
+
+    @property
+    def case_args(self) -> list:
+        """Fresh argument dicts, one per case (a rank job may change its copy's seed)."""
+        return [dict(case.args) for case in self.cases]
+
+    def meta_for(self, mode: str) -> dict:
+        return {**self.meta, "mode": mode}
+
+    def folder(self, out: Path, mode: str) -> Path:
+        return run_folder(out, self.meta_for(mode))
+
+
+def make_plan(versions, selector: str = "tests", world_size: Optional[int] = None, backend: Optional[str] = None,
+              seed: Optional[int] = None, timeout_s: Optional[float] = None, task_path: Path = TASK_YML,
+              gpu_only: str = "error") -> RunPlan:
+    """Resolves and checks the versions, picks world size and backend for this machine (all GPUs up to 8 on NCCL,
+    else 2 ranks on gloo), selects and validates the cases. A version that builds GPU code on a gloo run is an error
+    (`gpu_only="error"`), a `skipped` line ("skip"), or left for the tool to report ("keep")."""
+    use_bundle_modules()
+    names = [versions] if isinstance(versions, (str, Path)) else list(versions)
+    if not names:
+        raise UserError("no version named")
+    paths = [resolve_version(str(name)) for name in names]
+    for path in paths:
+        problem = submission_problem(path)
+        if problem:
+            raise UserError(problem)
+    gpus = machine_gpus()
+    if backend not in (None, "nccl", "gloo"):
+        raise UserError(f"--backend {backend}: expected nccl or gloo")
+    backend = backend or ("nccl" if gpus else "gloo")
+    if backend == "nccl" and not gpus:
+        raise UserError("--backend nccl needs GPUs and this machine has none; use --backend gloo")
+    world_size = world_size if world_size is not None else (min(gpus, 8) if backend == "nccl" else 2)
+    if world_size < 1:
+        raise UserError(f"--world-size must be at least 1, not {world_size}")
+    if timeout_s is not None and not timeout_s > 0:
+        raise UserError(f"--timeout must be a positive number of seconds, not {timeout_s:g}")
+    if seed is not None and not 0 <= seed <= core.SEED_MAX:
+        raise UserError(f"--seed must be from 0 to {core.SEED_MAX}, not {seed}")
+    skipped = []
+    if backend == "gloo" and gpu_only != "keep":
+        for path in [p for p in paths if builds_device_code(p)]:
+            if gpu_only == "error":
+                raise UserError(f"{path.stem} builds GPU code (load_inline) and cannot run on gloo/CPU")
+            skipped.append(f"skipped {path.stem}: it builds GPU code (load_inline) and this run is on CPU/gloo")
+            paths.remove(path)
+    cases = []
+    for test in select_cases(load_task(task_path), selector):
+        args = {**test.args, "world_size": world_size}
+        case = core.TestCase(args=args, spec=core.spec_line(args))
+        if seed is not None:
+            case.args["seed"], case.secret_seed = core.cantor_combine(args["seed"], seed), seed
+        cases.append(case)
+    core.validate_cases(cases, world_size, backend, gpus)
+    return RunPlan(tuple(paths), tuple(cases), world_size, backend, run_meta(backend, world_size, ""), seed, timeout_s,
+                   tuple(skipped))

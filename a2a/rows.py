@@ -1,0 +1,77 @@
+"""One row per (entry, case) in every table and file: the fields, written once.
+
+The protocol face writes `benchmark.N.<stat>` (the official Stats) and, with the human face's extras,
+`benchmark.N.<kind>_<stat>` for each kind in eval.EXTRA_STATS. A row holds them in µs as `<stat>_us` and
+`<kind>_<stat>_us`. Tools that time in-process (anchors, the empty submission) build the same row from their samples.
+"""
+from __future__ import annotations
+
+import base64
+import math
+import re
+
+import eval as core
+
+TIMED_STATS = tuple(stat for stat in core.EXTRA_STAT_FIELDS if stat != "runs")  # mean, best
+TIMING_FIELDS = tuple(f"{kind + '_' if kind else ''}{stat}_us" for kind in ("",) + core.EXTRA_STATS
+                      for stat in TIMED_STATS)
+ROW_FIELDS = ("status", "runs") + TIMING_FIELDS
+
+
+def parse_popcorn(text: str) -> dict:
+    """`key: value` lines -> dict; a line that is not `key: value` continues the previous value."""
+    keys, last = {}, None
+    for line in text.splitlines():
+        matched = re.match(r"^([\w.-]+): (.*)$", line)
+        if matched:
+            last = matched[1]
+            keys[last] = matched[2]
+        elif last is not None:
+            keys[last] += "\n" + line
+    return keys
+
+
+def rows_from_keys(keys: dict, mode: str) -> list[dict]:
+    """One dict per case the protocol output names: index, spec, status, error, runs and TIMING_FIELDS (µs)."""
+    prefix = "test" if mode == "test" else "benchmark"
+    rows = []
+    for idx in range(int(keys.get(f"{prefix}-count", 0))):
+        if f"{prefix}.{idx}.spec" not in keys:
+            break
+        row = {"index": idx, "spec": keys[f"{prefix}.{idx}.spec"]}
+        status = keys.get(f"{prefix}.{idx}.status")
+        if mode != "test" and status is None and f"{prefix}.{idx}.mean" in keys:
+            status = "pass"
+        row["status"] = status or "not run"
+        row["error"] = keys.get(f"{prefix}.{idx}.error", "")
+        for field in TIMING_FIELDS:
+            key = f"{prefix}.{idx}.{field[:-3]}"
+            if key in keys:
+                row[field] = float(keys[key]) / 1e3
+        if f"{prefix}.{idx}.runs" in keys:
+            row["runs"] = int(keys[f"{prefix}.{idx}.runs"])
+        if f"{prefix}.{idx}.report" in keys:
+            row["report"] = base64.b64decode(keys[f"{prefix}.{idx}.report"], b"+*").decode("utf-8")
+        rows.append(row)
+    return rows
+
+
+def row_from_samples(host_ns: list, device_ns: list, floor_ns: list) -> dict:
+    """The row fields from in-process samples: leaderboard-style host ns (rank 0), device ns (slowest rank per
+    step) and floor ns."""
+    row = {"status": "pass", "runs": len(host_ns), "error": ""}
+    for kind, samples in (("", host_ns), ("device", device_ns), ("floor", floor_ns)):
+        stats = core.calculate_stats(samples)
+        for stat in TIMED_STATS:
+            row[f"{kind + '_' if kind else ''}{stat}_us"] = getattr(stats, stat) / 1e3
+    return row
+
+
+def geomean(values) -> float:
+    """Geometric mean of the positive values (NaN when there are none)."""
+    values = [v for v in values if v and v > 0 and not math.isnan(v)]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def shape_label(num_experts: int, experts_per_token: int, hidden_dim: int, max_num_tokens: int, **_) -> str:
+    return f"E={num_experts} k={experts_per_token} H={hidden_dim} T={max_num_tokens}"

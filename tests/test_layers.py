@@ -1,0 +1,70 @@
+"""The harness's shape: imports only go down the layers (so there is no cycle and the protocol core knows nothing
+of its human face), private names of the core stay private, and no harness file sets the current device."""
+import ast
+import re
+
+import pytest
+
+from tests.conftest import ROOT
+
+# Lower number = lower layer. A module may import only modules of a lower layer. A module's `__main__` block is a
+# command entry and may hand over to the human face (eval.py's one line, `python -m a2a.sol`).
+LAYERS = {
+    "eval": 0,
+    "launch": 1, "a2a.plan": 1, "a2a.rows": 1, "a2a.contract": 1, "a2a.plots": 1, "a2a.probes": 1,
+    "a2a.sol": 2, "a2a.anchors": 2, "a2a.diffing": 2, "a2a.timeline": 2,
+    "a2a.harness": 3,
+    "run_leaderboard": 4, "diff": 4, "tools.check_device": 4, "tools.sweep_launch": 4, "tools.step_anatomy": 4,
+}
+
+
+def module_file(name: str):
+    return ROOT / (name.replace(".", "/") + ".py")
+
+
+def _outside_main(tree: ast.Module):
+    """Every node except those under `if __name__ == "__main__":`."""
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            continue
+        yield from ast.walk(node)
+
+
+def imports_of(name: str) -> set:
+    tree = ast.parse(module_file(name).read_text())
+    found = set()
+    for node in _outside_main(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {module for module in found if module in LAYERS}
+
+
+def test_every_harness_module_has_a_layer():
+    on_disk = {"eval", "launch", "run_leaderboard", "diff"} | {f"a2a.{p.stem}" for p in (ROOT / "a2a").glob("*.py")
+                                                               if p.stem != "__init__"}
+    on_disk |= {f"tools.{p.stem}" for p in (ROOT / "tools").glob("*.py")}
+    assert on_disk == set(LAYERS)
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_imports_only_go_down(name):
+    upward = {module for module in imports_of(name) if LAYERS[module] >= LAYERS[name]}
+    assert not upward, f"{name} (layer {LAYERS[name]}) imports {upward}"
+
+
+def test_only_the_core_uses_its_private_names():
+    private = re.compile(r"\bcore\._[a-z]")
+    users = [path.name for path in ROOT.glob("**/*.py") if ".venv" not in path.parts and "results" not in path.parts
+             and private.search(path.read_text())]
+    assert not users, users
+
+
+def test_no_harness_file_sets_the_current_device():
+    files = [ROOT / "eval.py", ROOT / "launch.py", *ROOT.glob("a2a/*.py"), *ROOT.glob("tools/*.py"),
+             ROOT / "run_leaderboard.py", ROOT / "diff.py", *ROOT.glob("tests/*.py")]
+    setters = [path.name for path in files if path != ROOT / "tests" / "test_layers.py"
+               and re.search(r"set_device\(|set_device_index\(", path.read_text())]
+    assert not setters, setters
