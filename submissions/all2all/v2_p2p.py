@@ -20,6 +20,7 @@ record (phase, block, warp, start, end) with the device clock into a per-rank bu
 `python eval.py trace v2` turns them into a timeline.
 """
 import ctypes
+import inspect
 import os
 import sys
 import threading
@@ -414,7 +415,15 @@ int launch_all2all(const A2AParams& p, int grid, cudaStream_t stream) {
 """
 
 BINDING = r"""
-#include <torch/extension.h>
+// Only the headers this layer uses, not torch/extension.h: under the runner this file is compiled inside the first
+// case's 60 s, and torch/extension.h made it the slowest part of a 45-49 s cold build (WORKLOG, cold starts).
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+#include <ATen/core/Tensor.h>
+#include <ATen/DeviceGuard.h>
+#include <ATen/ops/empty.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -433,16 +442,16 @@ int64_t heap_create(int64_t device, int64_t bytes) {
   return reinterpret_cast<int64_t>(base);
 }
 
-torch::Tensor heap_handle(int64_t device, int64_t base) {
+at::Tensor heap_handle(int64_t device, int64_t base) {
   const at::cuda::OptionalCUDAGuard guard(on_device(device));
   cudaIpcMemHandle_t handle;
   check(heap_export(reinterpret_cast<void*>(base), &handle), "cudaIpcGetMemHandle");
-  auto out = torch::empty({(int64_t)sizeof(handle)}, torch::kUInt8);
+  auto out = at::empty({(int64_t)sizeof(handle)}, at::kByte);
   memcpy(out.data_ptr(), &handle, sizeof(handle));
   return out;
 }
 
-int64_t heap_open(int64_t device, torch::Tensor handle_bytes) {
+int64_t heap_open(int64_t device, at::Tensor handle_bytes) {
   const at::cuda::OptionalCUDAGuard guard(on_device(device));
   cudaIpcMemHandle_t handle;
   TORCH_CHECK(handle_bytes.numel() == (int64_t)sizeof(handle), "a2a v2: bad IPC handle size");
@@ -464,9 +473,9 @@ std::vector<int64_t> report_create(int64_t device_index) {
 int64_t heap_close(int64_t base) { return heap_unimport(reinterpret_cast<void*>(base)); }
 int64_t heap_free(int64_t base) { return heap_release(reinterpret_cast<void*>(base)); }
 
-void all2all(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, torch::Tensor out,
-             torch::Tensor heap_bases, std::vector<int64_t> offsets, torch::Tensor scratch, torch::Tensor expert_x,
-             torch::Tensor expert_meta, std::vector<int64_t> dims, int64_t grid, int64_t report) {
+void all2all(at::Tensor x, at::Tensor indices, at::Tensor weights, at::Tensor out,
+             at::Tensor heap_bases, std::vector<int64_t> offsets, at::Tensor scratch, at::Tensor expert_x,
+             at::Tensor expert_meta, std::vector<int64_t> dims, int64_t grid, int64_t report) {
   const at::cuda::OptionalCUDAGuard guard(device_of(x));
   A2AParams p;
   p.report = reinterpret_cast<uint64_t*>(report);
@@ -496,7 +505,7 @@ void all2all(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, torc
 }
 
 #if defined(A2A_TRACE)
-void trace_attach(torch::Tensor buffer) {
+void trace_attach(at::Tensor buffer) {
   const at::cuda::OptionalCUDAGuard guard(device_of(buffer));
   check(trace_attach_buffer(buffer.data_ptr<int64_t>(), (int)((buffer.numel() - 1) / 4)), "attaching the trace buffer");
 }
@@ -504,14 +513,20 @@ void trace_attach(torch::Tensor buffer) {
 """
 
 CPP_DECLS = """
+#include <map>
+#include <string>
+#include <vector>
+#include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/utils/pybind.h>
 int64_t heap_create(int64_t device, int64_t bytes);
-torch::Tensor heap_handle(int64_t device, int64_t base);
-int64_t heap_open(int64_t device, torch::Tensor handle_bytes);
+at::Tensor heap_handle(int64_t device, int64_t base);
+int64_t heap_open(int64_t device, at::Tensor handle_bytes);
 int64_t heap_close(int64_t base);
 int64_t heap_free(int64_t base);
-void all2all(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, torch::Tensor out,
-             torch::Tensor heap_bases, std::vector<int64_t> offsets, torch::Tensor scratch, torch::Tensor expert_x,
-             torch::Tensor expert_meta, std::vector<int64_t> dims, int64_t grid, int64_t report);
+void all2all(at::Tensor x, at::Tensor indices, at::Tensor weights, at::Tensor out,
+             at::Tensor heap_bases, std::vector<int64_t> offsets, at::Tensor scratch, at::Tensor expert_x,
+             at::Tensor expert_meta, std::vector<int64_t> dims, int64_t grid, int64_t report);
 std::vector<int64_t> report_create(int64_t device_index);
 """
 
@@ -521,15 +536,21 @@ TRACE_PHASES = ("dispatch_send", "dispatch_send.row_out", "dispatch_send.publish
                 "combine_send", "combine_send.row_out", "combine_recv", "combine_recv.wait_rows", "combine_recv.reduce")
 TRACE_CAPACITY = 1 << 20  # records per rank between two trace_take() calls
 
+# Each source includes the few headers it needs: the ones load_inline adds by default (torch/extension.h,
+# torch/types.h) were most of a 45-49 s cold build on H200, inside the runner's 60 s first case (WORKLOG). A torch
+# without the switch adds them anyway, which costs time, not correctness.
+_ONLY_NAMED_HEADERS = ({"no_implicit_headers": True}
+                       if "no_implicit_headers" in inspect.signature(load_inline).parameters else {})
 # Built at import: under the runner, in every worker during the first case (torch lets one build, the rest wait).
 _ext = load_inline(
     name="a2a_v2_p2p" + ("_trace" if TRACE else ""),
-    cpp_sources=CPP_DECLS + ("void trace_attach(torch::Tensor buffer);" if TRACE else ""),
+    cpp_sources=CPP_DECLS + ("void trace_attach(at::Tensor buffer);" if TRACE else ""),
     cuda_sources=[KERNELS, BINDING],
     functions=["heap_create", "heap_handle", "heap_open", "heap_close", "heap_free", "all2all", "report_create"]
     + (["trace_attach"] if TRACE else []),
     extra_cuda_cflags=["-O3"] + ([] if torch.version.hip else ["-arch=sm_90"]) + (["-DA2A_TRACE"] if TRACE else []),
     verbose=False,
+    **_ONLY_NAMED_HEADERS,
 )
 
 SPIN_TIMEOUT_NS = int(float(os.environ.get("A2A_SPIN_TIMEOUT_S", "10")) * 1e9)

@@ -34,6 +34,7 @@ record (phase, block, warp, start, end) with the device clock into a per-rank bu
 `python eval.py trace v4` turns them into a timeline.
 """
 import ctypes
+import inspect
 import os
 import sys
 import threading
@@ -508,7 +509,15 @@ int graph_release(GraphLaunch* g) {
 """
 
 BINDING = r"""
-#include <torch/extension.h>
+// Only the headers this layer uses, not torch/extension.h: under the runner this file is compiled inside the first
+// case's 60 s, and torch/extension.h made it the slowest part of a 45-49 s cold build (WORKLOG, cold starts).
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+#include <ATen/core/Tensor.h>
+#include <ATen/DeviceGuard.h>
+#include <ATen/ops/empty.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -548,14 +557,14 @@ Dims scratch_regions(Dims dims) {
 // NOTES: `out` is returned as a view of its first num_tokens rows: the next call overwrites it.
 struct CallState {
   A2AParams params;  // complete but for x, indices, weights, num_tokens and epoch
-  torch::Tensor heap_bases, scratch, expert_x, expert_meta, out;
+  at::Tensor heap_bases, scratch, expert_x, expert_meta, out;
   int grid = 1, threads = 1024;
   bool use_graph = false, graph_ready = false;
   GraphLaunch graph;
 };
 
-int64_t state_create(Dims dims, torch::Tensor heap_bases, torch::Tensor scratch, torch::Tensor expert_x,
-                     torch::Tensor expert_meta, torch::Tensor out, int64_t report) {
+int64_t state_create(Dims dims, at::Tensor heap_bases, at::Tensor scratch, at::Tensor expert_x,
+                     at::Tensor expert_meta, at::Tensor out, int64_t report) {
   auto* s = new CallState();
   s->heap_bases = heap_bases; s->scratch = scratch; s->expert_x = expert_x; s->expert_meta = expert_meta; s->out = out;
   A2AParams& p = s->params;
@@ -604,7 +613,7 @@ void set_launch(int64_t handle, int64_t grid, int64_t threads, bool use_graph) {
 }
 
 // The hot path: three input tensors and the token count in, a view of the output out.
-torch::Tensor run(int64_t handle, const torch::Tensor& x, const torch::Tensor& indices, const torch::Tensor& weights,
+at::Tensor run(int64_t handle, const at::Tensor& x, const at::Tensor& indices, const at::Tensor& weights,
                   int64_t num_tokens) {
   const at::cuda::OptionalCUDAGuard guard(device_of(x));
   auto* s = reinterpret_cast<CallState*>(handle);
@@ -644,16 +653,16 @@ int64_t heap_create(int64_t device, int64_t bytes) {
   return reinterpret_cast<int64_t>(base);
 }
 
-torch::Tensor heap_handle(int64_t device, int64_t base) {
+at::Tensor heap_handle(int64_t device, int64_t base) {
   const at::cuda::OptionalCUDAGuard guard(on_device(device));
   cudaIpcMemHandle_t handle;
   check(heap_export(reinterpret_cast<void*>(base), &handle), "cudaIpcGetMemHandle");
-  auto out = torch::empty({(int64_t)sizeof(handle)}, torch::kUInt8);
+  auto out = at::empty({(int64_t)sizeof(handle)}, at::kByte);
   memcpy(out.data_ptr(), &handle, sizeof(handle));
   return out;
 }
 
-int64_t heap_open(int64_t device, torch::Tensor handle_bytes) {
+int64_t heap_open(int64_t device, at::Tensor handle_bytes) {
   const at::cuda::OptionalCUDAGuard guard(on_device(device));
   cudaIpcMemHandle_t handle;
   TORCH_CHECK(handle_bytes.numel() == (int64_t)sizeof(handle), "a2a v4: bad IPC handle size");
@@ -668,7 +677,7 @@ int64_t heap_close(int64_t base) { return heap_unimport(reinterpret_cast<void*>(
 int64_t heap_free(int64_t base) { return heap_release(reinterpret_cast<void*>(base)); }
 
 #if defined(A2A_TRACE)
-void trace_attach(torch::Tensor buffer) {
+void trace_attach(at::Tensor buffer) {
   const at::cuda::OptionalCUDAGuard guard(device_of(buffer));
   check(trace_attach_buffer(buffer.data_ptr<int64_t>(), (int)((buffer.numel() - 1) / 4)), "attaching the trace buffer");
 }
@@ -676,19 +685,25 @@ void trace_attach(torch::Tensor buffer) {
 """
 
 CPP_DECLS = """
+#include <map>
+#include <string>
+#include <vector>
+#include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/utils/pybind.h>
 int64_t heap_create(int64_t device, int64_t bytes);
-torch::Tensor heap_handle(int64_t device, int64_t base);
-int64_t heap_open(int64_t device, torch::Tensor handle_bytes);
+at::Tensor heap_handle(int64_t device, int64_t base);
+int64_t heap_open(int64_t device, at::Tensor handle_bytes);
 int64_t heap_close(int64_t base);
 int64_t heap_free(int64_t base);
 std::map<std::string, int64_t> heap_regions(std::map<std::string, int64_t> dims);
 std::map<std::string, int64_t> scratch_regions(std::map<std::string, int64_t> dims);
-int64_t state_create(std::map<std::string, int64_t> dims, torch::Tensor heap_bases, torch::Tensor scratch,
-                     torch::Tensor expert_x, torch::Tensor expert_meta, torch::Tensor out, int64_t report);
+int64_t state_create(std::map<std::string, int64_t> dims, at::Tensor heap_bases, at::Tensor scratch,
+                     at::Tensor expert_x, at::Tensor expert_meta, at::Tensor out, int64_t report);
 void state_destroy(int64_t handle);
 int64_t resident_blocks(int64_t device, int64_t threads);
 void set_launch(int64_t handle, int64_t grid, int64_t threads, bool use_graph);
-torch::Tensor run(int64_t handle, const torch::Tensor& x, const torch::Tensor& indices, const torch::Tensor& weights,
+at::Tensor run(int64_t handle, const at::Tensor& x, const at::Tensor& indices, const at::Tensor& weights,
                   int64_t num_tokens);
 std::vector<int64_t> report_create(int64_t device_index);
 """
@@ -698,16 +713,22 @@ TRACE_PHASES = ("all2all", "all2all.send_row", "all2all.publish_counts", "all2al
                 "all2all.wait_row_flag", "all2all.row_in_and_home", "all2all.wait_combined", "all2all.reduce")
 TRACE_CAPACITY = 1 << 20  # records per rank between two trace_take() calls
 
+# Each source includes the few headers it needs: the ones load_inline adds by default (torch/extension.h,
+# torch/types.h) were most of a 45-49 s cold build on H200, inside the runner's 60 s first case (WORKLOG). A torch
+# without the switch adds them anyway, which costs time, not correctness.
+_ONLY_NAMED_HEADERS = ({"no_implicit_headers": True}
+                       if "no_implicit_headers" in inspect.signature(load_inline).parameters else {})
 # Built at import: under the runner, in every worker during the first case (torch lets one build, the rest wait).
 _ext = load_inline(
     name="a2a_v4_low_overhead" + ("_trace" if TRACE else ""),
-    cpp_sources=CPP_DECLS + ("void trace_attach(torch::Tensor buffer);" if TRACE else ""),
+    cpp_sources=CPP_DECLS + ("void trace_attach(at::Tensor buffer);" if TRACE else ""),
     cuda_sources=[KERNELS, BINDING],
     functions=["heap_create", "heap_handle", "heap_open", "heap_close", "heap_free", "heap_regions", "scratch_regions",
                "state_create", "state_destroy", "resident_blocks", "set_launch", "run", "report_create"]
     + (["trace_attach"] if TRACE else []),
     extra_cuda_cflags=["-O3"] + ([] if torch.version.hip else ["-arch=sm_90"]) + (["-DA2A_TRACE"] if TRACE else []),
     verbose=False,
+    **_ONLY_NAMED_HEADERS,
 )
 
 SPIN_TIMEOUT_NS = int(float(os.environ.get("A2A_SPIN_TIMEOUT_S", "10")) * 1e9)
