@@ -5,10 +5,12 @@ SHELL := /bin/bash
 HAVE_DEPS := $(shell python3 -c 'import torch, pandas, tabulate, yaml, scipy, matplotlib, pytest' >/dev/null 2>&1 && echo yes)
 PYTHON := $(if $(HAVE_DEPS),python3,.venv/bin/python)
 CPU_DEPS := torch==2.13.0 numpy pandas tabulate pyyaml pytest matplotlib scipy
-V ?= v3
+# The newest version by default (and, for diff, the one before it).
+VERSIONS := $(basename $(notdir $(shell ls submissions/all2all/v*.py | sort -V)))
+V ?= $(lastword $(VERSIONS))
+A ?= $(word $(words $(wordlist 2,$(words $(VERSIONS)),$(VERSIONS))),$(VERSIONS))
+B ?= $(lastword $(VERSIONS))
 CASE ?= benchmarks:0
-A ?= v2
-B ?= v3
 
 .PHONY: setup test check-device leaderboard sol trace diff sweep clean
 
@@ -19,7 +21,8 @@ ifeq ($(HAVE_DEPS),)
 		.venv/bin/python -m pip install --quiet --disable-pip-version-check $(CPU_DEPS)
 endif
 
-# Compile-only check of every version's device code (and the probes'): nvcc sm_90, and hipify + hipcc gfx940/gfx90a.
+# Compile-only check of every version's device code (and the probes'): nvcc sm_90, and after hipify a whole gfx942
+# (MI300X) code object with clang-19 and gfx90a with hipcc; prints each file's gfx942 memory-model sequences.
 check-device: setup
 	$(PYTHON) tools/check_device.py
 

@@ -64,7 +64,7 @@ def run(plan: planning.RunPlan, mode: str, anchors: bool = True, sol_path: Path 
     for path in plan.versions:
         result = harness.evaluate(plan, mode, version=path, progress=progress)
         for case in result.cases:
-            args = core.parse_test_line(case["spec"])
+            args = case["args"]
             rows.append({"version": planning.label(path), "kind": "version", **{k: args[k] for k in core.SPEC_KEYS},
                          **{k: case.get(k) for k in result_rows.ROW_FIELDS}, "error": case.get("error", "")})
     figures = None
@@ -81,7 +81,7 @@ def run(plan: planning.RunPlan, mode: str, anchors: bool = True, sol_path: Path 
     if frame.empty:
         return frame, meta, figures
     frame["shape"] = [result_rows.shape_label(**r) for r in frame[list(core.SPEC_KEYS)].to_dict("records")]
-    given = speed_of_light_mi300x(planning.load_task())
+    given = speed_of_light_mi300x(plan.task)
     frame["sol_mi300x_us"] = [given.get((r["num_experts"], r["experts_per_token"], r["hidden_dim"],
                                          r["max_num_tokens"])) for r in frame.to_dict("records")]
     if figures:

@@ -31,13 +31,13 @@ from eval import UserError
 TERMINATE_GRACE_S = 5.0  # what the protocol child gets to end its ranks after SIGTERM, before SIGKILL
 
 
-def stage(version: Path, folder: Path, task_path: Path = TASK_YML) -> Path:
+def stage(version: Path, folder: Path, task_path: Path = TASK_YML, task: dict | None = None) -> Path:
     """Writes the leaderboard bundle for `version` into `folder` (new or empty): the files task.yml lists
     (submission.py, task.py, utils.py, reference.py, eval.py), plus tests.txt and benchmarks.txt, the test files
-    the runner makes from task.yml and passes to eval.py."""
+    the runner makes from task.yml and passes to eval.py. `task`: task.yml already read (a plan's)."""
     from a2a.plan import load_task
 
-    task = load_task(task_path)
+    task = task or load_task(task_path)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise UserError(f"{folder} exists and is not an empty folder; stage into a new or empty one")
     try:
@@ -59,7 +59,7 @@ class EvalResult:
     mode: str
     backend: str
     exit_code: int
-    cases: list  # one row per case (a2a/rows.py): index, spec, status, error, runs, timing fields in µs
+    cases: list  # one row per case (a2a/rows.py): index, spec, args, status, error, runs, timing fields in µs
     import_s: float | None = None  # the slowest rank's import (and build) of the submission in the first case
 
 
@@ -72,7 +72,7 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
         raise UserError(f"unknown mode '{mode}' (expected one of {', '.join(core.MODES)})")
     path = version or plan.version
     with tempfile.TemporaryDirectory(prefix=f"a2a-{path.stem}-") as tmp:
-        bundle = stage(path, Path(tmp) / "bundle")
+        bundle = stage(path, Path(tmp) / "bundle", plan.task_path, plan.task)
         (bundle / "cases.txt").write_text("\n".join(case.spec for case in plan.cases) + "\n")
         env = dict(os.environ, POPCORN_GPUS=str(plan.world_size), A2A_BACKEND=plan.backend, A2A_EXTRA="1",
                    A2A_RANK_PREFIX="1", A2A_RENDEZVOUS="private", PYTHONUNBUFFERED="1")
@@ -88,8 +88,10 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
                  + (", cold extension cache" if cold else ""))
         exit_code, output, _ = run_protocol(bundle, mode, "cases.txt", env, progress)
     keys = result_rows.parse_popcorn(output)
-    return EvalResult(mode=mode, backend=plan.backend, exit_code=exit_code,
-                      cases=result_rows.rows_from_keys(keys, mode),
+    cases = result_rows.rows_from_keys(keys, mode)
+    for row in cases:  # the protocol output names cases in the plan's order
+        row["args"] = plan.cases[row["index"]].args
+    return EvalResult(mode=mode, backend=plan.backend, exit_code=exit_code, cases=cases,
                       import_s=float(keys["import_s"]) if "import_s" in keys else None)
 
 
@@ -166,7 +168,7 @@ def render(result: EvalResult) -> str:
                          headers=["#", "case", "status", "error"], tablefmt="github")
     else:
         unit = "" if result.backend == "nccl" else " [CPU]"
-        table_rows = [[c["index"], result_rows.shape_label(**core.parse_test_line(c["spec"])), c["status"],
+        table_rows = [[c["index"], result_rows.shape_label(**c["args"]), c["status"],
                        c.get("runs", ""), c.get("mean_us"), c.get("best_us"), c.get("device_mean_us"),
                        c.get("floor_mean_us"), _short(c["error"])] for c in result.cases]
         headers = ["#", "shape", "status", "runs", f"mean µs{unit}", "best µs", "device µs", "floor µs", "error"]

@@ -239,6 +239,8 @@ class RunPlan:
     seed: Optional[int] = None
     timeout_s: Optional[float] = None
     skipped: tuple = ()  # one line per version left out on this machine, and why
+    task: Optional[dict] = None  # task.yml, read once
+    task_path: Path = TASK_YML
 
     @property
     def version(self) -> Path:
@@ -293,8 +295,9 @@ def make_plan(versions, selector: str = "tests", world_size: Optional[int] = Non
                 raise UserError(f"{path.stem} builds GPU code (load_inline) and cannot run on gloo/CPU")
             skipped.append(f"skipped {path.stem}: it builds GPU code (load_inline) and this run is on CPU/gloo")
             paths.remove(path)
+    task = load_task(task_path)
     cases = []
-    for test in select_cases(load_task(task_path), selector):
+    for test in select_cases(task, selector):
         args = {**test.args, "world_size": world_size}
         case = core.TestCase(args=args, spec=core.spec_line(args))
         if seed is not None:
@@ -302,4 +305,4 @@ def make_plan(versions, selector: str = "tests", world_size: Optional[int] = Non
         cases.append(case)
     core.validate_cases(cases, world_size, backend, gpus)
     return RunPlan(tuple(paths), tuple(cases), world_size, backend, run_meta(backend, world_size, ""), seed, timeout_s,
-                   tuple(skipped))
+                   tuple(skipped), task, task_path)

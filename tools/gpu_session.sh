@@ -58,7 +58,7 @@ run_steps() {
     case "$kind" in
       build) step build 600 "$0" "$out" _build ;;
       _build) build ;;
-      cold) for v in ${a//,/ }; do step "cold_$v" 300 "$0" "$out" _cold "$v"; done ;;
+      cold) for v in ${a//,/ }; do step "cold_$v" 300 "$0" "$out" "_cold:$v"; done ;;
       _cold) cold "$a" ;;
       tests) step "tests" 1500 $py -m pytest -q -rs tests/test_gpu.py ${a:+-k "$a"} ;;
       sol) step sol 300 $py -m a2a.sol --out "$out/results" ;;
