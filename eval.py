@@ -307,10 +307,11 @@ def validate_cases(tests: list[TestCase], pool_size: int, backend: str, gpus: in
         if isinstance(ws, int) and backend == "gloo" and ws > max_cpu_ranks():
             raise UserError(f"test '{test.spec}' needs {ws} ranks; on CPU (gloo) at most {max_cpu_ranks()} run at "
                             f"once here ({os.cpu_count()} cores)")
+        seed = test.args.get("seed")
+        if test.secret_seed is not None and isinstance(seed, int) and seed > SEED_MAX:
+            raise UserError(f"test '{test.spec[:120]}': the secret seed {test.secret_seed} mixed into this test's seed "
+                            f"gives {seed}, more than the generator takes ({SEED_MAX}); use a smaller one")
         problem = case_problem(test.args)
-        if problem and test.secret_seed is not None and problem.startswith("seed "):
-            problem = (f"the secret seed {test.secret_seed} mixed into this test's seed gives {test.args['seed']}, "
-                       f"more than the generator takes ({SEED_MAX}); use a smaller one")
         if problem:
             raise UserError(f"test '{test.spec[:120]}': {problem}")
 

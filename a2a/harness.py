@@ -25,7 +25,7 @@ from pathlib import Path
 
 import eval as core
 from a2a import rows as result_rows
-from a2a.plan import TASK_YML, RunPlan, make_plan, resolve_version, submission_problem
+from a2a.plan import TASK_YML, RunPlan, checked_version, load_task, make_plan
 from eval import UserError
 
 TERMINATE_GRACE_S = 5.0  # what the protocol child gets to end its ranks after SIGTERM, before SIGKILL
@@ -35,8 +35,6 @@ def stage(version: Path, folder: Path, task_path: Path = TASK_YML, task: dict | 
     """Writes the leaderboard bundle for `version` into `folder` (new or empty): the files task.yml lists
     (submission.py, task.py, utils.py, reference.py, eval.py), plus tests.txt and benchmarks.txt, the test files
     the runner makes from task.yml and passes to eval.py. `task`: task.yml already read (a plan's)."""
-    from a2a.plan import load_task
-
     task = task or load_task(task_path)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise UserError(f"{folder} exists and is not an empty folder; stage into a new or empty one")
@@ -206,10 +204,7 @@ def _main(argv: list[str]) -> int:
     if args.mode == "stage":
         if not args.dir:
             raise UserError("usage: python eval.py stage VERSION DIR")
-        path = resolve_version(args.version)
-        problem = submission_problem(path)
-        if problem:
-            raise UserError(problem)
+        path = checked_version(args.version)
         folder = stage(path, Path(args.dir), args.task)
         print(f"staged {path.stem} into {folder}: " + ", ".join(sorted(p.name for p in folder.iterdir())))
         return 0

@@ -149,6 +149,15 @@ def submission_problem(path: Path) -> Optional[str]:
     return None if "custom_kernel" in names else f"{path.name} defines no custom_kernel(data)"
 
 
+def checked_version(name: str) -> Path:
+    """The submission file `name` resolves to, once it parses and defines custom_kernel; UserError otherwise."""
+    path = resolve_version(name)
+    problem = submission_problem(path)
+    if problem:
+        raise UserError(problem)
+    return path
+
+
 def builds_device_code(path: Path) -> bool:
     """A submission that builds device code with load_inline: GPU-only."""
     return "load_inline" in path.read_text(errors="replace")
@@ -256,9 +265,6 @@ class RunPlan:
     def meta_for(self, mode: str) -> dict:
         return {**self.meta, "mode": mode}
 
-    def folder(self, out: Path, mode: str) -> Path:
-        return run_folder(out, self.meta_for(mode))
-
 
 def make_plan(versions, selector: str = "tests", world_size: Optional[int] = None, backend: Optional[str] = None,
               seed: Optional[int] = None, timeout_s: Optional[float] = None, task_path: Path = TASK_YML,
@@ -270,11 +276,7 @@ def make_plan(versions, selector: str = "tests", world_size: Optional[int] = Non
     names = [versions] if isinstance(versions, (str, Path)) else list(versions)
     if not names:
         raise UserError("no version named")
-    paths = [resolve_version(str(name)) for name in names]
-    for path in paths:
-        problem = submission_problem(path)
-        if problem:
-            raise UserError(problem)
+    paths = [checked_version(str(name)) for name in names]
     gpus = machine_gpus()
     if backend not in (None, "nccl", "gloo"):
         raise UserError(f"--backend {backend}: expected nccl or gloo")

@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CLANG = "clang++-19"
+CLANG, CLANG_C = "clang++-19", "clang-19"
 # What PyTorch's ROCm extension build defines on the command line (the prelude keys its AMD branch on it), and the
 # optimisation load_inline asks for in every version.
 TORCH_ROCM_FLAGS = ("-D__HIP_PLATFORM_AMD__=1", "-DUSE_ROCM=1", "-O3")
@@ -72,7 +72,7 @@ def gfx942_device_libs() -> Path:
         'target triple = "amdgcn-amd-amdhsa"\n'
         f"@__oclc_ISA_version = linkonce_odr protected local_unnamed_addr addrspace(4) constant i32 "
         f"{GFX942_ISA_VERSION}, align 4\n")
-    subprocess.run([CLANG.replace("++", ""), "-target", "amdgcn-amd-amdhsa", "-nogpulib", "-c", "-emit-llvm",
+    subprocess.run([CLANG_C, "-target", "amdgcn-amd-amdhsa", "-nogpulib", "-c", "-emit-llvm",
                     "isa942.ll", "-o", "oclc_isa_version_942.bc"], cwd=folder, check=True, capture_output=True)
     return folder
 
