@@ -182,10 +182,23 @@ class Stats:
     worst: float
 
 
-# The result contract: the official Stats fields for every timed case; with A2A_EXTRA, these extra statistics
+# The result contract: the official Stats fields for every timed case; with A2A_EXTRA, the quantiles of the official
+# (leaderboard-style) time (`benchmark.N.p50`, ...) and, for each extra kind, these statistics
 # (`benchmark.N.device_mean`, ...). The human face and the tables derive their columns from here (a2a/rows.py).
 EXTRA_STATS = ("device", "floor")
-EXTRA_STAT_FIELDS = ("runs", "mean", "best")
+QUANTILES = {"p50": 0.5, "p90": 0.9}
+
+
+@dataclasses.dataclass
+class ExtraStats:
+    runs: int
+    mean: float
+    best: float
+    p50: float
+    p90: float
+
+
+EXTRA_STAT_FIELDS = tuple(field.name for field in dataclasses.fields(ExtraStats))
 
 
 def cantor_combine(a: int, b: int) -> int:
@@ -256,6 +269,20 @@ def calculate_stats(durations: list[float]) -> Stats:
     std = math.sqrt(sum((d - avg) ** 2 for d in durations) / (runs - 1)) if runs > 1 else 0.0
     return Stats(runs=runs, mean=avg, std=std, err=std / math.sqrt(runs), best=float(min(durations)),
                  worst=float(max(durations)))
+
+
+def quantile(samples: list[float], q: float) -> float:
+    """The q-quantile with linear interpolation between the two nearest samples (numpy's default)."""
+    ordered = sorted(samples)
+    at = q * (len(ordered) - 1)
+    low = math.floor(at)
+    high = min(low + 1, len(ordered) - 1)
+    return float(ordered[low] + (ordered[high] - ordered[low]) * (at - low))
+
+
+def calculate_extra_stats(samples: list[float]) -> ExtraStats:
+    return ExtraStats(runs=len(samples), mean=sum(samples) / len(samples), best=float(min(samples)),
+                      **{name: quantile(samples, q) for name, q in QUANTILES.items()})
 
 
 def case_problem(args: dict) -> Optional[str]:
@@ -561,9 +588,10 @@ def _rank_benchmark(test: TestCase, rank: int, recheck: bool, max_repeats: int, 
 
     result = {"stats": calculate_stats(durations) if rank == 0 else None}
     if extra:
-        result["device"] = calculate_stats(slowest_rank(device_durations, rank))
+        result["host"] = calculate_extra_stats(durations) if rank == 0 else None
+        result["device"] = calculate_extra_stats(slowest_rank(device_durations, rank))
         floor = [timed_step(None, data, rank)[0] for _ in range(max(len(durations), 10))]
-        result["floor"] = calculate_stats(floor) if rank == 0 else None
+        result["floor"] = calculate_extra_stats(floor) if rank == 0 else None
     return True, result
 
 
@@ -923,6 +951,9 @@ def run_benchmarking(run: ProtocolRun, tests: list[TestCase], mode: str) -> int:
             continue
         for field in dataclasses.fields(Stats):
             run.logger.log(f"benchmark.{idx}.{field.name}", getattr(result["stats"], field.name))
+        if result.get("host") is not None:
+            for name in QUANTILES:
+                run.logger.log(f"benchmark.{idx}.{name}", getattr(result["host"], name))
         for kind in EXTRA_STATS:
             if result.get(kind) is not None:
                 for field in EXTRA_STAT_FIELDS:

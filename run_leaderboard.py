@@ -2,11 +2,13 @@
 """Versions x benchmark shapes, with anchors and this machine's speed of light, in one run on one machine.
 
 Runs the evaluator on each version; on GPUs also times the anchors (NCCL and NVSHMEM all-to-alls of each case's
-routed volume, a2a/anchors.py) and measures this machine's speed-of-light figures (a2a/sol.py), which the model
-turns into a per-case "SOL here" from the case's own routing. Prints markdown tables (device-side and
-leaderboard-style per shape, harness floor, SOL here, the MI300X speed of light given with the task, device / SOL,
-the published MI300X figure of each blog step) and saves them with CSV, JSON, sol.json and a PNG under
-results/<date>_<device>_ws<N>_<mode>_<commit>/.
+routed volume) and the empty submission (a2a/anchors.py), and measures this machine's speed-of-light figures
+(a2a/sol.py), which the model turns into a per-case "SOL here" from the case's own routing; SOL here plus the empty
+submission's device-side time is the case's mark. Prints markdown tables (per entry: geomeans of mean, p50 and p90,
+device-side and leaderboard-style, floor, device / SOL here, device / mark, the published MI300X figure of each blog
+step; per shape: means with floor, SOL here, mark and the MI300X speed of light given with the task, then mean / p50 /
+p90) and saves them with CSV, JSON, sol.json and two PNGs (leaderboard.png at a glance, leaderboard_shapes.png per
+shape) under results/<date>_<device>_ws<N>_<mode>_<commit>/.
 
     python run_leaderboard.py [--versions v1,v2] [--mode benchmark|leaderboard] [--world-size N] [--no-anchors]
                               [--sol results/.../sol.json] [--out results]
@@ -32,7 +34,8 @@ ROOT = Path(__file__).resolve().parent
 PUBLISHED = ROOT / "reference" / "published.yml"
 TIMING = ("leaderboard-style: rank-0 host clock around clone+custom_kernel+sync+barrier, L2 cleared before each run; "
           "device: max over ranks of per-rank CUDA events around custom_kernel; floor: the same step with no "
-          "custom_kernel; SOL here: a2a/sol.py's model on the case's routing with this machine's measured figures")
+          "custom_kernel; SOL here: a2a/sol.py's model on the case's routing with this machine's measured figures; "
+          "mark: SOL here (dedup) + the empty submission's device-side mean; p50/p90: quantiles of the per-run times")
 
 
 def speed_of_light_mi300x(task: dict) -> dict:
@@ -91,7 +94,21 @@ def run(plan: planning.RunPlan, mode: str, anchors: bool = True, sol_path: Path 
             frame.loc[same, "sol_routed_us"] = modelled["routed"]["total_us"]
             frame.loc[same, "sol_dedup_us"] = modelled["dedup"]["total_us"]
         frame["device_over_sol"] = frame["device_mean_us"] / frame["sol_dedup_us"]
+        empty = frame[(frame["kind"] == "empty") & (frame["status"] == "pass")].set_index("shape")["device_mean_us"]
+        if not empty.empty:
+            frame["mark_us"] = frame["sol_dedup_us"] + frame["shape"].map(empty)
+            frame["device_over_mark"] = frame["device_mean_us"] / frame["mark_us"]
     return frame, meta, figures
+
+
+def _quantiles(frame: pd.DataFrame, prefix: str) -> pd.Series:
+    """Per row "mean / p50 / p90" of one timing (prefix "" or "device_"), as text."""
+    def cell(row) -> str:
+        values = [row.get(f"{prefix}{stat}_us") for stat in ("mean", "p50", "p90")]
+        if all(v is None or v != v for v in values):
+            return ""
+        return " / ".join("" if v is None or v != v else f"{v:.1f}" for v in values)
+    return frame.apply(cell, axis=1)
 
 
 def tables(frame: pd.DataFrame, meta: dict) -> str:
@@ -101,10 +118,38 @@ def tables(frame: pd.DataFrame, meta: dict) -> str:
     unit = "CPU µs" if cpu else "µs"
     header = (f"device: {meta['device']}, world size {meta['world_size']}, backend {meta['backend']}, "
               f"mode {meta['mode']}, {meta['date']}, commit {meta['commit']}")
-    extra_cols = [c for c in ("floor_mean_us", "sol_routed_us", "sol_dedup_us", "sol_mi300x_us") if c in frame]
-    names = {"floor_mean_us": "floor µs", "sol_routed_us": "SOL here µs (routed)", "sol_dedup_us": "SOL here µs (dedup)",
-             "sol_mi300x_us": "SOL MI300X µs (given)"}
     out = [header, ""]
+    summary, first = [], None
+    for entry in entries:
+        rows = frame[frame.version == entry]
+        kind = rows["kind"].iloc[0]
+        ok = (rows.status == "pass").all()
+        gm = {col: result_rows.geomean(rows[col]) if ok and col in rows else float("nan")
+              for col in ("mean_us", "p50_us", "p90_us", "device_mean_us", "device_p50_us", "device_p90_us")}
+        if first is None and kind == "version":
+            first = gm["device_mean_us"]
+        step, pub = published.get(entry.split("_")[0], ("", None)) if kind == "version" else ("", None)
+        line = {"entry": entry, "kind": kind,
+                f"device {unit} mean": gm["device_mean_us"], "device p50": gm["device_p50_us"],
+                "device p90": gm["device_p90_us"], f"leaderboard-style {unit} mean": gm["mean_us"],
+                "leaderboard-style p50": gm["p50_us"], "leaderboard-style p90": gm["p90_us"],
+                f"floor {unit}": result_rows.geomean(rows.floor_mean_us)}
+        if "sol_dedup_us" in frame:
+            line["device / SOL here"] = gm["device_mean_us"] / result_rows.geomean(rows.sol_dedup_us)
+        if "mark_us" in frame:
+            line["device / mark"] = gm["device_mean_us"] / result_rows.geomean(rows.mark_us)
+        if first:
+            line["device speedup vs first"] = first / gm["device_mean_us"]
+        line["published MI300X µs (blog step)"] = f"{pub} ({step})" if pub else ""
+        line["all pass"] = "yes" if ok else "no: " + "; ".join(sorted(set(rows.error.dropna().astype(str)) - {""}))[:120]
+        summary.append(line)
+    out += ["Per entry, geometric means over the shapes run (mean, p50, p90 of the per-shape statistics):", "",
+            tabulate(summary, headers="keys", tablefmt="github", floatfmt=".1f"), ""]
+
+    extra_cols = [c for c in ("floor_mean_us", "sol_routed_us", "sol_dedup_us", "mark_us", "sol_mi300x_us")
+                  if c in frame]
+    names = {"floor_mean_us": "floor µs", "sol_routed_us": "SOL here µs (routed)", "sol_dedup_us": "SOL here µs (dedup)",
+             "mark_us": "mark µs (SOL here + empty)", "sol_mi300x_us": "SOL MI300X µs (given)"}
     for column, title in (("device_mean_us", f"Device-side mean per shape ({unit})"),
                           ("mean_us", f"Leaderboard-style mean per shape ({unit})")):
         per_shape = frame.pivot_table(index="shape", columns="version", values=column, sort=False)
@@ -113,32 +158,22 @@ def tables(frame: pd.DataFrame, meta: dict) -> str:
             per_shape[names[col]] = frame.groupby("shape", sort=False)[col].median()
         out += [f"{title}:", "", tabulate(per_shape.reset_index(), headers="keys", tablefmt="github", floatfmt=".1f",
                                           showindex=False), ""]
-    summary, first = [], None
-    for entry in entries:
-        rows = frame[frame.version == entry]
-        ok = (rows.status == "pass").all()
-        gm = result_rows.geomean(rows.mean_us) if ok else float("nan")
-        device_gm = result_rows.geomean(rows.device_mean_us) if ok else float("nan")
-        if first is None and rows["kind"].iloc[0] == "version":
-            first = (gm, device_gm)
-        step, pub = published.get(entry.split("_")[0], ("", None)) if rows["kind"].iloc[0] == "version" else ("", None)
-        line = {"entry": entry, "kind": rows["kind"].iloc[0], f"geomean {unit}": gm, f"device geomean {unit}": device_gm,
-                f"floor geomean {unit}": result_rows.geomean(rows.floor_mean_us)}
-        if "sol_dedup_us" in frame:
-            line["device / SOL here (dedup)"] = device_gm / result_rows.geomean(rows.sol_dedup_us)
-        if first:
-            line["device speedup vs first"] = first[1] / device_gm
-        line["published MI300X µs (blog step)"] = f"{pub} ({step})" if pub else ""
-        line["all pass"] = "yes" if ok else "no: " + "; ".join(sorted(set(rows.error.dropna().astype(str)) - {""}))[:120]
-        summary.append(line)
-    out += ["Per version and anchor (geometric means over the shapes run):", "",
-            tabulate(summary, headers="keys", tablefmt="github", floatfmt=".2f")]
+    for prefix, title in (("device_", "Device-side"), ("", "Leaderboard-style")):
+        detail = frame.assign(cell=_quantiles(frame, prefix)).pivot(index="shape", columns="version", values="cell")
+        detail = detail.reindex(index=list(dict.fromkeys(frame["shape"])), columns=entries)
+        out += [f"{title} mean / p50 / p90 per shape ({unit}):", "",
+                tabulate(detail.reset_index(), headers="keys", tablefmt="github", showindex=False), ""]
     given = frame.groupby("shape", sort=False)["sol_mi300x_us"].median().dropna()
-    out += ["", f"SOL MI300X geomean (given with the task): {result_rows.geomean(given):.1f} µs. Published figures are "
-            "8x MI300X leaderboard numbers, not measured here. Anchors move the routed volume twice and nothing else."]
+    out += [f"SOL MI300X geomean (given with the task): {result_rows.geomean(given):.1f} µs. Published figures are "
+            "8x MI300X leaderboard numbers, not measured here. Anchors move the routed volume twice and nothing else; "
+            "the empty submission returns a preallocated output (the floor of a call)."]
     if "sol_dedup_us" in frame:
         sol_gm = result_rows.geomean(frame.groupby("shape", sort=False)["sol_dedup_us"].median())
         out += [f"SOL here geomean (dedup): {sol_gm:.1f} µs."]
+    if "mark_us" in frame:
+        mark_gm = result_rows.geomean(frame.groupby("shape", sort=False)["mark_us"].median())
+        out += [f"Mark geomean (SOL here, dedup, plus the empty submission's device-side time, per shape): "
+                f"{mark_gm:.1f} µs."]
     out += meta["skipped"]
     return "\n".join(out)
 
@@ -181,6 +216,7 @@ def main(argv=None) -> int:
         sol.save(figures, folder)
     published = {prefix: us for prefix, (_, us) in published_by_version().items()}
     plots.leaderboard_png(frame, meta, folder / "leaderboard.png", published, result_rows.geomean)
+    plots.shapes_png(frame, meta, folder / "leaderboard_shapes.png")
     print(f"\nsaved {folder}")
     versions_ok = frame[frame.kind == "version"].status.eq("pass").all()
     return 0 if versions_ok else core.EXIT_CHECK_FAILED

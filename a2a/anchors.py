@@ -9,6 +9,13 @@ warm-up. All cases of one anchor run in one process group.
 
 - nccl_a2a_x2: two `torch.distributed.all_to_all_single` (NCCL on NVIDIA, RCCL on AMD).
 - nvshmem_a2a_vdev_x2: two `torch.ops.symm_mem.all_to_all_vdev` (NVSHMEM), where the build has it.
+- empty_submission: a custom_kernel that returns a preallocated output of the right shape and does nothing else
+  (never checked). It is the floor of a call as each number is timed: device-side (two events around a call that
+  launches nothing) and leaderboard-style (clone, call, synchronize, barrier). SOL here plus this row is the mark a
+  version can be held to (`mark_us` in the tables).
+
+Every entry is called on the case's real input (cloned each step, as for a version), so its leaderboard-style time
+includes the same clone.
 """
 from __future__ import annotations
 
@@ -19,7 +26,9 @@ from typing import Optional
 ANCHORS = {
     "nccl_a2a_x2": "2x all_to_all_single (NCCL) of the routed volume",
     "nvshmem_a2a_vdev_x2": "2x symm_mem.all_to_all_vdev (NVSHMEM) of the routed volume",
+    "empty_submission": "returns a preallocated output: the floor of a call",
 }
+KINDS = {"empty_submission": "empty"}  # the row kind of each entry; "anchor" where not named
 ITERATIONS = 50
 WARMUP = 5
 
@@ -30,20 +39,22 @@ class Exchange:
     send_rows: list
     recv_rows: list
     hidden_dim: int
+    num_tokens: int
 
 
-def _exchange_of(args: dict, rank: int) -> Exchange:
+def _input_and_exchange(args: dict, rank: int) -> tuple:
     import torch
     import torch.distributed as dist
 
     from reference import generate_input
 
-    cfg, rank_data, _, world_size = generate_input(**args, rank=rank)
+    data = generate_input(**args, rank=rank)
+    cfg, rank_data, _, world_size = data
     owner = rank_data.indices.long().reshape(-1) // (cfg.num_experts // world_size)
     send = torch.bincount(owner, minlength=world_size)
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send)
-    return Exchange(send.tolist(), recv.tolist(), cfg.hidden_dim)
+    return data, Exchange(send.tolist(), recv.tolist(), cfg.hidden_dim, rank_data.num_tokens)
 
 
 def _nccl_call(exchange: Exchange, device):
@@ -120,7 +131,14 @@ def _nvshmem_call(exchange: Exchange, device):
     return call, (rows_out, rows_in, rows_back)
 
 
-_CALLS = {"nccl_a2a_x2": _nccl_call, "nvshmem_a2a_vdev_x2": _nvshmem_call}
+def _empty_call(exchange: Exchange, device):
+    import torch
+
+    out = torch.empty(exchange.num_tokens, exchange.hidden_dim, dtype=torch.float16, device=device)
+    return (lambda _data: out), None
+
+
+_CALLS = {"nccl_a2a_x2": _nccl_call, "nvshmem_a2a_vdev_x2": _nvshmem_call, "empty_submission": _empty_call}
 
 
 def _anchor_rank(rank: int, world_size: int, anchor: str, cases: list, iterations: int) -> Optional[list]:
@@ -134,20 +152,20 @@ def _anchor_rank(rank: int, world_size: int, anchor: str, cases: list, iteration
     rows = []
     with core.own_device(rank):
         for args in cases:
-            row = {"version": anchor, "kind": "anchor", **args}
+            row = {"version": anchor, "kind": KINDS.get(anchor, "anchor"), **args}
             try:
-                exchange = _exchange_of(args, rank)
+                data, exchange = _input_and_exchange(args, rank)
                 call, keep = _CALLS[anchor](exchange, core.rank_device(rank))
                 for _ in range(WARMUP):
-                    call(None)
+                    call(data)
                 torch.cuda.synchronize()
                 host, device_ns = [], []
                 for _ in range(iterations):
-                    host_ns, _, dev = core.timed_step(call, None, rank, device_clock=True)
+                    host_ns, _, dev = core.timed_step(call, data, rank, device_clock=True)
                     host.append(host_ns)
                     device_ns.append(dev)
                 per_iteration = core.slowest_rank(device_ns, rank)
-                floor = [core.timed_step(None, None, rank)[0] for _ in range(iterations)]
+                floor = [core.timed_step(None, data, rank)[0] for _ in range(iterations)]
                 del keep
                 row.update(result_rows.row_from_samples(host, per_iteration, floor))
             except Exception as exc:  # an anchor that cannot run here is reported, not fatal
@@ -157,7 +175,7 @@ def _anchor_rank(rank: int, world_size: int, anchor: str, cases: list, iteration
 
 
 def run(cases: list, world_size: int, iterations: int = ITERATIONS, progress=print) -> list:
-    """One row per (anchor, case): the same fields as a version's rows, `kind` "anchor"."""
+    """One row per (entry, case): the same fields as a version's rows, `kind` from KINDS ("anchor" by default)."""
     from launch import LaunchError, parallel_launch
 
     rows = []
@@ -167,6 +185,6 @@ def run(cases: list, world_size: int, iterations: int = ITERATIONS, progress=pri
             rows += parallel_launch(world_size, _anchor_rank, anchor, cases, iterations, backend="nccl",
                                     timeout_s=600)[0]
         except LaunchError as exc:
-            rows += [{"version": anchor, "kind": "anchor", **args, "status": "unavailable", "error": str(exc)[:300]}
-                     for args in cases]
+            rows += [{"version": anchor, "kind": KINDS.get(anchor, "anchor"), **args, "status": "unavailable",
+                      "error": str(exc)[:300]} for args in cases]
     return rows

@@ -167,9 +167,11 @@ def render(result: EvalResult) -> str:
     else:
         unit = "" if result.backend == "nccl" else " [CPU]"
         table_rows = [[c["index"], result_rows.shape_label(**c["args"]), c["status"],
-                       c.get("runs", ""), c.get("mean_us"), c.get("best_us"), c.get("device_mean_us"),
+                       c.get("runs", ""), c.get("mean_us"), c.get("p50_us"), c.get("p90_us"), c.get("best_us"),
+                       c.get("device_mean_us"), c.get("device_p50_us"), c.get("device_p90_us"),
                        c.get("floor_mean_us"), _short(c["error"])] for c in result.cases]
-        headers = ["#", "shape", "status", "runs", f"mean µs{unit}", "best µs", "device µs", "floor µs", "error"]
+        headers = ["#", "shape", "status", "runs", f"mean µs{unit}", "p50", "p90", "best", "device mean µs",
+                   "device p50", "device p90", "floor µs", "error"]
         table = tabulate(table_rows, headers=headers, tablefmt="github", floatfmt=".1f")
         means = [c["mean_us"] for c in result.cases if c.get("mean_us")]
         if means and len(means) == len(result.cases):

@@ -1,7 +1,7 @@
 """One row per (entry, case) in every table and file: the fields, written once.
 
-The protocol face writes `benchmark.N.<stat>` (the official Stats) and, with the human face's extras,
-`benchmark.N.<kind>_<stat>` for each kind in eval.EXTRA_STATS. A row holds them in µs as `<stat>_us` and
+The protocol face writes `benchmark.N.<stat>` (the official Stats) and, with the human face's extras, the quantiles
+of that time (`benchmark.N.p50`, `.p90`) and `benchmark.N.<kind>_<stat>` for each kind in eval.EXTRA_STATS. A row holds them in µs as `<stat>_us` and
 `<kind>_<stat>_us`. Tools that time in-process (anchors, the empty submission) build the same row from their samples.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import re
 
 import eval as core
 
-TIMED_STATS = tuple(stat for stat in core.EXTRA_STAT_FIELDS if stat != "runs")  # mean, best
+TIMED_STATS = tuple(stat for stat in core.EXTRA_STAT_FIELDS if stat != "runs")  # mean, best, p50, p90
 TIMING_FIELDS = tuple(f"{kind + '_' if kind else ''}{stat}_us" for kind in ("",) + core.EXTRA_STATS
                       for stat in TIMED_STATS)
 ROW_FIELDS = ("status", "runs") + TIMING_FIELDS
@@ -61,7 +61,7 @@ def row_from_samples(host_ns: list, device_ns: list, floor_ns: list) -> dict:
     step) and floor ns."""
     row = {"status": "pass", "runs": len(host_ns), "error": ""}
     for kind, samples in (("", host_ns), ("device", device_ns), ("floor", floor_ns)):
-        stats = core.calculate_stats(samples)
+        stats = core.calculate_extra_stats(samples)
         for stat in TIMED_STATS:
             row[f"{kind + '_' if kind else ''}{stat}_us"] = getattr(stats, stat) / 1e3
     return row

@@ -114,14 +114,19 @@ def _trace_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
         results = []
         for args in cases:
             data = generate_input(**args, rank=rank)
+            cfg, rank_data = data[0], data[1]
+            owners = rank_data.indices.long().reshape(-1) // (cfg.num_experts // world_size)
+            load = {"num_tokens": rank_data.num_tokens,
+                    "rows_to": owners.bincount(minlength=world_size).tolist()}  # rows this rank sends to each rank
             for _ in range(WARMUP):
                 module.custom_kernel(core.clone_data(data, rank))
             core.synchronize()
             if take:
                 take()
-            results.append({"clean": {**common, **_traced_calls(module, probes, data, rank, iterations, False)},
-                            "profiled": {**common, **_traced_calls(module, probes, data, rank, JSON_ITERATIONS,
-                                                                   True)}})
+            results.append({"clean": {**common, **load, **_traced_calls(module, probes, data, rank, iterations,
+                                                                         False)},
+                            "profiled": {**common, **load, **_traced_calls(module, probes, data, rank,
+                                                                           JSON_ITERATIONS, True)}})
         return results
     finally:
         with core.own_device(rank):
@@ -341,6 +346,14 @@ def timeline_png(ranks: list, meta: dict, path: Path) -> Path:
     return path
 
 
+def _load_line(ranks: list) -> str:
+    """Each rank's tokens, rows sent to each rank and rows received: the imbalance every wait phase reflects."""
+    received = [sum(data["rows_to"][r] for data in ranks) for r in range(len(ranks))]
+    parts = [f"rank {d['rank']}: {d['num_tokens']} tokens, sends {d['rows_to']}, receives {received[d['rank']]}"
+             for d in ranks]
+    return "Load (rows = (token, k) pairs): " + "; ".join(parts) + "."
+
+
 def phases_markdown(ranks: list, meta: dict) -> str:
     from tabulate import tabulate
 
@@ -356,6 +369,7 @@ def phases_markdown(ranks: list, meta: dict) -> str:
              "time into named parts; 'kernel / phase' rows are the time the phase was active inside that kernel "
              "(union over blocks and warps), share = of that kernel.", "",
              f"GPU clock alignment to rank 0 (only the picture and trace.json need it): {alignment}.", "",
+             *([_load_line(ranks), ""] if "num_tokens" in ranks[0] else []),
              tabulate(rows, headers=header, tablefmt="github", floatfmt=".1f")]
     return "\n".join(lines) + "\n"
 

@@ -34,16 +34,42 @@ def test_leaderboard_saves_results_with_metadata(tmp_path):
     assert "Device-side mean per shape (CPU µs)" in (folder / "table.md").read_text()
 
 
-def test_picture_with_anchors_and_speed_of_light(tmp_path):
+def _synthetic_frame() -> pd.DataFrame:
     rows = []
-    for shape, scale in (("E=8 k=2 H=6144 T=16", 1.0), ("E=256 k=8 H=7168 T=256", 3.0)):
+    for shape, scale in (("E=8 k=2 H=6144 T=16", 1.0), ("E=64 k=6 H=2048 T=32", 1.5),
+                         ("E=256 k=8 H=7168 T=256", 3.0)):
         for version, kind, device in (("v1_torch_sort", "version", 900), ("v2_p2p", "version", 150),
-                                      ("nccl_a2a_x2", "anchor", 60)):
-            rows.append({"version": version, "kind": kind, "shape": shape, "status": "pass",
-                         "mean_us": scale * (device + 90), "device_mean_us": scale * device, "floor_mean_us": 80.0,
-                         "sol_routed_us": scale * 20, "sol_dedup_us": scale * 12, "sol_mi300x_us": scale * 6})
-    meta = {"device": "test", "world_size": 2, "backend": "nccl", "mode": "benchmark", "date": "2026-11-22",
-            "commit": "abc"}
-    path = plots.leaderboard_png(pd.DataFrame(rows), meta, tmp_path / "p.png", {"v1": 1311, "v2": 517},
-                                 geomean)
-    assert path.read_bytes()[:8] == PNG and path.stat().st_size > 20_000
+                                      ("nccl_a2a_x2", "anchor", 60), ("empty_submission", "empty", 12)):
+            rows.append({"version": version, "kind": kind, "shape": shape, "status": "pass", "error": "",
+                         "mean_us": scale * (device + 90), "p50_us": scale * (device + 85),
+                         "p90_us": scale * (device + 99), "device_mean_us": scale * device,
+                         "device_p50_us": scale * device * 0.95, "device_p90_us": scale * device * 1.2,
+                         "floor_mean_us": 80.0, "sol_routed_us": scale * 20, "sol_dedup_us": scale * 12,
+                         "sol_mi300x_us": scale * 6, "mark_us": scale * 24})
+    return pd.DataFrame(rows)
+
+
+META = {"device": "test", "world_size": 2, "backend": "nccl", "mode": "benchmark", "date": "2026-11-22",
+        "commit": "abc", "skipped": []}
+
+
+def test_pictures_at_a_glance_and_per_shape(tmp_path):
+    frame = _synthetic_frame()
+    glance = plots.leaderboard_png(frame, META, tmp_path / "p.png", {"v1": 1311, "v2": 517}, geomean)
+    shapes = plots.shapes_png(frame, META, tmp_path / "s.png")
+    assert glance.read_bytes()[:8] == PNG and glance.stat().st_size > 20_000
+    assert shapes.read_bytes()[:8] == PNG and shapes.stat().st_size > 20_000
+
+
+def test_tables_show_quantiles_the_mark_and_the_empty_row():
+    import run_leaderboard
+
+    text = run_leaderboard.tables(_synthetic_frame(), META)
+    summary = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert "empty_submission" in summary and "| empty " in summary["empty_submission"]
+    # v2: device geomean of 150, 225, 450 with p90 at 1.2x; its mark geomean is that of 24, 36, 72
+    assert f"{geomean([150, 225, 450]) * 1.2:.1f}" in summary["v2_p2p"]
+    assert f"{geomean([150, 225, 450]) / geomean([24, 36, 72]):.1f}" in summary["v2_p2p"]
+    assert f"Mark geomean (SOL here, dedup, plus the empty submission's device-side time, per shape): " \
+           f"{geomean([24, 36, 72]):.1f} µs." in text
+    assert "150.0 / 142.5 / 180.0" in text  # v2's device mean / p50 / p90 on the first shape

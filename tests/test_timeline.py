@@ -106,3 +106,11 @@ def test_without_the_profilers_stamps_the_probes_still_give_the_breakdown():
     assert timeline.breakdown(data, 0, offset)["send"] == 4.0
     trace = timeline.chrome_trace([data], META)
     assert not [e for e in trace["traceEvents"] if e.get("tid") == timeline.HOST_TID and e["ph"] == "X"]
+
+
+def test_the_table_says_each_ranks_load():
+    ranks = [rank_data(0, 0.0), rank_data(1, 5e6)]
+    ranks[0].update(num_tokens=7, rows_to=[3, 11])
+    ranks[1].update(num_tokens=2, rows_to=[4, 0])
+    text = timeline.phases_markdown(ranks, META)
+    assert "rank 0: 7 tokens, sends [3, 11], receives 7; rank 1: 2 tokens, sends [4, 0], receives 11." in text

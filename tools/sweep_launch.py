@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Sweep the launch shape of a version that has LAUNCH_SHAPE (v3 onward): grid (blocks per multiprocessor, scaled by
 the device's count) x threads per block. v3 has a shape per kernel (one kernel varied at a time, the others at their
-defaults); from v4 there is one kernel, swept with the graph path off and on (its `configure`). Each shape's output
+defaults); from v4 there is one kernel, swept with the graph path off and on where the version has one (its
+`configure`), up to the version's MAX_THREADS. Each shape's output
 must be bit-identical to the default shape's (else it is marked); time = the evaluator's timed step with its device
 clock (CUDA events around the call, slowest rank per call, median over the calls); host µs = the host time inside
 the call (median, slowest rank).
@@ -35,13 +36,17 @@ def shapes_to_try(module) -> list:
     """(label, apply) pairs: every launch shape the version can take, each with the function that applies it."""
     default = module.LAUNCH_SHAPE
     tries = []
-    if hasattr(module, "configure"):  # one kernel (v4 on): shape x graph path
-        for use_graph in (False, True):
+    if hasattr(module, "configure"):  # one kernel (v4 on): shape, and the graph path where the version has one
+        graph_paths = (False, True) if hasattr(module, "USE_GRAPH") else (False,)
+        most = getattr(module, "MAX_THREADS", THREADS[-1])
+        for use_graph in graph_paths:
             for per_multiprocessor in PER_MULTIPROCESSOR:
-                for threads in THREADS[1:]:
+                for threads in (t for t in THREADS[1:] if t <= most):
+                    options = {"use_graph": use_graph} if len(graph_paths) > 1 else {}
                     tries.append(("all2all graph" if use_graph else "all2all", per_multiprocessor, threads,
-                                  lambda s=(per_multiprocessor, threads), g=use_graph: module.configure(s, g)))
-        tries.append(("", 0, 0, lambda: module.configure(default, False)))  # back to the defaults
+                                  lambda s=(per_multiprocessor, threads), o=options: module.configure(s, **o)))
+        defaults = {"use_graph": False} if len(graph_paths) > 1 else {}
+        tries.append(("", 0, 0, lambda: module.configure(default, **defaults)))  # back to the defaults
         return tries
     for kernel in default:  # v3: one kernel at a time
         for per_multiprocessor in PER_MULTIPROCESSOR:
