@@ -37,7 +37,7 @@ leaderboard: setup
 sol: setup
 	$(PYTHON) -m a2a.sol $(ARGS)
 
-# Kernel timeline of version V on CASE (GPUs only): traces/<date>_<device>_ws<N>_<version>_<case>/.
+# Kernel timeline of version V on CASE (GPUs only): traces/<date>_<device>_ws<N>_<version>_<case>_<commit>/.
 trace: setup
 	$(PYTHON) eval.py trace $(V) --cases $(CASE) $(ARGS)
 

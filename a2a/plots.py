@@ -87,11 +87,11 @@ def leaderboard_png(frame: pd.DataFrame, meta: dict, path: Path, published: dict
     ax.set_xticklabels(entries, rotation=25, ha="right", fontsize=8)
     _log_scale(ax, device + leaderboard)
     ax.set_ylabel("µs, geometric mean over the shapes")
-    ax.legend(handles=handles, fontsize=7, loc="upper right", frameon=False)
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title(_title(meta), fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the legend sits right of the bars, outside the axes
     plt.close(fig)
     return path
 

@@ -17,7 +17,7 @@ and on the device clock, which gives each rank's host-to-device offset (error: h
 GPUs' clocks are aligned to rank 0's by a ping-pong through peer memory (a2a/probes.py; error: half the fastest
 round trip, at least one clock step). Both errors are written into the trace's metadata.
 
-Output under traces/<date>_<device>_ws<N>_<version>_<case>/: trace.json (Chrome trace events: ranks are
+Output under traces/<date>_<device>_ws<N>_<version>_<case>_<commit>/: trace.json (Chrome trace events: ranks are
 processes, blocks are threads, a host thread per rank; opens in ui.perfetto.dev and chrome://tracing), timeline.png
 (one band per rank, phases coloured, the median iteration) and phases.md (median over iterations per rank: the
 call cut into host-before-first-kernel, kernels, gaps between kernels and after the last kernel, which sum to the
@@ -415,7 +415,9 @@ def trace_version(plan, iterations: int, out: Path) -> list:
     for index, args in enumerate(plan.case_args):
         meta = {**plan.meta_for("trace"), "version": path.stem, "case": core.spec_line(args),
                 "iterations": iterations, "profiled_iterations": JSON_ITERATIONS}
-        name = f"{meta['date']}_{device_slug(meta)}_ws{plan.world_size}_{path.stem}_{case_label(args)}"
+        # The commit in the name: a later run of the same version and case never overwrites an earlier one.
+        name = (f"{meta['date']}_{device_slug(meta)}_ws{plan.world_size}_{path.stem}_{case_label(args)}_"
+                f"{meta['commit']}")
         folder = write([cases[index] for cases in per_rank], meta, out / name)
         print((folder / "phases.md").read_text())
         print(f"saved {folder}")

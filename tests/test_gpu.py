@@ -396,6 +396,15 @@ def test_anchors_time_a_case():
         assert by_name[name]["status"] == "pass" and by_name[name]["device_mean_us"] > 0, by_name[name]
 
 
+def test_step_anatomy_runs_on_gpus(tmp_path):
+    """The tool's own gather goes through each rank's GPU (the current device stays cuda:0, as on the runner)."""
+    result = subprocess.run([sys.executable, "tools/step_anatomy.py", "v1", "--cases", "benchmarks:0",
+                             "--world-size", "2", "--iterations", "3", "--out", str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "host" in result.stdout
+
+
 def test_diff_of_a_version_against_itself_on_gpus():
     from a2a import diffing
 

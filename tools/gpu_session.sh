@@ -14,6 +14,8 @@
 # which removes files a step wrote into results/ or traces/ there): every output goes under DIR; use a fixed path
 # such as /tmp/a2a_session, and `pack:$OUT` in the last command. The device machine returns at most 8 files, hence
 # the single archive.
+# Export A2A_COMMIT=<the commit being measured> in the device command: the tree travels with a stale .git, so
+# without it results are labelled with an older commit and '-dirty' (seen 2026-11-22: 07249e2-dirty for 630334a).
 set -uo pipefail
 out=$(realpath -m "$1"); shift
 cd "$(dirname "$0")/.."

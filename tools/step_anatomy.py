@@ -46,7 +46,8 @@ def _anatomy_rank(rank: int, world_size: int, path: str, cases: list, iterations
                                               probe=lambda _boundary: stamps.append(time.time_ns()))
             steps.append({"call": call, "stamps": stamps, "device_ns": device_ns or 0.0})
         gathered = [None] * world_size
-        dist.all_gather_object(gathered, steps)
+        with core.own_device(rank):  # the gather is this tool's own GPU work (NCCL objects go through the device)
+            dist.all_gather_object(gathered, steps)
         results.append(gathered)
     return results if rank == 0 else None
 
