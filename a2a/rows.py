@@ -1,8 +1,8 @@
 """One row per (entry, case) in every table and file: the fields, written once.
 
 The protocol face writes `benchmark.N.<stat>` (the official Stats) and, with the human face's extras, the quantiles
-of that time (`benchmark.N.p50`, `.p90`) and `benchmark.N.<kind>_<stat>` for each kind in eval.EXTRA_STATS. A row holds them in µs as `<stat>_us` and
-`<kind>_<stat>_us`. Tools that time in-process (anchors, the empty submission) build the same row from their samples.
+of that time (`benchmark.N.p50`, `.p90`) and `benchmark.N.<kind>_<stat>` for each kind in eval.EXTRA_STATS. A row
+holds them in µs as `<stat>_us` and `<kind>_<stat>_us`. Tools that time in-process (anchors, the empty submission) build the same row from their samples.
 """
 from __future__ import annotations
 

@@ -260,3 +260,16 @@ def test_protocol_face_ends_what_a_submission_started(bundle, process_token):
                           text=True, timeout=300)
     assert done.returncode == 0 and "check: pass" in done.stdout, done.stderr
     assert not processes_with(process_token), "the submission's children outlived the run"
+
+
+def test_extra_stats_carry_quantiles_that_rows_read_back():
+    import eval as core
+    from a2a.rows import rows_from_keys
+
+    stats = core.calculate_extra_stats([4000.0, 1000.0, 3000.0, 2000.0])
+    assert (stats.runs, stats.mean, stats.best, stats.p50, stats.p90) == (4, 2500.0, 1000.0, 2500.0, 3700.0)
+    assert core.quantile([7.0], 0.9) == 7.0
+    keys = {"benchmark-count": "1", "benchmark.0.spec": "x", "benchmark.0.mean": "2500", "benchmark.0.p50": "2500",
+            "benchmark.0.p90": "3700", "benchmark.0.device_p90": "1200"}
+    (row,) = rows_from_keys(keys, "benchmark")
+    assert (row["p50_us"], row["p90_us"], row["device_p90_us"]) == (2.5, 3.7, 1.2)

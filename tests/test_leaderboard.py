@@ -23,10 +23,11 @@ def test_leaderboard_saves_results_with_metadata(tmp_path):
     assert "skipped the anchors and the SOL-here model: they need at least 2 GPUs" in result.stdout
     (folder,) = tmp_path.iterdir()
     frame = pd.read_csv(folder / "results.csv")
-    assert {"version", "kind", "mean_us", "device_mean_us", "floor_mean_us", "sol_mi300x_us", "device", "world_size",
-            "date", "commit"} <= set(frame.columns)
+    assert {"version", "kind", "mean_us", "p50_us", "p90_us", "device_mean_us", "device_p90_us", "floor_mean_us",
+            "sol_mi300x_us", "device", "world_size", "date", "commit"} <= set(frame.columns)
     assert list(frame.version) == ["v1_torch_sort"]
     assert frame.loc[0, "status"] == "pass" and frame.loc[0, "mean_us"] > 0 and frame.loc[0, "world_size"] == 2
+    assert frame.loc[0, "best_us"] <= frame.loc[0, "p50_us"] <= frame.loc[0, "p90_us"]
     assert frame.loc[0, "sol_mi300x_us"] == 6.33
     meta = json.loads((folder / "results.json").read_text())["meta"]
     assert meta["backend"] == "gloo" and meta["commit"]
