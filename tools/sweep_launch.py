@@ -37,16 +37,15 @@ def shapes_to_try(module) -> list:
     default = module.LAUNCH_SHAPE
     tries = []
     if hasattr(module, "configure"):  # one kernel (v4 on): shape, and the graph path where the version has one
-        graph_paths = (False, True) if hasattr(module, "USE_GRAPH") else (False,)
+        has_graph = hasattr(module, "USE_GRAPH")
+        configure = module.configure if has_graph else (lambda shape, _use_graph: module.configure(shape))
         most = getattr(module, "MAX_THREADS", THREADS[-1])
-        for use_graph in graph_paths:
+        for use_graph in ((False, True) if has_graph else (False,)):
             for per_multiprocessor in PER_MULTIPROCESSOR:
                 for threads in (t for t in THREADS[1:] if t <= most):
-                    options = {"use_graph": use_graph} if len(graph_paths) > 1 else {}
                     tries.append(("all2all graph" if use_graph else "all2all", per_multiprocessor, threads,
-                                  lambda s=(per_multiprocessor, threads), o=options: module.configure(s, **o)))
-        defaults = {"use_graph": False} if len(graph_paths) > 1 else {}
-        tries.append(("", 0, 0, lambda: module.configure(default, **defaults)))  # back to the defaults
+                                  lambda s=(per_multiprocessor, threads), g=use_graph: configure(s, g)))
+        tries.append(("", 0, 0, lambda: configure(default, False)))  # back to the defaults
         return tries
     for kernel in default:  # v3: one kernel at a time
         for per_multiprocessor in PER_MULTIPROCESSOR:
