@@ -5,9 +5,11 @@
 #   tools/gpu_session.sh DIR STEP...          run the steps now; logs under DIR/logs
 #   tools/gpu_session.sh DIR start STEP...    run them detached (they outlive this command) and return at once
 #   steps: cold:VERSIONS (each version's first case on an empty extension cache, all ranks importing at once, as on
-#          the leaderboard; run it first on a fresh machine) | build (every extension not built yet, timed and trace
-#          builds, in parallel) | tests[:K_EXPRESSION] | sol | leaderboard:VERSIONS[:OPTIONS] | trace:VERSION:CASES |
-#          sweep:VERSION | diff:A:B | anatomy:VERSION | wait (until a detached run is done) | pack:DEST
+#          the leaderboard; run it first on a fresh machine) | build[:FILES] (every extension not built yet, timed and
+#          trace builds, in parallel; FILES: comma-separated submission files, default every version) |
+#          tests[:K_EXPRESSION] | sol | leaderboard:VERSIONS[:OPTIONS] | trace:VERSION:CASES | sweep:VERSION |
+#          diff:A:B | anatomy:VERSION | ideas:SCRATCH[:SETS] (tools/compare_ideas.py against v5) |
+#          wait (until a detached run is done) | pack:DEST
 #          (DEST/session.tgz: logs, results/, traces/)
 #
 # DIR must outlive one device command (the device tool empties $OUT before each, and re-syncs the repository copy,
@@ -35,11 +37,12 @@ step() {  # step NAME LIMIT_S COMMAND...
   tail -n 4 "$out/logs/$name.log" | sed 's/^/   /' | tee -a "$out/logs/session.log"
 }
 
-build() {  # every load_inline extension, timed and trace builds, in parallel (a2a.plan.prebuild)
-  $py - <<'PY'
+build() {  # load_inline extensions, timed and trace builds, in parallel (a2a.plan.prebuild); $1: files or empty
+  $py - "${1:-}" <<'PY'
 import sys
+from pathlib import Path
 from a2a import plan, probes
-versions = plan.list_versions()
+versions = [Path(f).resolve() for f in sys.argv[1].split(",") if f] or plan.list_versions()
 failures = plan.prebuild(versions)
 probes.extension()
 print("\n".join(failures) or "built every extension")
@@ -58,8 +61,8 @@ run_steps() {
   for item in "$@"; do
     IFS=: read -r kind a b <<< "$item"
     case "$kind" in
-      build) step build 600 "$0" "$out" _build ;;
-      _build) build ;;
+      build) step build 600 "$0" "$out" "_build:$a" ;;
+      _build) build "$a" ;;
       cold) for v in ${a//,/ }; do step "cold_$v" 300 "$0" "$out" "_cold:$v"; done ;;
       _cold) cold "$a" ;;
       tests) step "tests" 1500 $py -m pytest -q -rs tests/test_gpu.py ${a:+-k "$a"} ;;
@@ -69,6 +72,8 @@ run_steps() {
       sweep) step "sweep_$a" 600 $py tools/sweep_launch.py "$a" --out "$out/results" ;;
       diff) step "diff_${a}_$b" 600 $py diff.py "$a" "$b" --out "$out/results" ;;
       anatomy) step "anatomy_$a" 600 $py tools/step_anatomy.py "$a" --cases benchmarks --out "$out/results" ;;
+      ideas) step "ideas_$(basename "$a" .py)" 900 $py tools/compare_ideas.py "$a" --sets "$b" --iterations 100 \
+               --out "$out/results" ;;
       pack) mkdir -p "$a"; tar czf "$a/session.tgz" -C "$out" logs results traces; ls -la "$a" ;;
       wait) while [ -e "$out/.running" ]; do sleep 2; done; cat "$out/logs/session.log" ;;
       *) echo "unknown step $item" | tee -a "$out/logs/session.log" ;;
