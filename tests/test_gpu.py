@@ -205,7 +205,12 @@ def _dispatched_rows(rank, world_size, version, spec):
     _sync(rank)
     state = module._state
     n_local, cap = state.num_local_experts, state.capacity
-    counts = _expert_counts(module, state, world_size)
+    if hasattr(state, "dispatched"):  # v6 on: the layout lists receive-buffer rows per expert
+        counts, meta, rows = state.dispatched()
+        meta = meta.reshape(-1, 4).cpu()
+    else:
+        counts, meta = _expert_counts(module, state, world_size), state.expert_meta.cpu()
+        rows = state.expert_x.view(n_local, cap, -1)
     sources = {r: generate_input(**spec, rank=r, world_size=world_size)[1] for r in range(world_size)}
     expected = set()
     for src, d in sources.items():
@@ -214,8 +219,6 @@ def _dispatched_rows(rank, world_size, version, spec):
                 if expert // n_local == rank:
                     expected.add((src, token, k, expert % n_local))
     received = set()
-    meta = state.expert_meta.cpu()
-    rows = state.expert_x.view(n_local, cap, -1)
     scale = (1 + rank) if EXPERT_IN_LAYOUT[version] else 1
     for local in range(n_local):
         for position in range(int(counts[local])):

@@ -1,7 +1,8 @@
 """The memory model on the real AMD target, checked without a GPU: each version's gfx942 assembly holds the
-system-scope release and acquire sequences its NOTES promise for publishing a flag and for waiting on one (at least
-one compiled sequence per call site of the prelude's store_release_sys / load_acquire_sys), and a planted relaxed
-store or load makes the check fail."""
+system-scope sequences its NOTES promise for publishing a flag and for waiting on one, at least one compiled
+sequence per call site of the prelude's helper: store_release_sys (release store), load_acquire_sys (acquire load),
+and from v6 spin_load (relaxed poll), spin_backoff (s_sleep) and spin_acquired (acquire fence after the loop). A
+planted relaxed store, relaxed load, missing fence, agent-scope poll or missing back-off makes the check fail."""
 import re
 
 import pytest
@@ -14,6 +15,10 @@ pytestmark = pytest.mark.skipif(bool(check_device.missing_tools()),
 DEVICE_FILES = sorted(p for p in (ROOT / "submissions").glob("*/v*.py") if check_device.kernels_of(p)) \
     + [ROOT / "a2a" / "probes.py"]
 V4 = ROOT / "submissions" / "all2all" / "v4_low_overhead.py"
+V6 = ROOT / "submissions" / "all2all" / "v6_dedup.py"
+# prelude helper -> the sequence each of its call sites must compile to (check_device.MEMORY_MODEL_FIELDS)
+HELPERS = {"store_release_sys": "release", "load_acquire_sys": "acquire", "spin_load": "poll",
+           "spin_acquired": "fence", "spin_backoff": "sleep"}
 
 
 def call_sites(path, helper: str) -> int:
@@ -22,28 +27,36 @@ def call_sites(path, helper: str) -> int:
     return len(re.findall(rf"\b{helper}\(", body))
 
 
-def sequences(path):
-    counts = check_device.memory_model(check_device.gfx942_assembly(path)).values()
-    return tuple(map(sum, zip(*counts)))
+def sequences(path) -> dict:
+    return check_device.memory_model_totals(check_device.gfx942_assembly(path))
 
 
 @pytest.mark.parametrize("path", DEVICE_FILES, ids=lambda p: p.stem)
 def test_flags_are_published_with_release_and_waited_on_with_acquire(path):
-    release, acquire = sequences(path)
-    promised_release, promised_acquire = call_sites(path, "store_release_sys"), call_sites(path, "load_acquire_sys")
-    assert promised_release >= 1 and promised_acquire >= 1, "the device code publishes and waits on flags"
-    assert release >= promised_release, f"{release} release sequences for {promised_release} call sites"
-    assert acquire >= promised_acquire, f"{acquire} acquire sequences for {promised_acquire} call sites"
+    found = sequences(path)
+    promised = {helper: call_sites(path, helper) for helper in HELPERS}
+    assert promised["store_release_sys"] >= 1, "the device code publishes flags"
+    assert promised["load_acquire_sys"] + promised["spin_acquired"] >= 1, "the device code waits on flags"
+    if promised["spin_load"]:
+        assert promised["spin_acquired"] >= 1, "relaxed polls need an acquire fence after the loop"
+    for helper, field in HELPERS.items():
+        assert found[field] >= promised[helper], f"{found[field]} {field} sequences for {promised[helper]} " \
+                                                 f"call sites of {helper}"
 
 
-@pytest.mark.parametrize("old, new, index", [
-    ("__hip_atomic_store(p, v, __ATOMIC_RELEASE", "__hip_atomic_store(p, v, __ATOMIC_RELAXED", 0),
-    ("__hip_atomic_load(p, __ATOMIC_ACQUIRE", "__hip_atomic_load(p, __ATOMIC_RELAXED", 1),
-])
-def test_a_relaxed_flag_operation_is_caught(tmp_path, old, new, index):
-    text = V4.read_text()
+@pytest.mark.parametrize("path, old, new, helper", [
+    (V4, "__hip_atomic_store(p, v, __ATOMIC_RELEASE", "__hip_atomic_store(p, v, __ATOMIC_RELAXED", "store_release_sys"),
+    (V4, "__hip_atomic_load(p, __ATOMIC_ACQUIRE", "__hip_atomic_load(p, __ATOMIC_RELAXED", "load_acquire_sys"),
+    (V6, "__atomic_thread_fence(__ATOMIC_ACQUIRE);", "", "spin_acquired"),
+    (V6, "__ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM", "__ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT", "spin_load"),
+    (V6, "__builtin_amdgcn_s_sleep(1);", "", "spin_backoff"),
+], ids=["relaxed-store", "relaxed-load", "no-fence", "agent-poll", "no-backoff"])
+def test_a_weakened_flag_operation_is_caught(tmp_path, path, old, new, helper):
+    """The weakened helper's sequences disappear: at least one per call site (volatile loads of the abandon word
+    also read past the caches, so polls need not fall to zero)."""
+    text = path.read_text()
     assert old in text
     planted = tmp_path / "planted.py"
     planted.write_text(text.replace(old, new))
-    assert sequences(planted)[index] == 0
-    assert sequences(V4)[index] >= call_sites(V4, ("store_release_sys", "load_acquire_sys")[index])
+    field = HELPERS[helper]
+    assert sequences(path)[field] - sequences(planted)[field] >= max(1, call_sites(path, helper))

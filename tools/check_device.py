@@ -12,11 +12,13 @@ where the file has timeline probes (the trace build):
 Exits non-zero naming each file and target that failed, with the compiler's first error lines.
 
 `gfx942_assembly(path)` returns the gfx942 assembly of a file's device code, and `memory_model(asm)` counts, per
-kernel, the system-scope release stores (`buffer_wbl2 sc0 sc1`, then a store or atomic with `sc0 sc1`) and acquire
-loads (a load with `sc0 sc1`, then `buffer_inv sc0 sc1`) that publishing and waiting on a flag compile to on the
-MI300X; the memory-model test holds each version to what its NOTES promise.
+kernel, the system-scope sequences that publishing and waiting on a flag compile to on the MI300X: release stores
+(`buffer_wbl2 sc0 sc1`, then a store or atomic with `sc0 sc1`), acquire loads (a load with `sc0 sc1`, then
+`buffer_inv sc0 sc1`), relaxed polls with their back-off (`s_sleep`) and the acquire fence after a poll loop; the
+memory-model test holds each version to what its NOTES promise.
 
-    python tools/check_device.py [FILES...]    (default: submissions/*/v*.py and the toolkit's a2a/probes.py)
+    python tools/check_device.py [FILES...]    (default: submissions/*/v*.py, the scratch copies in
+                                                submissions/*/ideas/ and the toolkit's a2a/probes.py)
 """
 from __future__ import annotations
 
@@ -112,8 +114,15 @@ _INSTRUCTION = re.compile(r"^\s+([a-z][a-z0-9_]*)\b(.*)$")
 _WAITS = ("s_waitcnt", "s_nop")
 
 
+MEMORY_MODEL_FIELDS = ("release", "acquire", "poll", "fence", "sleep")
+
+
 def memory_model(assembly: str) -> dict:
-    """{function: (release stores, acquire loads)} at system scope, for every function of the assembly."""
+    """{function: {field: count}} at system scope, for every function of the assembly (MEMORY_MODEL_FIELDS):
+    release = `buffer_wbl2 sc0 sc1`, then a store or atomic with `sc0 sc1`; acquire = a load with `sc0 sc1`, then
+    `buffer_inv sc0 sc1`; poll = a load with `sc0 sc1` and no invalidate after it (a relaxed atomic load, which
+    reads past the caches); fence = `buffer_inv sc0 sc1` after neither such a load nor a write-back (an acquire
+    fence; a full system fence writes back first); sleep = `s_sleep` (a spin loop's back-off)."""
     functions, name = {}, None
     for line in assembly.splitlines():
         started = re.match(r"^\s*\.type\s+([\w.$]+),@function", line)
@@ -126,17 +135,33 @@ def memory_model(assembly: str) -> dict:
             functions[name].append((instruction[1], instruction[2]))
     counts = {}
     for name, body in functions.items():
-        release = acquire = 0
+        found = dict.fromkeys(MEMORY_MODEL_FIELDS, 0)
         for i, (op, operands) in enumerate(body):
             after = next(((o, a) for o, a in body[i + 1:i + 6] if o not in _WAITS), ("", ""))
+            before = next(((o, a) for o, a in reversed(body[max(0, i - 5):i]) if o not in _WAITS), ("", ""))
+            system_load = re.match(r"(flat|global)_load", op) and "sc0 sc1" in operands
             if op == "buffer_wbl2" and "sc0 sc1" in operands and "sc0 sc1" in after[1] \
                     and re.match(r"(flat|global)_(store|atomic)", after[0]):
-                release += 1
-            if re.match(r"(flat|global)_load", op) and "sc0 sc1" in operands and after[0] == "buffer_inv" \
-                    and "sc0 sc1" in after[1]:
-                acquire += 1
-        counts[name] = (release, acquire)
+                found["release"] += 1
+            if system_load:
+                invalidated = after[0] == "buffer_inv" and "sc0 sc1" in after[1]
+                found["acquire" if invalidated else "poll"] += 1
+            if op == "buffer_inv" and "sc0 sc1" in operands and before[0] != "buffer_wbl2" \
+                    and not (re.match(r"(flat|global)_load", before[0]) and "sc0 sc1" in before[1]):
+                found["fence"] += 1
+            if op == "s_sleep":
+                found["sleep"] += 1
+        counts[name] = found
     return counts
+
+
+def memory_model_totals(assembly: str) -> dict:
+    """memory_model's counts summed over the functions."""
+    totals = dict.fromkeys(MEMORY_MODEL_FIELDS, 0)
+    for found in memory_model(assembly).values():
+        for field, count in found.items():
+            totals[field] += count
+    return totals
 
 
 def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
@@ -169,8 +194,10 @@ def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
             if error is not None:
                 failures.append(f"{path.name}: {name}:\n    {error}")
     if not failures:
-        release, acquire = map(sum, zip(*memory_model(gfx942_assembly(path)).values()))
-        print(f"{path.name}: gfx942 memory model: {release} system-scope release stores, {acquire} acquire loads")
+        found = memory_model_totals(gfx942_assembly(path))
+        print(f"{path.name}: gfx942 memory model: {found['release']} system-scope release stores, "
+              f"{found['acquire']} acquire loads, {found['poll']} relaxed polls, {found['fence']} acquire fences, "
+              f"{found['sleep']} back-offs")
     return failures
 
 
@@ -182,7 +209,8 @@ def missing_tools() -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    files = [Path(a) for a in argv] or sorted((ROOT / "submissions").glob("*/v*.py")) + [ROOT / "a2a" / "probes.py"]
+    files = [Path(a) for a in argv] or (sorted((ROOT / "submissions").glob("*/v*.py"))
+                                        + sorted((ROOT / "submissions").glob("*/ideas/*.py")) + [ROOT / "a2a" / "probes.py"])
     missing = missing_tools()
     if missing:
         print(f"check-device: {', '.join(missing)} not found ({INSTALL_HINT})", file=sys.stderr)

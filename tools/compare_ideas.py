@@ -11,7 +11,7 @@ the call (slowest rank). Where the scratch copy has HOST_PROBES (the host path c
 timed the same way.
 
     python tools/compare_ideas.py SCRATCH [--baseline v5] [--sets "dedup,index;dedup,index,pull"]
-                                  [--cases benchmarks] [--world-size N] [--iterations 50]
+                                  [--cases benchmarks] [--world-size N] [--iterations 50] [--block 1]
 
 Saves ideas.csv and ideas.md under results/<date>_<device>_ws<N>_ideas-<scratch>_<commit>/.
 """
@@ -41,7 +41,7 @@ def variants_of(module, sets: list) -> list:
 
 
 def _compare_rank(rank: int, world_size: int, scratch: str, baseline: str, sets: list, cases: list,
-                  iterations: int):
+                  iterations: int, block: int):
     from reference import check_implementation, generate_input
 
     base = planning.load_version(Path(baseline), f"baseline_{Path(baseline).stem}")
@@ -76,11 +76,13 @@ def _compare_rank(rank: int, world_size: int, scratch: str, baseline: str, sets:
         def probe(boundary: str) -> None:
             stamps[boundary] = time.perf_counter_ns()
 
-        for _ in range(iterations):
+        for _ in range(iterations // block):
             for label, prepare in timed:
-                _, _, device_ns = core.timed_step(prepare(), data, rank, device_clock=True, probe=probe)
-                samples[label][0].append(device_ns / 1e3)
-                samples[label][1].append((stamps["returned"] - stamps["cloned"]) / 1e3)
+                call = prepare()
+                for _ in range(block):
+                    _, _, device_ns = core.timed_step(call, data, rank, device_clock=True, probe=probe)
+                    samples[label][0].append(device_ns / 1e3)
+                    samples[label][1].append((stamps["returned"] - stamps["cloned"]) / 1e3)
         for label, (device_us, host_us) in samples.items():
             device_us, host_us = core.slowest_rank([device_us, host_us], rank)
             device, host = core.calculate_extra_stats(device_us), core.calculate_extra_stats(host_us)
@@ -98,8 +100,8 @@ def report(frame, meta: dict) -> str:
     lines = [f"# Ideas of {meta['scratch']} measured alone against {meta['baseline']}", "",
              f"{meta['device']}, world size {meta['world_size']}, {meta['date']}, commit {meta['commit']}. "
              f"Device-side µs per call (CUDA events around the call, slowest rank per call), {meta['iterations']} "
-             "calls per variant and shape, variants taking turns call by call; host µs = host time inside the call "
-             "(slowest rank, p50). Geometric mean over the shapes; delta against the baseline's.", ""]
+             f"calls per variant and shape, variants taking turns every {meta['block']} call(s); host µs = host time "
+             "inside the call (slowest rank, p50). Geometric mean over the shapes; delta against the baseline's.", ""]
     summary = []
     base = frame[frame.variant == "baseline"]
     for label in dict.fromkeys(frame.variant):
@@ -133,7 +135,10 @@ def main(argv=None) -> int:
     parser.add_argument("--sets", default="", help="idea sets to time besides each idea alone: 'a,b;a,b,c'")
     parser.add_argument("--cases", default="benchmarks")
     parser.add_argument("--world-size", type=int)
-    parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--iterations", type=int, default=50, help="calls per variant and shape")
+    parser.add_argument("--block", type=int, default=1,
+                        help="calls in a row per variant before the next takes its turn (1: call by call; more "
+                             "keeps the host's caches warm for the variant, as under the runner)")
     parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
     plan = planning.make_plan([args.scratch, args.baseline], args.cases, args.world_size, gpu_only="keep")
@@ -145,9 +150,9 @@ def main(argv=None) -> int:
         return 0
     sets = [tuple(n.strip() for n in group.split(",") if n.strip()) for group in args.sets.split(";") if group.strip()]
     rows = parallel_launch(plan.world_size, _compare_rank, str(scratch), str(baseline), sets, plan.case_args,
-                           args.iterations, backend="nccl", timeout_s=1500)[0]
+                           args.iterations, args.block, backend="nccl", timeout_s=1500)[0]
     meta = {**plan.meta_for(f"ideas-{scratch.stem}"), "scratch": scratch.stem, "baseline": baseline.stem,
-            "iterations": args.iterations}
+            "iterations": args.iterations, "block": args.block}
     folder = planning.run_folder(args.out, meta)
     folder.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame(rows)

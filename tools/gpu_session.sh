@@ -8,7 +8,7 @@
 #          the leaderboard; run it first on a fresh machine) | build[:FILES] (every extension not built yet, timed and
 #          trace builds, in parallel; FILES: comma-separated submission files, default every version) |
 #          tests[:K_EXPRESSION] | sol | leaderboard:VERSIONS[:OPTIONS] | trace:VERSION:CASES | sweep:VERSION |
-#          diff:A:B | anatomy:VERSION | ideas:SCRATCH[:SETS] (tools/compare_ideas.py against v5) |
+#          diff:A:B | anatomy:VERSION | ideas:SCRATCH[:SETS] (tools/compare_ideas.py against v5; IDEAS_BLOCK) |
 #          wait (until a detached run is done) | pack:DEST
 #          (DEST/session.tgz: logs, results/, traces/)
 #
@@ -68,12 +68,13 @@ run_steps() {
       tests) step "tests" 1500 $py -m pytest -q -rs tests/test_gpu.py ${a:+-k "$a"} ;;
       sol) step sol 300 $py -m a2a.sol --out "$out/results" ;;
       leaderboard) step "leaderboard_${a//,/-}" 900 $py run_leaderboard.py --versions "$a" --out "$out/results" $b ;;
-      trace) step "trace_${a}_${b//[:,]/-}" 400 $py eval.py trace "$a" --cases "$b" --out "$out/traces" ;;
+      trace) step "trace_$(basename "$a" .py)_${b//[:,]/-}" 400 \
+               $py eval.py trace "$a" --cases "$b" --out "$out/traces" ;;
       sweep) step "sweep_$a" 600 $py tools/sweep_launch.py "$a" --out "$out/results" ;;
       diff) step "diff_${a}_$b" 600 $py diff.py "$a" "$b" --out "$out/results" ;;
       anatomy) step "anatomy_$a" 600 $py tools/step_anatomy.py "$a" --cases benchmarks --out "$out/results" ;;
       ideas) step "ideas_$(basename "$a" .py)" 900 $py tools/compare_ideas.py "$a" --sets "$b" --iterations 100 \
-               --out "$out/results" ;;
+               --block "${IDEAS_BLOCK:-1}" --out "$out/results" ;;
       pack) mkdir -p "$a"; tar czf "$a/session.tgz" -C "$out" logs results traces; ls -la "$a" ;;
       wait) while [ -e "$out/.running" ]; do sleep 2; done; cat "$out/logs/session.log" ;;
       *) echo "unknown step $item" | tee -a "$out/logs/session.log" ;;
