@@ -28,7 +28,7 @@ def call_sites(path, helper: str) -> int:
 
 
 def sequences(path) -> dict:
-    return check_device.memory_model_totals(check_device.gfx942_assembly(path))
+    return check_device.memory_model(check_device.gfx942_assembly(path))
 
 
 @pytest.mark.parametrize("path", DEVICE_FILES, ids=lambda p: p.stem)

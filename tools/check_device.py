@@ -11,8 +11,8 @@ where the file has timeline probes (the trace build):
   - AMD MI250 (gfx90a) with Debian's hipcc 5.2: a second, older HIP toolchain.
 Exits non-zero naming each file and target that failed, with the compiler's first error lines.
 
-`gfx942_assembly(path)` returns the gfx942 assembly of a file's device code, and `memory_model(asm)` counts, per
-kernel, the system-scope sequences that publishing and waiting on a flag compile to on the MI300X: release stores
+`gfx942_assembly(path)` returns the gfx942 assembly of a file's device code, and `memory_model(asm)` counts the
+system-scope sequences that publishing and waiting on a flag compile to on the MI300X: release stores
 (`buffer_wbl2 sc0 sc1`, then a store or atomic with `sc0 sc1`), acquire loads (a load with `sc0 sc1`, then
 `buffer_inv sc0 sc1`), relaxed polls with their back-off (`s_sleep`) and the acquire fence after a poll loop; the
 memory-model test holds each version to what its NOTES promise.
@@ -117,12 +117,16 @@ _WAITS = ("s_waitcnt", "s_nop")
 MEMORY_MODEL_FIELDS = ("release", "acquire", "poll", "fence", "sleep")
 
 
+def _system_load(op: str, operands: str) -> bool:
+    return bool(re.match(r"(flat|global)_load", op)) and "sc0 sc1" in operands
+
+
 def memory_model(assembly: str) -> dict:
-    """{function: {field: count}} at system scope, for every function of the assembly (MEMORY_MODEL_FIELDS):
-    release = `buffer_wbl2 sc0 sc1`, then a store or atomic with `sc0 sc1`; acquire = a load with `sc0 sc1`, then
-    `buffer_inv sc0 sc1`; poll = a load with `sc0 sc1` and no invalidate after it (a relaxed atomic load, which
-    reads past the caches); fence = `buffer_inv sc0 sc1` after neither such a load nor a write-back (an acquire
-    fence; a full system fence writes back first); sleep = `s_sleep` (a spin loop's back-off)."""
+    """{field: count} at system scope over the assembly's functions (MEMORY_MODEL_FIELDS; a sequence never spans
+    two functions): release = `buffer_wbl2 sc0 sc1`, then a store or atomic with `sc0 sc1`; acquire = a load with
+    `sc0 sc1`, then `buffer_inv sc0 sc1`; poll = a load with `sc0 sc1` and no invalidate after it (a relaxed atomic
+    load, which reads past the caches); fence = `buffer_inv sc0 sc1` after neither such a load nor a write-back (an
+    acquire fence; a full system fence writes back first); sleep = `s_sleep` (a spin loop's back-off)."""
     functions, name = {}, None
     for line in assembly.splitlines():
         started = re.match(r"^\s*\.type\s+([\w.$]+),@function", line)
@@ -133,35 +137,23 @@ def memory_model(assembly: str) -> dict:
             name = None
         elif name and (instruction := _INSTRUCTION.match(line)):
             functions[name].append((instruction[1], instruction[2]))
-    counts = {}
-    for name, body in functions.items():
-        found = dict.fromkeys(MEMORY_MODEL_FIELDS, 0)
+    found = dict.fromkeys(MEMORY_MODEL_FIELDS, 0)
+    for body in functions.values():
         for i, (op, operands) in enumerate(body):
             after = next(((o, a) for o, a in body[i + 1:i + 6] if o not in _WAITS), ("", ""))
             before = next(((o, a) for o, a in reversed(body[max(0, i - 5):i]) if o not in _WAITS), ("", ""))
-            system_load = re.match(r"(flat|global)_load", op) and "sc0 sc1" in operands
             if op == "buffer_wbl2" and "sc0 sc1" in operands and "sc0 sc1" in after[1] \
                     and re.match(r"(flat|global)_(store|atomic)", after[0]):
                 found["release"] += 1
-            if system_load:
+            if _system_load(op, operands):
                 invalidated = after[0] == "buffer_inv" and "sc0 sc1" in after[1]
                 found["acquire" if invalidated else "poll"] += 1
             if op == "buffer_inv" and "sc0 sc1" in operands and before[0] != "buffer_wbl2" \
-                    and not (re.match(r"(flat|global)_load", before[0]) and "sc0 sc1" in before[1]):
+                    and not _system_load(*before):
                 found["fence"] += 1
             if op == "s_sleep":
                 found["sleep"] += 1
-        counts[name] = found
-    return counts
-
-
-def memory_model_totals(assembly: str) -> dict:
-    """memory_model's counts summed over the functions."""
-    totals = dict.fromkeys(MEMORY_MODEL_FIELDS, 0)
-    for found in memory_model(assembly).values():
-        for field, count in found.items():
-            totals[field] += count
-    return totals
+    return found
 
 
 def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
@@ -194,7 +186,7 @@ def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
             if error is not None:
                 failures.append(f"{path.name}: {name}:\n    {error}")
     if not failures:
-        found = memory_model_totals(gfx942_assembly(path))
+        found = memory_model(gfx942_assembly(path))
         print(f"{path.name}: gfx942 memory model: {found['release']} system-scope release stores, "
               f"{found['acquire']} acquire loads, {found['poll']} relaxed polls, {found['fence']} acquire fences, "
               f"{found['sleep']} back-offs")

@@ -156,8 +156,6 @@ enum Idea {
 #define A2A_MAX_WARPS (A2A_MAX_THREADS / A2A_WARP_SIZE)
 // One lane per destination while routing: at most a warp's worth of ranks (the leaderboard runs 8).
 #define A2A_MAX_WORLD 32
-// A row's pairs travel as a 32-bit mask over k.
-#define A2A_MAX_TOPK 32
 // 16-byte loads each lane keeps in flight while copying; k-way loads in flight while reducing, per pass.
 #define A2A_UNROLL 4
 #define A2A_REDUCE_BATCH 8
@@ -812,7 +810,6 @@ BINDING = r"""
 #include <ATen/core/Tensor.h>
 #include <ATen/DeviceGuard.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -911,15 +908,6 @@ void host_probe(int64_t handle, int64_t mode, const at::Tensor& x) {
   check(launch_empty(s->params, s->grid, s->threads, mode == 3, stream), "launching the empty kernel");
 }
 
-// This rank's receive buffer (disp_x) as a tensor [world * slots, hidden]: what INDEX's expert layout points into.
-at::Tensor received_rows(int64_t handle, int64_t device) {
-  auto* s = reinterpret_cast<CallState*>(handle);
-  const A2AParams& p = s->params;
-  void* rows = reinterpret_cast<void*>(s->heap_bases.cpu().data_ptr<int64_t>()[p.rank] + p.heap.disp_x);
-  return at::from_blob(rows, {(int64_t)p.world * p.slots, (int64_t)p.hidden},
-                       at::TensorOptions().dtype(at::kHalf).device(on_device(device)));
-}
-
 void set_launch(int64_t handle, int64_t grid, int64_t threads) {
   auto* s = reinterpret_cast<CallState*>(handle);
   TORCH_CHECK(threads % A2A_WARP_SIZE == 0 && threads >= 64 && threads <= A2A_MAX_THREADS && grid >= 1,
@@ -1015,7 +1003,6 @@ int64_t state_epoch(int64_t handle);
 int64_t resident_blocks(int64_t handle, int64_t device, int64_t threads);
 void set_ideas(int64_t handle, int64_t ideas);
 void host_probe(int64_t handle, int64_t mode, const at::Tensor& x);
-at::Tensor received_rows(int64_t handle, int64_t device);
 void set_launch(int64_t handle, int64_t grid, int64_t threads);
 at::Tensor run(int64_t handle, const at::Tensor& x, const at::Tensor& indices, const at::Tensor& weights);
 std::vector<int64_t> report_create(int64_t device_index);
@@ -1037,7 +1024,7 @@ _ext = load_inline(
     cuda_sources=[KERNELS, BINDING],
     functions=["heap_create", "heap_handle", "heap_open", "heap_close", "heap_free", "heap_regions", "scratch_regions",
                "route_table_size", "state_create", "state_destroy", "state_epoch", "resident_blocks", "set_launch",
-               "run", "report_create", "set_ideas", "host_probe", "received_rows"]
+               "run", "report_create", "set_ideas", "host_probe"]
     + (["trace_attach"] if TRACE else []),
     extra_cuda_cflags=["-O3"] + ([] if torch.version.hip else ["-arch=sm_90"]) + (["-DA2A_TRACE"] if TRACE else []),
     verbose=False,
@@ -1051,7 +1038,7 @@ LAUNCH_SHAPE = (1, 512)
 MAX_THREADS = 512  # A2A_MAX_THREADS
 MAX_WORLD = 32  # A2A_MAX_WORLD: one lane per destination while routing
 ROUTE_TABLE_BYTES_MAX = 48 * 1024  # dynamic shared memory any launch may use without opting in
-MAX_TOPK = 32  # A2A_MAX_TOPK: a row's pairs travel as a 32-bit mask
+MAX_TOPK = 32  # a row's pairs travel as a 32-bit mask
 WAIT_KINDS = {1: "the row count", 2: "a dispatched row", 3: "a combined row"}
 # The kernel's Idea bits, and what an idea needs switched on with it.
 IDEAS = {"dedup": 1, "index": 2, "pull": 4, "relaxed_spin": 8, "streaming": 16, "plain_launch": 32}
@@ -1168,17 +1155,6 @@ class P2PState:
         start = _ext.scratch_regions(self.dims)["expert_count"]
         start += (_ext.state_epoch(self.handle) & 1) * self.num_local_experts
         return self.scratch[start:start + self.num_local_experts].cpu()
-
-    def dispatched(self) -> tuple:
-        """What the last call dispatched to this rank's experts: (rows per local expert, meta [local experts,
-        capacity, 4] of (src, slot, token, k), rows [local experts, capacity, hidden]); with INDEX the rows are
-        gathered from the receive buffer through the meta."""
-        counts, meta = self.expert_counts(), self.expert_meta.view(self.num_local_experts, self.capacity, 4)
-        if not IDEAS_ON & IDEAS["index"]:
-            return counts, meta, self.expert_x.view(self.num_local_experts, self.capacity, -1)
-        received = _ext.received_rows(self.handle, self.device.index)
-        where = (meta[..., 0].long() * self.dims["slots"] + meta[..., 1].long()).clamp(0, received.shape[0] - 1)
-        return counts, meta, received[where.view(-1)].view(self.num_local_experts, self.capacity, -1)
 
     def close(self):
         """Unmaps the peers' heaps and frees ours; error codes are ignored (the group is over)."""
