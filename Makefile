@@ -2,9 +2,11 @@
 # Where python3 already has torch, pandas, tabulate, yaml, scipy, matplotlib and pytest (the GPU machines), it is used
 # as is; otherwise a .venv is made with the CPU build of torch (CI and fresh machines).
 SHELL := /bin/bash
-HAVE_DEPS := $(shell python3 -c 'import torch, pandas, tabulate, yaml, scipy, matplotlib, pytest' >/dev/null 2>&1 && echo yes)
+HAVE_DEPS := $(shell python3 -c 'import torch, triton, pandas, tabulate, yaml, scipy, matplotlib, pytest' >/dev/null 2>&1 && echo yes)
 PYTHON := $(if $(HAVE_DEPS),python3,.venv/bin/python)
-CPU_DEPS := torch==2.13.0 numpy pandas tabulate pyyaml pytest matplotlib scipy
+# Triton's wheel carries its own compilers for NVIDIA and AMD (make check-device compiles v7 with them, no GPU);
+# 3.6.0 is what the H200 machines run.
+CPU_DEPS := torch==2.13.0 triton==3.6.0 numpy pandas tabulate pyyaml pytest matplotlib scipy
 # The newest version by default (and, for diff, the one before it).
 VERSIONS := $(basename $(notdir $(shell ls submissions/all2all/v*.py | sort -V)))
 V ?= $(lastword $(VERSIONS))
@@ -17,7 +19,7 @@ CASE ?= benchmarks:0
 setup:
 ifeq ($(HAVE_DEPS),)
 	@test -x .venv/bin/python || python3 -m venv .venv
-	@.venv/bin/python -c 'import torch, pandas, tabulate, yaml, scipy, matplotlib, pytest' 2>/dev/null || \
+	@.venv/bin/python -c 'import torch, triton, pandas, tabulate, yaml, scipy, matplotlib, pytest' 2>/dev/null || \
 		.venv/bin/python -m pip install --quiet --disable-pip-version-check $(CPU_DEPS)
 endif
 

@@ -81,6 +81,7 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
             env["A2A_TIMEOUT"] = str(plan.timeout_s)
         if cold:
             env["TORCH_EXTENSIONS_DIR"] = str(Path(tmp) / "extensions")
+            env["TRITON_CACHE_DIR"] = str(Path(tmp) / "triton")
         progress(f"{mode} {path.stem}: {len(plan.cases)} case(s), world size {plan.world_size}, backend "
                  f"{plan.backend}" + ("" if plan.backend == "nccl" else " (CPU: timings are CPU timings)")
                  + (", cold extension cache" if cold else ""))

@@ -159,8 +159,9 @@ def checked_version(name: str) -> Path:
 
 
 def builds_device_code(path: Path) -> bool:
-    """A submission that builds device code with load_inline: GPU-only."""
-    return "load_inline" in path.read_text(errors="replace")
+    """A submission that builds device code (load_inline or Triton): GPU-only."""
+    text = path.read_text(errors="replace")
+    return "load_inline" in text or "@triton.jit" in text
 
 
 def load_version(path: Path, name: str, trace: bool = False):
@@ -294,8 +295,8 @@ def make_plan(versions, selector: str = "tests", world_size: Optional[int] = Non
     if backend == "gloo" and gpu_only != "keep":
         for path in [p for p in paths if builds_device_code(p)]:
             if gpu_only == "error":
-                raise UserError(f"{path.stem} builds GPU code (load_inline) and cannot run on gloo/CPU")
-            skipped.append(f"skipped {path.stem}: it builds GPU code (load_inline) and this run is on CPU/gloo")
+                raise UserError(f"{path.stem} builds GPU code (load_inline or Triton) and cannot run on gloo/CPU")
+            skipped.append(f"skipped {path.stem}: it builds GPU code (load_inline or Triton) and this run is on CPU/gloo")
             paths.remove(path)
     task = load_task(task_path)
     cases = []

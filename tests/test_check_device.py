@@ -12,6 +12,7 @@ pytestmark = pytest.mark.skipif(bool(check_device.missing_tools()),
                                 reason=f"needs {', '.join(check_device.missing_tools())} ({check_device.INSTALL_HINT})")
 TOOL = ROOT / "tools" / "check_device.py"
 V2 = ROOT / "submissions" / "all2all" / "v2_p2p.py"
+V7 = ROOT / "submissions" / "all2all" / "v7_triton.py"
 
 
 def run_tool(*files):
@@ -32,6 +33,29 @@ def test_every_version_compiles_for_nvidia_and_amd():
     for target in ("nvcc sm_90", "clang gfx942", "hipcc gfx90a", "clang gfx942 trace"):
         assert f"v4_low_overhead.py: {target}: ok" in result.stdout
     assert "v4_low_overhead.py: gfx942 memory model:" in result.stdout
+    for target in ("triton sm_90", "triton gfx942", "triton sm_90 trace", "triton gfx942 trace"):
+        assert f"v7_triton.py: {target}: ok" in result.stdout
+
+
+def test_planted_triton_error_on_one_vendor_fails_that_vendor(tmp_path):
+    # Assembly the gfx942 assembler rejects, in the HIP branch of a Triton helper: Triton's AMD backend must see it
+    # and its NVIDIA backend must never compile that branch.
+    text = V7.read_text()
+    assert text.count('"s_sleep 1"') == 1
+    path = tmp_path / "planted_v7.py"
+    path.write_text(text.replace('"s_sleep 1"', '"s_planted_nonsense 1"'))
+    result = run_tool(path)
+    assert result.returncode == 1
+    assert "planted_v7.py: triton sm_90: ok" in result.stdout
+    assert "planted_v7.py: triton gfx942: FAILED" in result.stdout and "triton gfx942" in result.stderr
+
+
+def test_triton_arguments_that_drift_from_the_kernel_fail(tmp_path):
+    text = V7.read_text()
+    path = tmp_path / "drifted_v7.py"
+    path.write_text(text.replace('"rank": "i32", "timeout_ns": "i64"}', '"timeout_ns": "i64", "rank": "i32"}'))
+    result = run_tool(path)
+    assert result.returncode == 1 and "TRITON_KERNELS says" in result.stderr
 
 
 def test_planted_amd_error_fails(tmp_path):

@@ -15,7 +15,7 @@ LAYERS = {
     "a2a.sol": 2, "a2a.anchors": 2, "a2a.diffing": 2, "a2a.timeline": 2,
     "a2a.harness": 3,
     "run_leaderboard": 4, "diff": 4, "tools.check_device": 4, "tools.sweep_launch": 4, "tools.step_anatomy": 4,
-    "tools.compare_ideas": 4,
+    "tools.compare_ideas": 4, "tools.triton_launch": 4,
 }
 
 

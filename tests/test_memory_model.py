@@ -2,7 +2,9 @@
 system-scope sequences its NOTES promise for publishing a flag and for waiting on one, at least one compiled
 sequence per call site of the prelude's helper: store_release_sys (release store), load_acquire_sys (acquire load),
 and from v6 spin_load (relaxed poll), spin_backoff (s_sleep) and spin_acquired (acquire fence after the loop). A
-planted relaxed store, relaxed load, missing fence, agent-scope poll or missing back-off makes the check fail."""
+Triton version (v7) is held the same way to its helpers: _publish (drained barrier, then a release), _poll, _acquire
+and _backoff. A planted relaxed store, relaxed load, missing fence, agent-scope poll, missing back-off or undrained
+barrier makes the check fail."""
 import re
 
 import pytest
@@ -12,22 +14,31 @@ from tools import check_device
 
 pytestmark = pytest.mark.skipif(bool(check_device.missing_tools()),
                                 reason=f"needs {', '.join(check_device.missing_tools())} ({check_device.INSTALL_HINT})")
-DEVICE_FILES = sorted(p for p in (ROOT / "submissions").glob("*/v*.py") if check_device.kernels_of(p)) \
-    + [ROOT / "a2a" / "probes.py"]
+VERSIONS = sorted((ROOT / "submissions").glob("*/v*.py"))
+DEVICE_FILES = [p for p in VERSIONS if check_device.kernels_of(p)] + [ROOT / "a2a" / "probes.py"]
+TRITON_FILES = [p for p in VERSIONS if check_device.is_triton(p)]
 V4 = ROOT / "submissions" / "all2all" / "v4_low_overhead.py"
 V6 = ROOT / "submissions" / "all2all" / "v6_dedup.py"
+V7 = ROOT / "submissions" / "all2all" / "v7_triton.py"
 # prelude helper -> the sequence each of its call sites must compile to (check_device.MEMORY_MODEL_FIELDS)
 HELPERS = {"store_release_sys": "release", "load_acquire_sys": "acquire", "spin_load": "poll",
            "spin_acquired": "fence", "spin_backoff": "sleep"}
+TRITON_HELPERS = {"_publish": ("drain", "release"), "_acquire": ("acquire",), "_poll": ("poll",),
+                  "_backoff": ("sleep",)}
 
 
 def call_sites(path, helper: str) -> int:
-    """Calls of a prelude helper in the device code after the prelude (its vendor branches end at the first #endif)."""
+    """Calls of a helper in the device code: after the C++ prelude (its vendor branches end at the first #endif), or
+    anywhere in a Triton version but the helper's own definition."""
+    if check_device.is_triton(path):
+        return len(re.findall(rf"(?<!def )\b{helper}\(", path.read_text()))
     body = check_device.kernels_of(path).split("#endif", 1)[1]
     return len(re.findall(rf"\b{helper}\(", body))
 
 
 def sequences(path) -> dict:
+    if check_device.is_triton(path):
+        return check_device.memory_model(check_device.triton_gfx942_assembly(path))
     return check_device.memory_model(check_device.gfx942_assembly(path))
 
 
@@ -42,6 +53,33 @@ def test_flags_are_published_with_release_and_waited_on_with_acquire(path):
     for helper, field in HELPERS.items():
         assert found[field] >= promised[helper], f"{found[field]} {field} sequences for {promised[helper]} " \
                                                  f"call sites of {helper}"
+
+
+@pytest.mark.parametrize("path", TRITON_FILES, ids=lambda p: p.stem)
+def test_a_triton_version_publishes_after_a_drained_barrier_and_waits_with_acquire(path):
+    found = sequences(path)
+    for helper, fields in TRITON_HELPERS.items():
+        sites = call_sites(path, helper)
+        assert sites >= 1, f"{path.name} never calls {helper}"
+        for field in fields:
+            assert found[field] >= sites, f"{found[field]} {field} sequences for {sites} call sites of {helper}"
+
+
+@pytest.mark.parametrize("old, new, field, helper", [
+    ('tl.atomic_xchg(flag_ptr, value, sem="release", scope="sys")',
+     'tl.atomic_xchg(flag_ptr, value, sem="relaxed", scope="sys")', "release", "_publish"),
+    ('tl.inline_asm_elementwise("s_waitcnt vmcnt(0)"', 'tl.inline_asm_elementwise("s_nop 0"', "drain", "_publish"),
+    ('mask=mask, sem="acquire", scope="sys"', 'mask=mask, sem="relaxed", scope="sys"', "acquire", "_acquire"),
+    ('mask=mask, sem="relaxed", scope="sys"', 'mask=mask, sem="relaxed", scope="gpu"', "poll", "_poll"),
+    ('tl.inline_asm_elementwise("s_sleep 1"', 'tl.inline_asm_elementwise("s_nop 0"', "sleep", "_backoff"),
+], ids=["triton-relaxed-flag", "triton-undrained-barrier", "triton-relaxed-acquire", "triton-agent-poll",
+        "triton-no-backoff"])
+def test_a_weakened_triton_flag_operation_is_caught(tmp_path, old, new, field, helper):
+    text = V7.read_text()
+    assert text.count(old) == 1, old
+    planted = tmp_path / "planted_v7.py"
+    planted.write_text(text.replace(old, new))
+    assert sequences(V7)[field] - sequences(planted)[field] >= call_sites(V7, helper)
 
 
 @pytest.mark.parametrize("path, old, new, helper", [

@@ -17,6 +17,11 @@ system-scope sequences that publishing and waiting on a flag compile to on the M
 `buffer_inv sc0 sc1`), relaxed polls with their back-off (`s_sleep`) and the acquire fence after a poll loop; the
 memory-model test holds each version to what its NOTES promise.
 
+A Triton version (v7 on: `@triton.jit` kernels, listed with their argument types in TRITON_KERNELS, constexprs from
+its `constants()`) is imported without a GPU and compiled by `triton.compile` for sm_90 and gfx942 (Triton's own
+backends: no CUDA or ROCm toolchain involved), once per benchmark shape at world size 8 and once more as the trace
+build, with the argument attributes Triton's launcher gives 16-byte-aligned tensors.
+
     python tools/check_device.py [FILES...]    (default: submissions/*/v*.py, the scratch copies in
                                                 submissions/*/ideas/ and the toolkit's a2a/probes.py)
 """
@@ -42,6 +47,10 @@ TORCH_ROCM_FLAGS = ("-D__HIP_PLATFORM_AMD__=1", "-DUSE_ROCM=1", "-O3")
 DEBIAN_DEVICE_LIBS = Path("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode")
 GFX942_ISA_VERSION = 9402
 INSTALL_HINT = "CI installs them from Debian: apt-get install hipcc libamdhip64-dev clang-19 lld-19"
+
+
+def is_triton(path: Path) -> bool:
+    return "@triton.jit" in path.read_text()
 
 
 def kernels_of(path: Path) -> str | None:
@@ -114,7 +123,7 @@ _INSTRUCTION = re.compile(r"^\s+([a-z][a-z0-9_]*)\b(.*)$")
 _WAITS = ("s_waitcnt", "s_nop")
 
 
-MEMORY_MODEL_FIELDS = ("release", "acquire", "poll", "fence", "sleep")
+MEMORY_MODEL_FIELDS = ("release", "acquire", "poll", "fence", "sleep", "drain")
 
 
 def _system_load(op: str, operands: str) -> bool:
@@ -126,7 +135,9 @@ def memory_model(assembly: str) -> dict:
     two functions): release = `buffer_wbl2 sc0 sc1`, then a store or atomic with `sc0 sc1`; acquire = a load with
     `sc0 sc1`, then `buffer_inv sc0 sc1`; poll = a load with `sc0 sc1` and no invalidate after it (a relaxed atomic
     load, which reads past the caches); fence = `buffer_inv sc0 sc1` after neither such a load nor a write-back (an
-    acquire fence; a full system fence writes back first); sleep = `s_sleep` (a spin loop's back-off)."""
+    acquire fence; a full system fence writes back first); sleep = `s_sleep` (a spin loop's back-off); drain = an
+    `s_barrier` right after `s_waitcnt vmcnt(0)` (every wave's stores complete before a barrier that orders them
+    before one thread's release)."""
     functions, name = {}, None
     for line in assembly.splitlines():
         started = re.match(r"^\s*\.type\s+([\w.$]+),@function", line)
@@ -142,9 +153,10 @@ def memory_model(assembly: str) -> dict:
         for i, (op, operands) in enumerate(body):
             after = next(((o, a) for o, a in body[i + 1:i + 6] if o not in _WAITS), ("", ""))
             before = next(((o, a) for o, a in reversed(body[max(0, i - 5):i]) if o not in _WAITS), ("", ""))
-            if op == "buffer_wbl2" and "sc0 sc1" in operands and "sc0 sc1" in after[1] \
-                    and re.match(r"(flat|global)_(store|atomic)", after[0]):
-                found["release"] += 1
+            if op == "buffer_wbl2" and "sc0 sc1" in operands and (
+                    (re.match(r"(flat|global)_store", after[0]) and "sc0 sc1" in after[1])
+                    or (re.match(r"(flat|global)_atomic", after[0]) and "sc1" in after[1])):
+                found["release"] += 1  # an atomic's sc0 only asks for the old value back; sc1 is system scope
             if _system_load(op, operands):
                 invalidated = after[0] == "buffer_inv" and "sc0 sc1" in after[1]
                 found["acquire" if invalidated else "poll"] += 1
@@ -153,11 +165,105 @@ def memory_model(assembly: str) -> dict:
                 found["fence"] += 1
             if op == "s_sleep":
                 found["sleep"] += 1
+            if op == "s_barrier" and i > 0 and body[i - 1][0] == "s_waitcnt" \
+                    and body[i - 1][1].strip().startswith("vmcnt(0)"):
+                found["drain"] += 1
     return found
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Triton versions
+# ---------------------------------------------------------------------------------------------------------------
+
+TRITON_TARGETS = {"sm_90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64)}
+TRITON_WORLD = 8  # the leaderboard's
+
+
+def triton_module(path: Path):
+    """Imports a Triton version without a GPU (its kernels compile on demand; `task` from the problem folder)."""
+    import importlib.util
+
+    problem = str(ROOT / "problems" / "all2all")
+    if problem not in sys.path:
+        sys.path.insert(0, problem)
+    spec = importlib.util.spec_from_file_location(f"check_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def benchmark_shapes() -> list:
+    import yaml
+
+    task = yaml.safe_load((ROOT / "problems" / "all2all" / "task.yml").read_text())
+    names = ("num_experts", "experts_per_token", "hidden_dim", "max_num_tokens")
+    return [{name: case[name] for name in names} for case in task["benchmarks"]]
+
+
+def triton_compile(module, kernel_name: str, target_name: str, shape: dict, trace: bool):
+    """One kernel of a Triton version compiled for one target and shape; raises with the compiler's message."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+
+    target = GPUTarget(*TRITON_TARGETS[target_name])
+    hip = target.backend == "hip"
+    kernel, arg_types = getattr(module, kernel_name), module.TRITON_KERNELS[kernel_name]
+    constants = module.constants(**shape, world_size=TRITON_WORLD, trace=trace, hip=hip)
+    runtime_args = [name for name in kernel.arg_names if name not in constants]
+    if runtime_args != list(arg_types):
+        raise ValueError(f"{kernel_name}'s runtime arguments are {runtime_args}, TRITON_KERNELS says {list(arg_types)}")
+    backend = make_backend(target)
+    # What the launcher derives from a 16-byte-aligned tensor under 2 GiB (on AMD that enables buffer loads).
+    pointer_attrs = backend.parse_attr("DS" if hip else "D")
+    attrs = {(kernel.arg_names.index(name),): pointer_attrs for name, kind in arg_types.items() if kind[0] == "*"}
+    constexprs = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
+    signature = {name: arg_types.get(name, "constexpr") for name in kernel.arg_names}
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                          options={"num_warps": max(1, module.LAUNCH_SHAPE[1] // target.warp_size)})
+
+
+def triton_gfx942_assembly(path: Path, trace: bool = False) -> str:
+    """The gfx942 assembly of a Triton version's kernels, for the largest benchmark shape."""
+    module = triton_module(path)
+    return "\n".join(triton_compile(module, name, "gfx942", benchmark_shapes()[-1], trace).asm["amdgcn"]
+                     for name in module.TRITON_KERNELS)
+
+
+def check_triton(path: Path) -> list[str]:
+    """Every kernel of a Triton version, every benchmark shape, both targets; the trace build on the largest."""
+    failures = []
+    try:
+        module = triton_module(path)
+    except Exception as error:  # an import that fails is the finding
+        return [f"{path.name}: import failed: {type(error).__name__}: {error}"]
+    shapes = benchmark_shapes()
+    for target_name in TRITON_TARGETS:
+        for build, trace, cases in (("", False, shapes), (" trace", True, shapes[-1:])):
+            errors = []
+            for kernel_name in module.TRITON_KERNELS:
+                for shape in cases:
+                    try:
+                        triton_compile(module, kernel_name, target_name, shape, trace)
+                    except Exception as error:  # the compiler's message is the finding
+                        lines = [line for line in str(error).splitlines() if line.strip()]
+                        errors.append(f"{kernel_name} {shape}: " + "\n    ".join(lines[-6:]))
+            name = f"triton {target_name}{build}"
+            print(f"{path.name}: {name}: {'ok' if not errors else 'FAILED'} "
+                  f"({len(module.TRITON_KERNELS)} kernel(s) x {len(cases)} shape(s), world size {TRITON_WORLD})")
+            failures += [f"{path.name}: {name}:\n    {error}" for error in errors[:1]]
+    if not failures:
+        found = memory_model(triton_gfx942_assembly(path))
+        print(f"{path.name}: gfx942 memory model: {found['release']} system-scope releases, "
+              f"{found['acquire']} acquire loads, {found['poll']} relaxed polls, {found['sleep']} back-offs, "
+              f"{found['drain']} drained barriers")
+    return failures
 
 
 def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
     """Compiles the device code for every target; a file with timeline probes also in its trace build."""
+    if is_triton(path):
+        return check_triton(path)
     source = kernels_of(path)
     if source is None:
         print(f"{path.name}: no KERNELS (PyTorch only), nothing to compile")

@@ -5,7 +5,7 @@
 #   tools/gpu_session.sh DIR STEP...          run the steps now; logs under DIR/logs
 #   tools/gpu_session.sh DIR start STEP...    run them detached (they outlive this command) and return at once
 #   steps: cold:VERSIONS (each version's first case on an empty extension cache, all ranks importing at once, as on
-#          the leaderboard; run it first on a fresh machine) | build[:FILES] (every extension not built yet, timed and
+#          the leaderboard; run it first on a fresh machine; a Triton version: an empty Triton cache) | build[:FILES] (every extension not built yet, timed and
 #          trace builds, in parallel; FILES: comma-separated submission files, default every version) |
 #          tests[:K_EXPRESSION] | sol | leaderboard:VERSIONS[:OPTIONS] | trace:VERSION:CASES | sweep:VERSION |
 #          diff:A:B | anatomy:VERSION | ideas:SCRATCH[:SETS] (tools/compare_ideas.py against v5; IDEAS_BLOCK) |
@@ -25,7 +25,7 @@ mkdir -p "$out/logs" "$out/results" "$out/traces"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # One extension cache for the session, under DIR: empty on a fresh machine, so `cold` measures real cold starts and
 # everything after reuses their builds.
-export TORCH_EXTENSIONS_DIR="$out/extensions"
+export TORCH_EXTENSIONS_DIR="$out/extensions" TRITON_CACHE_DIR="$out/triton"
 py=python3
 
 step() {  # step NAME LIMIT_S COMMAND...
@@ -53,7 +53,9 @@ PY
 cold() {  # cold VERSION: its first official test on an empty extension cache, every rank importing at once
   local file=$(ls submissions/all2all/"$1"_*.py) name
   name=$(grep -o 'name="a2a_[a-z0-9_]*"' "$file" | head -1 | cut -d'"' -f2)
-  if [ -e "$TORCH_EXTENSIONS_DIR/$name" ]; then echo "not a cold start: $name is already built"; return 1; fi
+  if [ -n "$name" ] && [ -e "$TORCH_EXTENSIONS_DIR/$name" ]; then echo "not a cold start: $name is already built"; return 1; fi
+  if [ -z "$name" ] && [ -n "$(ls -A "$TRITON_CACHE_DIR" 2>/dev/null)" ]; then
+    echo "not a cold start: Triton's cache ($TRITON_CACHE_DIR) is not empty"; return 1; fi
   $py eval.py test "$1" --cases tests:0
 }
 
