@@ -171,6 +171,12 @@ def memory_model(assembly: str) -> dict:
     return found
 
 
+def print_memory_model(path: Path, found: dict) -> None:
+    print(f"{path.name}: gfx942 memory model: {found['release']} system-scope releases, {found['acquire']} acquire "
+          f"loads, {found['poll']} relaxed polls, {found['fence']} acquire fences, {found['sleep']} back-offs, "
+          f"{found['drain']} drained barriers")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Triton versions
 # ---------------------------------------------------------------------------------------------------------------
@@ -253,10 +259,7 @@ def check_triton(path: Path) -> list[str]:
                   f"({len(module.TRITON_KERNELS)} kernel(s) x {len(cases)} shape(s), world size {TRITON_WORLD})")
             failures += [f"{path.name}: {name}:\n    {error}" for error in errors[:1]]
     if not failures:
-        found = memory_model(triton_gfx942_assembly(path))
-        print(f"{path.name}: gfx942 memory model: {found['release']} system-scope releases, "
-              f"{found['acquire']} acquire loads, {found['poll']} relaxed polls, {found['sleep']} back-offs, "
-              f"{found['drain']} drained barriers")
+        print_memory_model(path, memory_model(triton_gfx942_assembly(path)))
     return failures
 
 
@@ -292,10 +295,7 @@ def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
             if error is not None:
                 failures.append(f"{path.name}: {name}:\n    {error}")
     if not failures:
-        found = memory_model(gfx942_assembly(path))
-        print(f"{path.name}: gfx942 memory model: {found['release']} system-scope release stores, "
-              f"{found['acquire']} acquire loads, {found['poll']} relaxed polls, {found['fence']} acquire fences, "
-              f"{found['sleep']} back-offs")
+        print_memory_model(path, memory_model(gfx942_assembly(path)))
     return failures
 
 

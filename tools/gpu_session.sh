@@ -4,9 +4,10 @@
 #
 #   tools/gpu_session.sh DIR STEP...          run the steps now; logs under DIR/logs
 #   tools/gpu_session.sh DIR start STEP...    run them detached (they outlive this command) and return at once
-#   steps: cold:VERSIONS (each version's first case on an empty extension cache, all ranks importing at once, as on
-#          the leaderboard; run it first on a fresh machine; a Triton version: an empty Triton cache) | build[:FILES] (every extension not built yet, timed and
-#          trace builds, in parallel; FILES: comma-separated submission files, default every version) |
+#   steps: cold:VERSIONS (each version's first case on an empty extension cache, or Triton cache for a Triton
+#          version, all ranks importing at once, as on the leaderboard; run it first on a fresh machine) |
+#          build[:FILES] (every extension not built yet, timed and trace builds, in parallel; FILES: comma-separated
+#          submission files, default every version) |
 #          tests[:K_EXPRESSION] | sol | leaderboard:VERSIONS[:OPTIONS] | trace:VERSION:CASES | sweep:VERSION |
 #          diff:A:B | anatomy:VERSION | ideas:SCRATCH[:SETS] (tools/compare_ideas.py against v5; IDEAS_BLOCK) |
 #          wait (until a detached run is done) | pack:DEST
@@ -23,8 +24,8 @@ out=$(realpath -m "$1"); shift
 cd "$(dirname "$0")/.."
 mkdir -p "$out/logs" "$out/results" "$out/traces"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# One extension cache for the session, under DIR: empty on a fresh machine, so `cold` measures real cold starts and
-# everything after reuses their builds.
+# One extension cache and one Triton cache for the session, under DIR: empty on a fresh machine, so `cold` measures
+# real cold starts and everything after reuses their builds.
 export TORCH_EXTENSIONS_DIR="$out/extensions" TRITON_CACHE_DIR="$out/triton"
 py=python3
 
