@@ -40,6 +40,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from a2a import plan as planning  # noqa: E402
 CLANG, CLANG_C = "clang++-19", "clang-19"
 # What PyTorch's ROCm extension build defines on the command line (the prelude keys its AMD branch on it), and the
 # optimisation load_inline asks for in every version.
@@ -186,24 +189,14 @@ TRITON_WORLD = 8  # the leaderboard's
 
 
 def triton_module(path: Path):
-    """Imports a Triton version without a GPU (its kernels compile on demand; `task` from the problem folder)."""
-    import importlib.util
-
-    problem = str(ROOT / "problems" / "all2all")
-    if problem not in sys.path:
-        sys.path.insert(0, problem)
-    spec = importlib.util.spec_from_file_location(f"check_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """Imports a Triton version without a GPU (its kernels compile on demand; `task` from the bundle's folders)."""
+    planning.use_bundle_modules()
+    return planning.load_version(path, f"check_{path.stem}")
 
 
 def benchmark_shapes() -> list:
-    import yaml
-
-    task = yaml.safe_load((ROOT / "problems" / "all2all" / "task.yml").read_text())
     names = ("num_experts", "experts_per_token", "hidden_dim", "max_num_tokens")
-    return [{name: case[name] for name in names} for case in task["benchmarks"]]
+    return [{name: case[name] for name in names} for case in planning.load_task()["benchmarks"]]
 
 
 def triton_compile(module, kernel_name: str, target_name: str, shape: dict, trace: bool):

@@ -77,14 +77,6 @@ def _cost_rank(rank: int, world_size: int, path: str, args: dict, calls: int, ro
              ("custom_kernel (v7)", whole_call))}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _symm_rank(rank: int, world_size: int) -> dict:
     import torch
     import torch.distributed as dist
@@ -96,13 +88,13 @@ def _symm_rank(rank: int, world_size: int) -> dict:
     for round_name, device_index in (("first group", rank), ("next group, GPUs reassigned",
                                                               (rank + 1) % world_size)):
         device = torch.device("cuda", device_index)
-        if round_name != "first group":
-            store_port = _free_port() if rank == 0 else 0
-            port = torch.tensor([store_port], device=rank_device(rank))
+        if round_name != "first group":  # rank 0 holds the next group's store on a port the OS gives it
+            store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) if rank == 0 else None
+            port = torch.tensor([store.port if store else 0], device=rank_device(rank))
             dist.broadcast(port, 0)
             dist.destroy_process_group()
-            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{int(port.item())}", rank=rank,
-                                    world_size=world_size, device_id=device)
+            store = store or dist.TCPStore("127.0.0.1", int(port.item()), is_master=False)
+            dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size, device_id=device)
         try:
             buffer = symm_mem.empty(1024, dtype=torch.int32, device=device)
             handle = symm_mem.rendezvous(buffer, dist.group.WORLD)
