@@ -14,7 +14,7 @@ A ?= $(word $(words $(wordlist 2,$(words $(VERSIONS)),$(VERSIONS))),$(VERSIONS))
 B ?= $(lastword $(VERSIONS))
 CASE ?= benchmarks:0
 
-.PHONY: setup test check-device leaderboard sol trace diff sweep clean
+.PHONY: setup test check-device leaderboard sol trace diff sweep nccl clean
 
 setup:
 ifeq ($(HAVE_DEPS),)
@@ -50,6 +50,11 @@ diff: setup
 # Launch-shape sweep of version V (GPUs only).
 sweep: setup
 	$(PYTHON) tools/sweep_launch.py $(V) $(ARGS)
+
+# NCCL 2.30+ (several ranks on one GPU) built for this machine's GPU into build/nccl/, for world size 8 on fewer GPUs
+# when torch's own NCCL is older: NCCL_SRC=checkout-or-archive for a machine without network (README).
+nccl:
+	tools/build_nccl.sh
 
 clean:
 	rm -rf .venv .pytest_cache

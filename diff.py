@@ -54,7 +54,7 @@ def main(argv=None) -> int:
         skipped = f"timing skipped: {path_a.stem} or {path_b.stem} builds GPU code and this machine runs CPU/gloo"
     else:
         print(f"timing {path_a.stem} and {path_b.stem}: {len(plan.cases)} shape(s), {args.rounds} rounds x "
-              f"{args.pairs} pairs, world size {plan.world_size}, {plan.backend}")
+              f"{args.pairs} pairs, {plan.meta['placement']}, {plan.backend}")
         rows = diffing.time_versions(plan, args.rounds, args.pairs, args.alpha)
         meta["alpha"] = args.alpha
     report = render(meta, diffs, rows, skipped)
@@ -77,7 +77,7 @@ def render(meta: dict, diffs: list, rows: list, skipped: str) -> str:
     from tabulate import tabulate
 
     lines = [f"# {meta['b']} against {meta['a']}", "",
-             f"{meta['device']}, world size {meta['world_size']}, {meta['backend']}, {meta['date']}; run at commit "
+             f"{meta['device']}, {meta['placement']}, {meta['backend']}, {meta['date']}; run at commit "
              f"{meta['commit']}; {meta['a']} last changed at {meta['commit_a']}, {meta['b']} at {meta['commit_b']}.",
              "", "## Code", "", diffing.code_summary(diffs), "", "## Time", ""]
     if rows:

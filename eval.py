@@ -14,7 +14,9 @@ rules. What differs, and why none of it can turn a failure there into a pass her
 Run from the repository without POPCORN_FD, it hands over to the human face (a2a/harness.py). The human face's
 options arrive as A2A_* variables, read once in `protocol_main`: A2A_BACKEND, A2A_EXTRA (device-side time, harness
 floor, import time), A2A_RANK_PREFIX, A2A_TIMEOUT, A2A_RENDEZVOUS=private (ranks join a store this process holds on
-a port the OS gave it, instead of the runner's fixed port).
+a port the OS gave it, instead of the runner's fixed port), A2A_SHARE=mps (more ranks than GPUs: rank r on
+cuda:(r mod GPUs), sharing through the MPS daemon the human face holds; a2a/sharing.py) with A2A_NCCL_VERSION (the
+NCCL every rank must have loaded). Without A2A_SHARE a bundle refuses more ranks than GPUs, as the runner does.
 
 Also a small rank API for tools (tools/, a2a/): RankPool, clone_data, snapshot, all_ok, slowest_rank, synchronize,
 timed_step, rank_device, own_device.
@@ -319,8 +321,9 @@ def max_cpu_ranks() -> int:
     return min(64, max(8, os.cpu_count() or 1))
 
 
-def validate_cases(tests: list[TestCase], pool_size: int, backend: str, gpus: int) -> None:
-    """Rejects cases no run could finish: raises UserError with one line."""
+def validate_cases(tests: list[TestCase], pool_size: int, backend: str, gpus: int, shared: bool = False) -> None:
+    """Rejects cases no run could finish: raises UserError with one line. `shared`: ranks may outnumber the GPUs
+    (the human face shares them through MPS)."""
     if not tests:
         raise UserError("there are no test cases to run")
     for test in tests:
@@ -328,7 +331,7 @@ def validate_cases(tests: list[TestCase], pool_size: int, backend: str, gpus: in
         if isinstance(ws, int) and ws > pool_size:
             raise UserError(f"test '{test.spec}' needs {ws} ranks but the pool has {pool_size} "
                             f"(POPCORN_GPUS={pool_size})")
-        if isinstance(ws, int) and backend != "gloo" and ws > gpus:
+        if isinstance(ws, int) and backend != "gloo" and ws > gpus and not (shared and gpus):
             raise UserError(f"test '{test.spec}' needs {ws} ranks but this machine has {gpus} GPU(s); "
                             f"use --world-size {gpus} or --backend gloo")
         if isinstance(ws, int) and backend == "gloo" and ws > max_cpu_ranks():
@@ -357,6 +360,7 @@ class RankSetup:
     store_port: Optional[int] = None
     master_port: int = DEFAULT_MASTER_PORT
     rank_prefix: bool = False
+    nccl_version: Optional[str] = None  # ranks sharing GPUs: the NCCL each must have loaded (A2A_NCCL_VERSION)
 
 
 @dataclasses.dataclass
@@ -389,10 +393,11 @@ def _on_gpu() -> bool:
 
 
 def rank_device(rank: int):
-    """Where a rank's inputs live: cuda:rank on a GPU run, else the CPU."""
+    """Where a rank's inputs live: cuda:(rank mod GPUs) on a GPU run (cuda:rank under the runner, which never has
+    more ranks than GPUs), else the CPU."""
     import torch
 
-    return torch.device(f"cuda:{rank}") if _on_gpu() else torch.device("cpu")
+    return torch.device(f"cuda:{rank % torch.cuda.device_count()}") if _on_gpu() else torch.device("cpu")
 
 
 def own_device(rank: int):
@@ -400,7 +405,29 @@ def own_device(rank: int):
     device is again what the runner leaves (cuda:0). Never put a submission's call inside it."""
     import torch
 
-    return torch.cuda.device(rank) if _on_gpu() else contextlib.nullcontext()
+    return torch.cuda.device(rank_device(rank)) if _on_gpu() else contextlib.nullcontext()
+
+
+def nccl_version_tuple(code: int) -> tuple:
+    """ncclGetVersion's integer as (major, minor, patch): 22809 -> (2, 28, 9) (NCCL 2.9 on; 1000s before)."""
+    if code >= 10000:
+        return code // 10000, code // 100 % 100, code % 100
+    return code // 1000, code // 100 % 10, code % 100
+
+
+def version_text(version: tuple) -> str:
+    return ".".join(map(str, version))
+
+
+def loaded_nccl_version() -> Optional[str]:
+    """The version of the NCCL this process has loaded, asked of the library itself (torch.cuda.nccl.version()
+    gives the headers torch was built with, whatever library is loaded); None when none is loaded."""
+    try:
+        library = ctypes.CDLL("libnccl.so.2", mode=getattr(os, "RTLD_NOLOAD", 4))
+        code = ctypes.c_int()
+        return None if library.ncclGetVersion(ctypes.byref(code)) else version_text(nccl_version_tuple(code.value))
+    except (OSError, AttributeError):
+        return None
 
 
 def synchronize() -> None:
@@ -660,8 +687,12 @@ def _join_group(rank: int, world_size: int, setup: RankSetup, case_id: int):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         dist.init_process_group("gloo", rank=rank, world_size=world_size, **rendezvous)
     else:
-        dist.init_process_group(setup.backend, rank=rank, world_size=world_size,
-                                device_id=torch.device(f"cuda:{rank}"), **rendezvous)
+        dist.init_process_group(setup.backend, rank=rank, world_size=world_size, device_id=rank_device(rank),
+                                **rendezvous)
+        loaded = loaded_nccl_version() if setup.nccl_version else None
+        if setup.nccl_version and loaded != setup.nccl_version:
+            raise UserError(f"ranks sharing a GPU need NCCL {setup.nccl_version} and this rank loaded "
+                            f"{loaded or 'no NCCL library'}")
 
 
 # What a peer's failure looks like from a rank that was waiting on it in a collective.
@@ -736,6 +767,21 @@ def _worker_loop(conn, phase_slot, parent_pid: int) -> None:
         conn.send(result)
 
 
+@contextlib.contextmanager
+def _environment_with(extra: dict):
+    """os.environ with `extra` set, for the duration (what a spawned process starts with)."""
+    before = {name: os.environ.get(name) for name in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _death_message(exitcode: Optional[int]) -> str:
     with contextlib.suppress(ValueError, TypeError):
         if exitcode < 0:
@@ -755,11 +801,15 @@ class RankPool:
     `master_port` None: this process holds a TCP store on a port the OS gave it for the pool's whole life and the
     ranks of case n join it as clients under the prefix `case<n>/`, so no port is ever bound twice. A port number:
     rank 0 of every case hosts the rendezvous there (the runner's way); after a watchdog kill the next port is
-    used, since the killed rank 0 may leave it in TIME_WAIT."""
+    used, since the killed rank 0 may leave it in TIME_WAIT.
 
-    def __init__(self, size: int, backend: str, master_port: Optional[int] = None, rank_prefix: bool = False):
+    `env`: variables every worker starts with on top of this process's own (ranks sharing GPUs: the MPS pipe
+    folder, the SM share, NCCL's multi-rank switch and library; a2a/sharing.py)."""
+
+    def __init__(self, size: int, backend: str, master_port: Optional[int] = None, rank_prefix: bool = False,
+                 env: Optional[dict] = None):
         self.context = multiprocessing.get_context("spawn")
-        self.backend, self.rank_prefix = backend, rank_prefix
+        self.backend, self.rank_prefix, self.env = backend, rank_prefix, dict(env or {})
         self.store, self.master_port = None, master_port
         if master_port is None:
             import torch.distributed as dist
@@ -769,15 +819,18 @@ class RankPool:
         self.cases_run = 0
 
     def _setup(self) -> RankSetup:
+        nccl = self.env.get("A2A_NCCL_VERSION", os.environ.get("A2A_NCCL_VERSION"))
         if self.store is not None:
-            return RankSetup(self.backend, store_port=self.store.port, rank_prefix=self.rank_prefix)
-        return RankSetup(self.backend, master_port=self.master_port, rank_prefix=self.rank_prefix)
+            return RankSetup(self.backend, store_port=self.store.port, rank_prefix=self.rank_prefix,
+                             nccl_version=nccl)
+        return RankSetup(self.backend, master_port=self.master_port, rank_prefix=self.rank_prefix, nccl_version=nccl)
 
     def _start(self):
         parent_end, child_end = self.context.Pipe()
         phase = self.context.RawValue("i", 0)
         process = self.context.Process(target=_worker_loop, args=(child_end, phase, os.getpid()), daemon=True)
-        process.start()
+        with _environment_with(self.env):  # a spawned worker starts with this process's environment
+            process.start()
         child_end.close()
         return process, parent_end, phase
 
@@ -1017,6 +1070,21 @@ def _environment() -> tuple[int, Optional[int], int]:
     return values["POPCORN_FD"], values["POPCORN_SEED"], values["POPCORN_GPUS"]
 
 
+def _sharing_asked() -> bool:
+    """A2A_SHARE=mps (the human face's, never the runner's): ranks may outnumber the GPUs, sharing them through the
+    MPS control daemon named by CUDA_MPS_PIPE_DIRECTORY. Without a live daemon the ranks would be time-sliced, and
+    ranks that spin on each other's flags would crawl or hang: refused."""
+    share = os.environ.get("A2A_SHARE")
+    if not share:
+        return False
+    if share != "mps":
+        raise UserError(f"A2A_SHARE must be 'mps', not '{share[:40]}'")
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    if not Path(pipe, "control").exists():
+        raise UserError(f"A2A_SHARE=mps but no MPS control daemon listens in {pipe} (CUDA_MPS_PIPE_DIRECTORY)")
+    return True
+
+
 def protocol_main() -> int:
     if len(sys.argv) < 3 or sys.argv[1] not in MODES:
         print(f"usage: POPCORN_FD=N python eval.py {{{'|'.join(MODES)}}} TESTFILE", file=sys.stderr)
@@ -1038,7 +1106,7 @@ def protocol_main() -> int:
 
         set_seed(seed or 42)
         backend = os.environ.get("A2A_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
-        validate_cases(tests, n_gpus, backend, torch.cuda.device_count())
+        validate_cases(tests, n_gpus, backend, torch.cuda.device_count(), shared=_sharing_asked())
         timeout = os.environ.get("A2A_TIMEOUT")
         with PopcornOutput(fd) as logger:
             pool = RankPool(n_gpus, backend, None if os.environ.get("A2A_RENDEZVOUS") == "private"

@@ -3,12 +3,14 @@ the run, `[rankN]` prefixed output, everything torn down on the way out). For te
 evaluator's RankPool with a generic job, so group setup, failure grace and the watchdog exist once, in eval.py.
 
 As in the evaluator, the current device in a rank is cuda:0 (what the runner leaves): a function that does its own
-GPU work binds it with `eval.own_device(rank)`, and calls a submission outside that guard."""
+GPU work binds it with `eval.own_device(rank)`, and calls a submission outside that guard. With more ranks than
+GPUs, rank r runs on cuda:(r mod GPUs) and the ranks share each GPU through CUDA MPS (a2a/sharing.py)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
 import eval as core
+from a2a import sharing
 
 
 class LaunchError(RuntimeError):
@@ -18,17 +20,20 @@ class LaunchError(RuntimeError):
 def parallel_launch(world_size: int, fn: Callable, *args: Any, backend: Optional[str] = None,
                     timeout_s: float = 300.0) -> list:
     """Calls fn(rank, world_size, *args) on every rank (fn and args must be picklable) and returns the per-rank
-    results. Raises LaunchError naming the ranks that failed or did not finish in timeout_s (the failing rank's
-    own error first); no process outlives the call."""
+    results. NCCL wherever there is a GPU (ranks share GPUs when they outnumber them), else gloo. Raises
+    LaunchError naming the ranks that failed or did not finish in timeout_s (the failing rank's own error first);
+    no process outlives the call."""
     import torch
 
-    backend = backend or ("nccl" if torch.cuda.device_count() >= world_size else "gloo")
-    pool = core.RankPool(world_size, backend, rank_prefix=True)
-    try:
-        case = core.TestCase(args={"world_size": world_size}, spec=getattr(fn, "__name__", "fn"))
-        results = pool.run("call", case, timeout_s, {"fn": fn, "args": args})
-    finally:
-        pool.shutdown()
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = backend or ("nccl" if gpus else "gloo")
+    with sharing.shared_ranks(sharing.placement(world_size, gpus, backend)) as env:
+        pool = core.RankPool(world_size, backend, rank_prefix=True, env=env)
+        try:
+            case = core.TestCase(args={"world_size": world_size}, spec=getattr(fn, "__name__", "fn"))
+            results = pool.run("call", case, timeout_s, {"fn": fn, "args": args})
+        finally:
+            pool.shutdown()
     if not all(result.ok for result in results):
         raise LaunchError(core.rank_failures(results).replace("\n", "; "))
     return [result.value for result in results]

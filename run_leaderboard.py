@@ -10,8 +10,13 @@ step; per shape: means with floor, SOL here, mark and the MI300X speed of light 
 p90) and saves them with CSV, JSON, sol.json and two PNGs (leaderboard.png at a glance, leaderboard_shapes.png per
 shape) under results/<date>_<device>_ws<N>_<mode>_<commit>/.
 
+The problem is posed at 8 ranks. Where the timed run has fewer (a machine with fewer GPUs), the same run also passes
+every version through the official tests at world size 8 with the ranks sharing the GPUs through MPS
+(a2a/sharing.py): a check of the algorithm at the problem's size, never a timing. Its table stands apart and its
+rows are saved beside the timed ones (checks.csv).
+
     python run_leaderboard.py [--versions v1,v2] [--mode benchmark|leaderboard] [--world-size N] [--no-anchors]
-                              [--sol results/.../sol.json] [--out results]
+                              [--no-problem-size] [--sol results/.../sol.json] [--out results]
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import eval as core
 from a2a import harness
 from a2a import plan as planning
 from a2a import rows as result_rows
+from a2a import sharing
 
 ROOT = Path(__file__).resolve().parent
 PUBLISHED = ROOT / "reference" / "published.yml"
@@ -71,7 +77,11 @@ def run(plan: planning.RunPlan, mode: str, anchors: bool = True, sol_path: Path 
             rows.append({"version": planning.label(path), "kind": "version", **{k: args[k] for k in core.SPEC_KEYS},
                          **{k: case.get(k) for k in result_rows.ROW_FIELDS}, "error": case.get("error", "")})
     figures = None
-    if plan.backend == "nccl" and plan.world_size >= 2:
+    if plan.meta["shared_gpus"]:
+        meta["skipped"].append("skipped the anchors and the SOL-here model: the ranks share GPUs, so no time here is "
+                               "the problem's and there is nothing to hold a version to")
+        progress(meta["skipped"][-1])
+    elif plan.backend == "nccl" and plan.world_size >= 2:
         if anchors:
             rows += anchor_runs.run(plan.case_args, plan.world_size, progress=progress)
         progress("speed of light of this machine: " + (f"from {sol_path}" if sol_path else "measuring"))
@@ -84,6 +94,7 @@ def run(plan: planning.RunPlan, mode: str, anchors: bool = True, sol_path: Path 
     if frame.empty:
         return frame, meta, figures
     frame["shape"] = [result_rows.shape_label(**r) for r in frame[list(core.SPEC_KEYS)].to_dict("records")]
+    frame["placement"] = meta["placement"]  # one placement per timed run: every row says where it ran
     given = speed_of_light_mi300x(plan.task)
     frame["sol_mi300x_us"] = [given.get((r["num_experts"], r["experts_per_token"], r["hidden_dim"],
                                          r["max_num_tokens"])) for r in frame.to_dict("records")]
@@ -101,6 +112,48 @@ def run(plan: planning.RunPlan, mode: str, anchors: bool = True, sol_path: Path 
     return frame, meta, figures
 
 
+def problem_size_checks(plan: planning.RunPlan, selector: str = "tests", progress=print) -> tuple[pd.DataFrame, list]:
+    """Every version of the plan through the official tests at the problem's world size (8) when the timed run had
+    fewer ranks: on GPUs the ranks share them, on a CPU run they are gloo processes. Returns one row per
+    (version, test) and the lines saying what was skipped and why."""
+    world_size = max(case["world_size"] for case in plan.task["tests"])
+    if plan.world_size >= world_size or not plan.versions:
+        return pd.DataFrame(), []
+    try:
+        shared = planning.make_plan(plan.versions, selector, world_size, plan.backend, timeout_s=plan.timeout_s,
+                                    task_path=plan.task_path)
+    except core.UserError as why:
+        return pd.DataFrame(), [f"skipped the official tests at world size {world_size}: {why}"]
+    rows = []
+    with sharing.shared_ranks(shared.placement):  # one MPS daemon for every version (none on a CPU run)
+        for path in shared.versions:
+            result = harness.evaluate(shared, "test", version=path, progress=progress)
+            rows += [{"version": planning.label(path), "placement": result.placement, "world_size": world_size,
+                      "test": case["index"], "spec": case["spec"], "status": case["status"], "error": case["error"]}
+                     for case in result.cases]
+            if not result.cases:
+                rows.append({"version": planning.label(path), "placement": result.placement, "world_size": world_size,
+                             "test": None, "spec": "", "status": "not run",
+                             "error": f"evaluation failed (exit {result.exit_code})"})
+    return pd.DataFrame(rows), []
+
+
+def checks_table(checks: pd.DataFrame) -> str:
+    """Per version: official tests passed at the problem's size on shared GPUs, and the first failure."""
+    if checks.empty:
+        return ""
+    lines = []
+    for version, rows in checks.groupby("version", sort=False):
+        failed = rows[rows.status != "pass"]
+        lines.append({"version": version, "tests passed": f"{(rows.status == 'pass').sum()} of {len(rows)}",
+                      "first failure": "" if failed.empty else
+                      f"test {failed.iloc[0]['test']}: {str(failed.iloc[0]['error'])[:100]}"})
+    placement = checks["placement"].iloc[0]
+    return "\n".join([f"World size {checks['world_size'].iloc[0]}, the problem's size: the official tests, {placement} "
+                      "(a check of the algorithm at that size; no timing, nothing here is compared with the timed "
+                      "rows above):", "", tabulate(lines, headers="keys", tablefmt="github"), ""])
+
+
 def _quantiles(frame: pd.DataFrame, prefix: str) -> pd.Series:
     """Per row "mean / p50 / p90" of one timing (prefix "" or "device_"), as text."""
     def cell(row) -> str:
@@ -116,8 +169,8 @@ def tables(frame: pd.DataFrame, meta: dict) -> str:
     entries = list(dict.fromkeys(frame["version"]))
     cpu = meta["backend"] == "gloo"
     unit = "CPU µs" if cpu else "µs"
-    header = (f"device: {meta['device']}, world size {meta['world_size']}, backend {meta['backend']}, "
-              f"mode {meta['mode']}, {meta['date']}, commit {meta['commit']}")
+    header = (f"device: {meta['device']}, {meta['placement']}, backend {meta['backend']}, mode {meta['mode']}, "
+              f"{meta['date']}, commit {meta['commit']}")
     out = [header, ""]
     summary, first = [], None
     for entry in entries:
@@ -189,6 +242,10 @@ def main(argv=None) -> int:
     parser.add_argument("--backend")
     parser.add_argument("--timeout", type=float)
     parser.add_argument("--no-anchors", action="store_true", help="skip the NCCL/NVSHMEM anchors")
+    parser.add_argument("--no-problem-size", action="store_true",
+                        help="skip the official tests at world size 8 on shared GPUs (run when the timed run has "
+                             "fewer ranks)")
+    parser.add_argument("--problem-size-cases", default="tests", help=argparse.SUPPRESS)  # tests: a shorter check
     parser.add_argument("--sol", type=Path, help="reuse a saved sol.json instead of measuring")
     parser.add_argument("--out", type=Path, default=ROOT / "results")
     args = parser.parse_args(argv)
@@ -201,25 +258,35 @@ def main(argv=None) -> int:
     plan = planning.make_plan(versions, args.cases, args.world_size, args.backend, timeout_s=args.timeout,
                               gpu_only="skip")
     frame, meta, figures = run(plan, args.mode, anchors=not args.no_anchors, sol_path=args.sol)
-    if frame.empty:
-        print("nothing ran on this machine")
+    checks, skipped = (pd.DataFrame(), []) if args.no_problem_size else \
+        problem_size_checks(plan, args.problem_size_cases)
+    meta["skipped"] += skipped
+    if frame.empty and checks.empty:
+        print("\n".join(["nothing ran on this machine"] + meta["skipped"]))
         return 0
-    report = tables(frame, meta)
+    report = "\n".join(filter(None, [tables(frame, meta) if not frame.empty else "\n".join(meta["skipped"]),
+                                     checks_table(checks)]))
     print(report)
     folder = planning.run_folder(args.out, meta)
     folder.mkdir(parents=True, exist_ok=True)
+    if not checks.empty:
+        checks.to_csv(folder / "checks.csv", index=False)
     frame.assign(**{k: v for k, v in meta.items() if k != "skipped"}).to_csv(folder / "results.csv", index=False)
     (folder / "results.json").write_text(json.dumps({"meta": meta, "sol": figures,
-                                                     "rows": frame.to_dict(orient="records")}, indent=1))
+                                                     "rows": frame.to_dict(orient="records"),
+                                                     "problem_size_checks": checks.to_dict(orient="records")},
+                                                    indent=1))
     (folder / "table.md").write_text(report + "\n")
     if figures:
         sol.save(figures, folder)
     published = {prefix: us for prefix, (_, us) in published_by_version().items()}
-    plots.leaderboard_png(frame, meta, folder / "leaderboard.png", published, result_rows.geomean)
-    plots.shapes_png(frame, meta, folder / "leaderboard_shapes.png")
+    if not frame.empty:
+        plots.leaderboard_png(frame, meta, folder / "leaderboard.png", published, result_rows.geomean)
+        plots.shapes_png(frame, meta, folder / "leaderboard_shapes.png")
     print(f"\nsaved {folder}")
-    versions_ok = frame[frame.kind == "version"].status.eq("pass").all()
-    return 0 if versions_ok else core.EXIT_CHECK_FAILED
+    versions_ok = frame.empty or frame[frame.kind == "version"].status.eq("pass").all()
+    checks_ok = checks.empty or checks.status.eq("pass").all()
+    return 0 if versions_ok and checks_ok else core.EXIT_CHECK_FAILED
 
 
 if __name__ == "__main__":

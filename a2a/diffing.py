@@ -261,7 +261,7 @@ def ratio_png(rows: list, meta: dict, path: Path) -> Path:
     ax.set_xticks(range(len(shapes)))
     ax.set_xticklabels(shapes, rotation=25, ha="right", fontsize=7)
     ax.set_ylabel(f"time {meta['b']} / time {meta['a']} (95% interval)")
-    ax.set_title(f"{meta['b']} vs {meta['a']}: {meta['device']}, world size {meta['world_size']}, {meta['date']}",
+    ax.set_title(f"{meta['b']} vs {meta['a']}: {meta['device']}, {meta['placement']}, {meta['date']}",
                  fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import eval as core
 from a2a import rows as result_rows
+from a2a import sharing
 from a2a.plan import TASK_YML, RunPlan, checked_version, load_task, make_plan
 from eval import UserError
 
@@ -59,21 +60,25 @@ class EvalResult:
     exit_code: int
     cases: list  # one row per case (a2a/rows.py): index, spec, args, status, error, runs, timing fields in µs
     import_s: float | None = None  # the slowest rank's import (and build) of the submission in the first case
+    placement: str = ""  # where the ranks ran (sharing.describe_run)
+    shared_gpus: bool = False  # ranks shared GPUs: the timings are not the problem's
 
 
 def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool = False,
              progress=print) -> EvalResult:
     """Stages `version` (the plan's only one by default), runs the protocol core on the plan's cases in a child
     process and returns the parsed results. `cold`: an empty extension cache, so the first case builds the
-    submission inside its time limit, as on the leaderboard's fresh machine."""
+    submission inside its time limit, as on the leaderboard's fresh machine. With more ranks than GPUs the ranks
+    share them through MPS (a2a/sharing.py), and the result says so."""
     if mode not in core.MODES:
         raise UserError(f"unknown mode '{mode}' (expected one of {', '.join(core.MODES)})")
     path = version or plan.version
-    with tempfile.TemporaryDirectory(prefix=f"a2a-{path.stem}-") as tmp:
+    where = plan.placement or sharing.placement(plan.world_size, 0, plan.backend)
+    with tempfile.TemporaryDirectory(prefix=f"a2a-{path.stem}-") as tmp, sharing.shared_ranks(where) as share_env:
         bundle = stage(path, Path(tmp) / "bundle", plan.task_path, plan.task)
         (bundle / "cases.txt").write_text("\n".join(case.spec for case in plan.cases) + "\n")
         env = dict(os.environ, POPCORN_GPUS=str(plan.world_size), A2A_BACKEND=plan.backend, A2A_EXTRA="1",
-                   A2A_RANK_PREFIX="1", A2A_RENDEZVOUS="private", PYTHONUNBUFFERED="1")
+                   A2A_RANK_PREFIX="1", A2A_RENDEZVOUS="private", PYTHONUNBUFFERED="1", **share_env)
         env.pop("POPCORN_SEED", None)
         if plan.seed is not None:
             env["POPCORN_SEED"] = str(plan.seed)
@@ -82,8 +87,10 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
         if cold:
             env["TORCH_EXTENSIONS_DIR"] = str(Path(tmp) / "extensions")
             env["TRITON_CACHE_DIR"] = str(Path(tmp) / "triton")
-        progress(f"{mode} {path.stem}: {len(plan.cases)} case(s), world size {plan.world_size}, backend "
-                 f"{plan.backend}" + ("" if plan.backend == "nccl" else " (CPU: timings are CPU timings)")
+        placement = sharing.describe_run(where, share_env)
+        progress(f"{mode} {path.stem}: {len(plan.cases)} case(s), {placement}, backend {plan.backend}"
+                 + ("" if plan.backend == "nccl" else " (CPU: timings are CPU timings)")
+                 + (" (shared GPUs: timings are not the problem's)" if where.shared else "")
                  + (", cold extension cache" if cold else ""))
         exit_code, output, _ = run_protocol(bundle, mode, "cases.txt", env, progress)
     keys = result_rows.parse_popcorn(output)
@@ -91,7 +98,8 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
     for row in cases:  # the protocol output names cases in the plan's order
         row["args"] = plan.cases[row["index"]].args
     return EvalResult(mode=mode, backend=plan.backend, exit_code=exit_code, cases=cases,
-                      import_s=float(keys["import_s"]) if "import_s" in keys else None)
+                      import_s=float(keys["import_s"]) if "import_s" in keys else None, placement=placement,
+                      shared_gpus=where.shared)
 
 
 def _child_setup():
@@ -166,7 +174,7 @@ def render(result: EvalResult) -> str:
         table = tabulate([[c["index"], c["spec"], c["status"], _short(c["error"])] for c in result.cases],
                          headers=["#", "case", "status", "error"], tablefmt="github")
     else:
-        unit = "" if result.backend == "nccl" else " [CPU]"
+        unit = " [shared GPUs]" if result.shared_gpus else "" if result.backend == "nccl" else " [CPU]"
         table_rows = [[c["index"], result_rows.shape_label(**c["args"]), c["status"],
                        c.get("runs", ""), c.get("mean_us"), c.get("p50_us"), c.get("p90_us"), c.get("best_us"),
                        c.get("device_mean_us"), c.get("device_p50_us"), c.get("device_p90_us"),
@@ -177,6 +185,9 @@ def render(result: EvalResult) -> str:
         means = [c["mean_us"] for c in result.cases if c.get("mean_us")]
         if means and len(means) == len(result.cases):
             table += f"\ngeomean of means: {result_rows.geomean(means):.1f} µs{unit}"
+    if result.shared_gpus and result.mode != "test":
+        table += (f"\n{result.placement}: these times measure ranks sharing a GPU, not the problem (one GPU per "
+                  "rank); compare them with nothing but other shared runs")
     if result.import_s is not None:
         window = core.OFFICIAL_TIMEOUT_S["test" if result.mode == "test" else "benchmark"]
         table += (f"\nimporting the submission (and building its extensions) took {result.import_s:.1f} s in the "

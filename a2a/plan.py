@@ -3,7 +3,8 @@ what the results are labelled with (device, date, commit). Every command and too
 `python eval.py`, run_leaderboard.py, diff.py, the trace, sweep and anatomy tools.
 
 Layers (imports only go down): commands and tools -> a2a.harness (the human face) -> a2a.timeline, a2a.anchors,
-a2a.diffing, a2a.sol -> a2a.plan, a2a.rows, launch -> eval (the protocol core, which imports nothing of a2a).
+a2a.diffing, a2a.sol -> a2a.plan, launch -> a2a.sharing, a2a.rows -> eval (the protocol core, which imports nothing
+of a2a).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 import eval as core
+from a2a import sharing
 from eval import UserError
 
 ROOT = core.HERE
@@ -56,14 +58,17 @@ def machine_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def run_meta(backend: str, world_size: int, mode: str) -> dict:
-    """What every saved result carries: device, world size, backend, mode, date, commit."""
+def run_meta(backend: str, world_size: int, mode: str, where: Optional[sharing.Placement] = None) -> dict:
+    """What every saved result carries: device, world size, where the ranks ran (`placement`: one GPU each, or
+    shared through MPS; `ranks`: ws8, ws8-on-1gpu), backend, mode, date, commit."""
     import torch
 
     device = torch.cuda.get_device_name(0) if backend == "nccl" else \
         f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
-    return {"device": device, "world_size": world_size, "backend": backend, "mode": mode,
-            "date": datetime.date.today().isoformat(), "commit": commit()}
+    where = where or sharing.placement(world_size, machine_gpus() if backend == "nccl" else 0, backend)
+    return {"device": device, "world_size": world_size, "placement": where.describe(), "shared_gpus": where.shared,
+            "ranks": where.slug(), "backend": backend, "mode": mode, "date": datetime.date.today().isoformat(),
+            "commit": commit()}
 
 
 def device_slug(meta: dict) -> str:
@@ -71,8 +76,9 @@ def device_slug(meta: dict) -> str:
 
 
 def run_folder(out: Path, meta: dict) -> Path:
-    """results/<date>_<device>_ws<N>_<mode>_<commit>/"""
-    return out / f"{meta['date']}_{device_slug(meta)}_ws{meta['world_size']}_{meta['mode']}_{meta['commit']}"
+    """results/<date>_<device>_<ranks>_<mode>_<commit>/, ranks `ws8` or, when they shared GPUs, `ws8-on-1gpu`."""
+    ranks = meta.get("ranks", f"ws{meta['world_size']}")
+    return out / f"{meta['date']}_{device_slug(meta)}_{ranks}_{meta['mode']}_{meta['commit']}"
 
 
 def load_task(path: Path = TASK_YML) -> dict:
@@ -245,12 +251,13 @@ class RunPlan:
     cases: tuple  # core.TestCase, validated
     world_size: int
     backend: str
-    meta: dict  # device, world size, backend, date, commit (mode added by meta_for)
+    meta: dict  # device, world size, placement, backend, date, commit (mode added by meta_for)
     seed: Optional[int] = None
     timeout_s: Optional[float] = None
     skipped: tuple = ()  # one line per version left out on this machine, and why
     task: Optional[dict] = None  # task.yml, read once
     task_path: Path = TASK_YML
+    placement: Optional[sharing.Placement] = None  # where the ranks run (one GPU each, or shared through MPS)
 
     @property
     def version(self) -> Path:
@@ -272,7 +279,9 @@ def make_plan(versions, selector: str = "tests", world_size: Optional[int] = Non
               gpu_only: str = "error") -> RunPlan:
     """Resolves and checks the versions, picks world size and backend for this machine (all GPUs up to 8 on NCCL,
     else 2 ranks on gloo), selects and validates the cases. A version that builds GPU code on a gloo run is an error
-    (`gpu_only="error"`), a `skipped` line ("skip"), or left for the tool to report ("keep")."""
+    (`gpu_only="error"`), a `skipped` line ("skip"), or left for the tool to report ("keep"). More ranks than GPUs
+    on NCCL share the GPUs (a2a/sharing.py): refused here, before any work, where MPS or a new enough NCCL is
+    missing."""
     use_bundle_modules()
     names = [versions] if isinstance(versions, (str, Path)) else list(versions)
     if not names:
@@ -306,6 +315,9 @@ def make_plan(versions, selector: str = "tests", world_size: Optional[int] = Non
         if seed is not None:
             case.args["seed"], case.secret_seed = core.cantor_combine(args["seed"], seed), seed
         cases.append(case)
-    core.validate_cases(cases, world_size, backend, gpus)
-    return RunPlan(tuple(paths), tuple(cases), world_size, backend, run_meta(backend, world_size, ""), seed, timeout_s,
-                   tuple(skipped), task, task_path)
+    where = sharing.placement(world_size, gpus if backend == "nccl" else 0, backend)
+    core.validate_cases(cases, world_size, backend, gpus, shared=where.shared)
+    if where.shared:
+        sharing.check_available()
+    return RunPlan(tuple(paths), tuple(cases), world_size, backend, run_meta(backend, world_size, "", where), seed,
+                   timeout_s, tuple(skipped), task, task_path, where)

@@ -26,7 +26,7 @@ KIND_NAMES = {"version": "version", "anchor": "anchor (2 library all-to-alls)", 
 
 
 def _title(meta: dict) -> str:
-    return (f"{meta['device']}, world size {meta['world_size']}, {meta['backend']}, {meta['mode']} mode, "
+    return (f"{meta['device']}, {meta['placement']}, {meta['backend']}, {meta['mode']} mode, "
             f"{meta['date']}, commit {meta['commit']}")
 
 

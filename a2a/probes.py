@@ -382,7 +382,7 @@ class Probes:
 
         self.ext = extension()
         self.rank, self.world_size = rank, world_size
-        self.device = torch.device(f"cuda:{rank}")
+        self.device = torch.device(f"cuda:{rank % torch.cuda.device_count()}")  # eval.rank_device's rule
         self.data_bytes_per_peer = data_bytes_per_peer
         self.base = self.ext.heap_create(OFF_DATA + world_size * data_bytes_per_peer)
         mine = self.ext.heap_handle(self.base).to(self.device)

@@ -54,6 +54,8 @@ def _measured(rank: int, world_size: int) -> Optional[dict]:
     import torch
     import torch.distributed as dist
 
+    import eval as core
+
     from a2a.probes import Probes, local_copy_gbps
 
     probes = Probes(rank, world_size, STORE_BYTES_PER_RANK)
@@ -75,7 +77,7 @@ def _measured(rank: int, world_size: int) -> Optional[dict]:
         mine["a2a_store_gbps_1mib"] = probes.peer_store_gbps(everyone, others,
                                                              _per_peer(SMALL_STORE_BYTES_PER_RANK, world_size))
         mine["pair_store_gbps"] = probes.peer_store_gbps([0], {0: [1]}, _per_peer(STORE_BYTES_PER_RANK, 2))
-        mine["local_copy_gbps"] = local_copy_gbps(torch.device(f"cuda:{rank}"))
+        mine["local_copy_gbps"] = local_copy_gbps(core.rank_device(rank))
         mine["clock"] = probes.clock_offsets()[rank]
     finally:
         probes.close()

@@ -363,7 +363,7 @@ def phases_markdown(ranks: list, meta: dict) -> str:
              f"{len(ranks[0]['marks'])} profiled calls (the version has no probes: its kernels come from the profiler, "
              "whose host overhead is inside these numbers)")
     lines = [f"# {meta['version']}: {meta['case']}", "",
-             f"{meta['device']}, world size {meta['world_size']}, {meta['date']}, commit {meta['commit']}; trace build, "
+             f"{meta['device']}, {meta['placement']}, {meta['date']}, commit {meta['commit']}; trace build, "
              f"{calls} after {WARMUP} warm-up calls, L2 cleared before each. Median over calls, per rank, µs on each "
              "GPU's own clock. The rows from 'host and launch' to 'after the last kernel' cut the marker-to-marker "
              "time into named parts; 'kernel / phase' rows are the time the phase was active inside that kernel "
@@ -416,8 +416,7 @@ def trace_version(plan, iterations: int, out: Path) -> list:
         meta = {**plan.meta_for("trace"), "version": path.stem, "case": core.spec_line(args),
                 "iterations": iterations, "profiled_iterations": JSON_ITERATIONS}
         # The commit in the name: a later run of the same version and case never overwrites an earlier one.
-        name = (f"{meta['date']}_{device_slug(meta)}_ws{plan.world_size}_{path.stem}_{case_label(args)}_"
-                f"{meta['commit']}")
+        name = f"{meta['date']}_{device_slug(meta)}_{meta['ranks']}_{path.stem}_{case_label(args)}_{meta['commit']}"
         folder = write([cases[index] for cases in per_rank], meta, out / name)
         print((folder / "phases.md").read_text())
         print(f"saved {folder}")

@@ -99,7 +99,7 @@ def test_run_leaderboard_evaluates_the_file_it_is_given(tmp_path):
     mine.mkdir()
     (mine / "v1.py").write_text("import torch\n\ndef custom_kernel(data):\n    return torch.zeros_like(data[1].x)\n")
     result = _command("run_leaderboard.py", "--versions", str(mine / "v1.py"), "--cases", "benchmarks:0",
-                      "--world-size", "2", "--out", str(tmp_path / "out"))
+                      "--world-size", "2", "--no-problem-size", "--out", str(tmp_path / "out"))
     assert result.returncode == EXIT_CHECK_FAILED, result.stdout[-2000:] + result.stderr[-2000:]
     assert "all pass" in result.stdout and "| no:" in result.stdout and "v1_torch_sort" not in result.stdout
 

@@ -12,8 +12,8 @@ from tests.conftest import ROOT
 from tools.compare_ideas import main, report, variants_of
 
 SCRATCH = ROOT / "submissions" / "all2all" / "ideas" / "v6_ideas.py"
-META = {"scratch": "v6_ideas", "baseline": "v5_varlen", "device": "test", "world_size": 2, "date": "2026-11-22",
-        "commit": "abc", "iterations": 5, "block": 1}
+META = {"scratch": "v6_ideas", "baseline": "v5_varlen", "device": "test", "world_size": 2,
+        "placement": "2 ranks on 2 GPUs, one each", "date": "2026-11-22", "commit": "abc", "iterations": 5, "block": 1}
 
 
 def scratch_constants() -> types.SimpleNamespace:

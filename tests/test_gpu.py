@@ -1,4 +1,6 @@
-"""GPU runs (NCCL, one process per GPU). Skip with a reason on machines without at least 2 GPUs.
+"""GPU runs on NCCL, on any machine with a GPU. The problem's own size, 8 ranks, runs everywhere: one GPU per rank
+where there are 8, else the ranks share the GPUs through MPS (a2a/sharing.py). A test whose claim needs one GPU per
+rank (a timing, a device that differs from the current one) skips with its reason where there are too few.
 
 Every rank path here leaves the current device where the runner leaves it (cuda:0): the versions must take their
 device from their inputs, as on the leaderboard. Test helpers bind their own GPU work with eval.own_device."""
@@ -11,14 +13,39 @@ from pathlib import Path
 
 import pytest
 
+import eval as core
+from a2a import sharing
 from a2a.harness import evaluate
 from a2a.plan import list_versions, load_version, make_plan, resolve_version
 from a2a.rows import parse_popcorn
 from launch import parallel_launch
-from tests.conftest import (ROOT, gpu_count, hanging_human_face, hanging_submission, requires_gpus, run_bundle,
+from tests.conftest import (ROOT, gpu_count, hanging_human_face, hanging_submission, requires_gpu, run_bundle,
                             run_eval, v1_kernel_source, wait_until_gone)
 
-pytestmark = [pytest.mark.gpu, requires_gpus]
+pytestmark = [pytest.mark.gpu, requires_gpu]
+PROBLEM_WS = 8  # the problem's world size (every official case)
+
+
+def _sharing_problem():
+    """Why 8 ranks cannot run on this machine's GPUs, or None (one GPU per rank, or sharing works here)."""
+    if not 0 < gpu_count() < PROBLEM_WS:
+        return None
+    try:
+        sharing.check_available()
+    except core.UserError as why:
+        return str(why)
+    return None
+
+
+SHARING_PROBLEM = _sharing_problem()
+at_problem_size = pytest.mark.skipif(SHARING_PROBLEM is not None, reason=f"{PROBLEM_WS} ranks cannot run here: "
+                                                                         f"{SHARING_PROBLEM}")
+
+
+def gpu_per_rank(ranks: int, why: str):
+    """Skips a test whose claim needs `ranks` GPUs, one per rank, saying why sharing one cannot make it."""
+    return pytest.mark.skipif(gpu_count() < ranks, reason=f"needs {ranks} GPUs, one per rank ({why}); this machine "
+                                                          f"has {gpu_count()}")
 # Every version with its own device code (v2 on): the P2P line.
 P2P_VERSIONS = [p.stem.split("_")[0] for p in list_versions() if int(p.stem.split("_")[0][1:]) >= 2]
 # Whether dispatch-recv's expert-major rows already hold the expert's output (v2 scales them in place; from v3 the
@@ -31,10 +58,6 @@ def largest() -> int:
     return min(gpu_count(), 8)
 
 
-def world_sizes():
-    return sorted({largest(), 2}) if gpu_count() >= 2 else [2]
-
-
 def _load(version: str, name: str = "", trace: bool = False):
     path = resolve_version(version)
     return load_version(path, name or path.stem, trace=trace)
@@ -44,7 +67,7 @@ def _sync(rank: int) -> None:
     """The test's own wait for its rank's GPU (torch.cuda.synchronize() alone waits for cuda:0, the current one)."""
     import torch
 
-    torch.cuda.synchronize(rank)
+    torch.cuda.synchronize(core.rank_device(rank))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -93,6 +116,7 @@ def _nccl(world_size: int, **extra) -> dict:
     return {"A2A_BACKEND": "nccl", "POPCORN_GPUS": str(world_size), **extra}
 
 
+@gpu_per_rank(2, "on one GPU every rank's device is cuda:0, the current one, so trusting it goes unseen")
 def test_a_submission_on_the_current_device_fails_as_on_the_runner(tmp_path):
     bundle = _staged(tmp_path, "v1", CANARY)
     code, output, stderr = run_bundle(bundle, "test", _official_cases(bundle, "tests", largest()), _nccl(largest()))
@@ -107,13 +131,14 @@ def test_no_harness_path_sets_the_current_device(tmp_path):
     path = tmp_path / "watches.py"
     path.write_text(WATCHES_THE_DEVICE)
     for mode, cases in (("test", "tests:0,5"), ("benchmark", "benchmarks:0"), ("leaderboard", "benchmarks:1")):
-        result = evaluate(make_plan(str(path), cases, largest(), "nccl"), mode, **QUIET)
+        result = evaluate(make_plan(str(path), cases, PROBLEM_WS, "nccl"), mode, **QUIET)
         assert result.exit_code == 0, [case["error"] for case in result.cases]
     assert timeline.trace_version(make_plan(str(path), "benchmarks:0", 2, "nccl"), 2, tmp_path / "traces")
     rows = diffing.time_versions(make_plan([str(path), str(path)], "benchmarks:0", 2, "nccl"), rounds=2, pairs=1)
     assert all("B/A" in row for row in rows), rows
 
 
+@gpu_per_rank(2, "the protocol face refuses more ranks than GPUs, as the runner does")
 @pytest.mark.parametrize("version", [p.stem.split("_")[0] for p in list_versions()])
 def test_the_staged_bundle_passes_the_protocol_face_in_every_mode(tmp_path, version):
     """Exactly what the runner runs, at the largest world size: a spawn pool of that many workers, each rank in
@@ -131,11 +156,44 @@ def test_the_staged_bundle_passes_the_protocol_face_in_every_mode(tmp_path, vers
         assert counted == (9 if mode == "test" else 5), keys
 
 
+def test_the_protocol_face_refuses_more_ranks_than_gpus(tmp_path):
+    """A staged bundle is the runner's: without the human face's sharing it refuses a case that needs more ranks
+    than the machine has GPUs (113, one line), before any rank starts."""
+    bundle = _staged(tmp_path, "v1")
+    too_many = 2 * gpu_count()
+    (bundle / "many.txt").write_text(f"num_experts: {8 * too_many}; experts_per_token: 2; hidden_dim: 256; "
+                                     f"max_num_tokens: 8; seed: 1; world_size: {too_many}\n")
+    code, output, stderr = run_bundle(bundle, "test", "many.txt", _nccl(too_many))
+    assert code == 113 and output == "", (code, output, stderr)
+    assert f"needs {too_many} ranks but this machine has {gpu_count()} GPU(s)" in stderr, stderr
+
+
+def _ran_where() -> str:
+    return "shared through MPS" if gpu_count() < PROBLEM_WS else "one each"
+
+
+@at_problem_size
+@pytest.mark.parametrize("version", [p.stem.split("_")[0] for p in list_versions()])
+def test_every_version_passes_at_the_problems_size(version):
+    """`python eval.py test vN --world-size 8` and `... leaderboard vN --world-size 8 --seed S`: all 9 official
+    tests, then the five benchmark shapes with a fresh secret seed and every run checked, on 8 ranks (sharing the
+    GPUs where there are fewer than 8)."""
+    seed = str(int(time.time()) % 100_000)
+    for mode, extra in (("test", []), ("leaderboard", ["--seed", seed])):
+        result = run_eval(mode, version, "--world-size", str(PROBLEM_WS), *extra, timeout=900)
+        assert result.returncode == 0, (mode, result.stdout[-3000:], result.stderr[-3000:])
+        assert f"{PROBLEM_WS} ranks on {min(gpu_count(), PROBLEM_WS)} GPU" in result.stdout, result.stdout[:500]
+        assert _ran_where() in result.stdout, result.stdout[:500]
+        rows = [line for line in result.stdout.splitlines() if line.startswith("|") and "pass" in line]
+        assert len(rows) == (9 if mode == "test" else 5), result.stdout[-3000:]
+
+
+@at_problem_size
 def test_a_cold_start_fits_the_first_test(tmp_path):
-    """An empty extension cache: every rank imports the newest version at once in the first case, one builds and
-    the others wait, inside the runner's 60 s."""
+    """An empty extension cache: every rank of the problem's 8 imports the newest version at once in the first case,
+    one builds and the others wait, inside the runner's 60 s."""
     newest = list_versions()[-1]
-    result = evaluate(make_plan(str(newest), "tests:0", largest(), "nccl"), "test", cold=True, **QUIET)
+    result = evaluate(make_plan(str(newest), "tests:0", PROBLEM_WS, "nccl"), "test", cold=True, **QUIET)
     assert result.exit_code == 0, [case["error"] for case in result.cases]
     assert result.import_s is not None and result.import_s < 60, result.import_s
     print(f"cold start of {newest.stem}: {result.import_s:.1f} s importing (and building) in the first case")
@@ -169,11 +227,38 @@ HANGS_ON_THE_GPU = hanging_submission(touch_the_gpu=True)
 
 
 def test_sigterm_ends_a_hanging_gpu_run(tmp_path, process_token):
+    """On one GPU the two ranks share it: the MPS daemon the run started must be gone too (it carries the token)."""
     process = hanging_human_face(tmp_path, process_token, HANGS_ON_THE_GPU)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 128 + signal.SIGTERM, stderr
     assert not wait_until_gone(process_token, 20), "processes left behind"
+
+
+@at_problem_size
+@pytest.mark.skipif(gpu_count() >= PROBLEM_WS, reason="with a GPU per rank nothing is shared and no MPS daemon runs")
+def test_a_killed_shared_run_leaves_no_mps_daemon(tmp_path, process_token):
+    """SIGKILL to the human face of 8 ranks sharing the GPUs: no `finally` runs, yet the ranks die with their
+    parents and the guardian stops the MPS daemon and its server and removes their folder."""
+    process = hanging_human_face(tmp_path, process_token, HANGS_ON_THE_GPU, world_size=PROBLEM_WS)
+    mps = [pid for pid in _processes_named("nvidia-cuda-mps")]
+    assert mps, "no MPS daemon ran for the shared ranks"
+    process.kill()
+    process.communicate(timeout=60)
+    assert not wait_until_gone(process_token, 30), "processes left behind"
+    assert not [pid for pid in _processes_named("nvidia-cuda-mps") if pid in mps], "the MPS daemon outlived the run"
+
+
+def _processes_named(prefix: str) -> list:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if Path(f"/proc/{entry}/comm").read_text().startswith(prefix):
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -231,9 +316,10 @@ def _dispatched_rows(rank, world_size, version, spec):
 
 
 @pytest.mark.parametrize("version", P2P_VERSIONS)
+@at_problem_size
 def test_dispatch_delivers_each_pair_once_to_the_right_expert(version):
     spec = dict(num_experts=64, experts_per_token=6, hidden_dim=2048, max_num_tokens=32, seed=1234)
-    results = parallel_launch(largest(), _dispatched_rows, version, spec, backend="nccl")
+    results = parallel_launch(PROBLEM_WS, _dispatched_rows, version, spec, backend="nccl")
     assert all(ok for ok, _ in results), results
     assert sum(n for _, n in results) > 0
 
@@ -255,22 +341,26 @@ def _pressure(rank, world_size, version, spec, repeats):
 
 
 @pytest.mark.parametrize("version", P2P_VERSIONS)
+@at_problem_size
 def test_pressure_same_seed_bit_identical_then_fresh_seeds(version):
     spec = dict(num_experts=256, experts_per_token=8, hidden_dim=7168, max_num_tokens=256, seed=4)
-    results = parallel_launch(largest(), _pressure, version, spec, 20, backend="nccl")
+    results = parallel_launch(PROBLEM_WS, _pressure, version, spec, 20, backend="nccl")
     assert all(identical for identical, _ in results), "same input gave different outputs"
     assert all(not failures for _, failures in results), results
 
 
+@at_problem_size
 @pytest.mark.parametrize("version", P2P_VERSIONS)
 def test_survives_regrouping_with_gpus_reassigned(version, tmp_path):
-    """One pool, groups of changing size in a row: each worker gets another rank (GPU) from case to case."""
+    """One pool of 8, groups of changing size in a row: each worker gets another rank (GPU) from case to case. Where
+    the 8 ranks share the GPUs, the bundle gets the human face's sharing (A2A_SHARE and the MPS daemon)."""
     bundle = _staged(tmp_path, version)
-    sizes = [largest(), 2, largest(), 2, 2]
+    sizes = [PROBLEM_WS, 2, PROBLEM_WS, 2, 2]
     lines = [f"num_experts: 64; experts_per_token: 6; hidden_dim: 2048; max_num_tokens: 32; seed: {i}; "
              f"world_size: {ws}" for i, ws in enumerate(sizes)]
     (bundle / "mixed.txt").write_text("\n".join(lines) + "\n")
-    code, output, stderr = run_bundle(bundle, "test", "mixed.txt", _nccl(largest()))
+    with sharing.shared_ranks(sharing.placement(PROBLEM_WS, gpu_count(), "nccl")) as share_env:
+        code, output, stderr = run_bundle(bundle, "test", "mixed.txt", _nccl(PROBLEM_WS, **share_env))
     assert code == 0 and parse_popcorn(output).get("check") == "pass", output + stderr[-3000:]
 
 
@@ -375,6 +465,7 @@ def test_trace_writes_the_json_the_picture_and_the_table(tmp_path):
     assert "| dispatch_recv / wait_counts" in (folder / "phases.md").read_text()
 
 
+@gpu_per_rank(2, "a timing of this machine's links")
 def test_sol_measures_this_machine():
     from a2a import sol
     from a2a.plan import run_meta
@@ -385,6 +476,7 @@ def test_sol_measures_this_machine():
     assert 100 < figures["local_copy_gbps"] < 20000
 
 
+@gpu_per_rank(2, "a timing, and NVSHMEM's own GPU binding")
 def test_anchors_time_a_case():
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -408,6 +500,7 @@ def test_step_anatomy_runs_on_gpus(tmp_path):
     assert "host" in result.stdout
 
 
+@gpu_per_rank(2, "a claim about timing noise")
 def test_diff_of_a_version_against_itself_on_gpus():
     from a2a import diffing
 

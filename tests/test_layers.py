@@ -11,11 +11,12 @@ from tests.conftest import ROOT
 # command entry and may hand over to the human face (eval.py's one line, `python -m a2a.sol`).
 LAYERS = {
     "eval": 0,
-    "launch": 1, "a2a.plan": 1, "a2a.rows": 1, "a2a.contract": 1, "a2a.plots": 1, "a2a.probes": 1,
-    "a2a.sol": 2, "a2a.anchors": 2, "a2a.diffing": 2, "a2a.timeline": 2,
-    "a2a.harness": 3,
-    "run_leaderboard": 4, "diff": 4, "tools.check_device": 4, "tools.sweep_launch": 4, "tools.step_anatomy": 4,
-    "tools.compare_ideas": 4, "tools.triton_launch": 4,
+    "a2a.sharing": 1, "a2a.rows": 1, "a2a.contract": 1, "a2a.plots": 1, "a2a.probes": 1,
+    "launch": 2, "a2a.plan": 2,
+    "a2a.sol": 3, "a2a.anchors": 3, "a2a.diffing": 3, "a2a.timeline": 3,
+    "a2a.harness": 4,
+    "run_leaderboard": 5, "diff": 5, "tools.check_device": 5, "tools.sweep_launch": 5, "tools.step_anatomy": 5,
+    "tools.compare_ideas": 5, "tools.triton_launch": 5, "tools.sm_share": 5,
 }
 
 

@@ -15,9 +15,12 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_leaderboard_saves_results_with_metadata(tmp_path):
     result = subprocess.run([sys.executable, "run_leaderboard.py", "--versions", "v1,v2", "--cases", "benchmarks:0",
-                             "--world-size", "2", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                            timeout=600)
+                             "--world-size", "2", "--problem-size-cases", "tests:0", "--out", str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
+    # the problem's own size in the same run: 8 ranks (gloo processes here), apart from the timed rows
+    assert "World size 8, the problem's size: the official tests, 8 ranks on the CPU (gloo)" in result.stdout
+    assert "| v1_torch_sort | 1 of 1" in result.stdout
     assert "published MI300X" in result.stdout and "1311" in result.stdout
     assert "skipped v2_p2p: it builds GPU code" in result.stdout
     assert "skipped the anchors and the SOL-here model: they need at least 2 GPUs" in result.stdout
@@ -30,7 +33,9 @@ def test_leaderboard_saves_results_with_metadata(tmp_path):
     assert frame.loc[0, "best_us"] <= frame.loc[0, "p50_us"] <= frame.loc[0, "p90_us"]
     assert frame.loc[0, "sol_mi300x_us"] == 6.33
     meta = json.loads((folder / "results.json").read_text())["meta"]
-    assert meta["backend"] == "gloo" and meta["commit"]
+    assert meta["backend"] == "gloo" and meta["commit"] and meta["placement"] == "2 ranks on the CPU (gloo)"
+    checks = pd.read_csv(folder / "checks.csv")
+    assert list(checks.status) == ["pass"] and list(checks.world_size) == [8]
     assert (folder / "leaderboard.png").read_bytes()[:8] == PNG
     assert "Device-side mean per shape (CPU µs)" in (folder / "table.md").read_text()
 
@@ -50,8 +55,8 @@ def _synthetic_frame() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-META = {"device": "test", "world_size": 2, "backend": "nccl", "mode": "benchmark", "date": "2026-11-22",
-        "commit": "abc", "skipped": []}
+META = {"device": "test", "world_size": 2, "placement": "2 ranks on 2 GPUs, one each", "backend": "nccl",
+        "mode": "benchmark", "date": "2026-11-22", "commit": "abc", "skipped": []}
 
 
 def test_pictures_at_a_glance_and_per_shape(tmp_path):

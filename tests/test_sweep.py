@@ -4,8 +4,8 @@ import pandas as pd
 
 from tools.sweep_launch import PER_MULTIPROCESSOR, THREADS, report
 
-META = {"version": "vT", "device": "test", "multiprocessors": 132, "world_size": 2, "date": "2026-11-22",
-        "commit": "abc", "iterations": 5}
+META = {"version": "vT", "device": "test", "multiprocessors": 132, "world_size": 2,
+        "placement": "2 ranks on 2 GPUs, one each", "date": "2026-11-22", "commit": "abc", "iterations": 5}
 
 
 def test_report_picks_the_fastest_shape_and_names_broken_ones(tmp_path):

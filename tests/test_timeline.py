@@ -26,8 +26,8 @@ def rank_data(rank: int, clock_offset_ns: float, slower_ns: int = 0) -> dict:
             "events": events, "phases": PHASES}
 
 
-META = {"device": "test device", "world_size": 2, "date": "2026-11-22", "commit": "abc", "version": "vT",
-        "case": "num_experts: 8", "iterations": 1, "backend": "nccl", "mode": "trace"}
+META = {"device": "test device", "world_size": 2, "placement": "2 ranks on 2 GPUs, one each", "date": "2026-11-22",
+        "commit": "abc", "version": "vT", "case": "num_experts: 8", "iterations": 1, "backend": "nccl", "mode": "trace"}
 
 
 def test_breakdown_cuts_the_call_into_named_parts_that_sum_to_it():

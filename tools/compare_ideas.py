@@ -99,7 +99,7 @@ def report(frame, meta: dict) -> str:
     from tabulate import tabulate
 
     lines = [f"# Ideas of {meta['scratch']} measured alone against {meta['baseline']}", "",
-             f"{meta['device']}, world size {meta['world_size']}, {meta['date']}, commit {meta['commit']}. "
+             f"{meta['device']}, {meta['placement']}, {meta['date']}, commit {meta['commit']}. "
              f"Device-side µs per call (CUDA events around the call, slowest rank per call), {meta['iterations']} "
              f"calls per variant and shape, variants taking turns every {meta['block']} call(s); host µs = host time "
              "inside the call (slowest rank, p50). Geometric mean over the shapes; delta against the baseline's.", ""]

@@ -95,7 +95,7 @@ def main(argv=None) -> int:
                               backend=plan.backend, timeout_s=900)[0]
     meta = plan.meta_for(f"anatomy-{plan.version.stem}")
     rows = [{"shape": shape_label(**c), **summarise(r)} for c, r in zip(plan.case_args, results)]
-    text = (f"# Anatomy of the timed step: {plan.version.stem}\n\n{meta['device']}, world size {plan.world_size}, "
+    text = (f"# Anatomy of the timed step: {plan.version.stem}\n\n{meta['device']}, {meta['placement']}, "
             f"{plan.backend}, {meta['date']}, commit {meta['commit']}; {args.iterations} case steps interleaved with "
             "as many floor steps; medians, µs. step = rank 0's leaderboard-style step; device = slowest rank's CUDA "
             "events around the call; start_lag = how late the last rank left the first barrier; clone, call_host, "

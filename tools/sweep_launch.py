@@ -104,7 +104,7 @@ def report(frame, meta: dict, folder: Path) -> str:
     from tabulate import tabulate
 
     lines = [f"# Launch-shape sweep of {meta['version']}", "",
-             f"{meta['device']} ({meta['multiprocessors']} multiprocessors), world size {meta['world_size']}, "
+             f"{meta['device']} ({meta['multiprocessors']} multiprocessors), {meta['placement']}, "
              f"{meta['date']}, commit {meta['commit']}. Device-side µs per call (CUDA events, slowest rank, median of "
              f"{meta['iterations']}), geometric mean over {frame['shape'].nunique()} shapes; one kernel varied at a "
              "time, the others at the version's defaults. Rows: threads per block; columns: blocks per "
@@ -141,7 +141,7 @@ def report(frame, meta: dict, folder: Path) -> str:
         for (i, j), value in np.ndenumerate(table.values):
             ax.text(j, i, f"{value:.0f}", ha="center", va="center", color="white", fontsize=7)
         fig.colorbar(image, ax=ax, label="µs (geomean)")
-    fig.suptitle(f"{meta['version']} launch shapes, {meta['device']}, world size {meta['world_size']}, "
+    fig.suptitle(f"{meta['version']} launch shapes, {meta['device']}, {meta['placement']}, "
                  f"{meta['date']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(folder / "sweep.png", dpi=110)

@@ -6,7 +6,8 @@ and the float16 accumulation of combine, but replaces the official per-token Pyt
 operations. It also holds a second, independent oracle: `closed_form_output` computes a rank's result locally,
 with no communication, from the fact that the simulated expert is `x * (1 + owner_rank)`.
 
-Runs on GPUs (NCCL, tensors on cuda:rank) and on CPUs (gloo, tensors on the CPU).
+Runs on GPUs (NCCL, tensors on cuda:rank, or cuda:(rank mod GPUs) where ranks share GPUs) and on CPUs (gloo,
+tensors on the CPU).
 """
 import dataclasses
 
@@ -30,10 +31,11 @@ class MoEConfig:
 
 
 def rank_device(rank: int) -> torch.device:
-    """cuda:rank on a GPU run; the CPU when there is no GPU or the process group runs on gloo."""
+    """cuda:rank on a GPU run (cuda:(rank mod GPUs) where ranks share GPUs, which the runner never does); the CPU
+    when there is no GPU or the process group runs on gloo."""
     on_gloo = dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo"
     if torch.cuda.is_available() and not on_gloo:
-        return torch.device(f"cuda:{rank}")
+        return torch.device(f"cuda:{rank % torch.cuda.device_count()}")
     return torch.device("cpu")
 
 

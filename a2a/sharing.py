@@ -1,0 +1,386 @@
+"""More ranks than GPUs: where each rank runs, CUDA MPS to share a GPU, and an NCCL that allows it.
+
+The problem is posed at 8 ranks and most machines here have fewer GPUs. When a run's world size exceeds the GPU
+count G, rank r runs on cuda:(r mod G) (eval.rank_device), and the ranks of one GPU share it through CUDA MPS:
+their kernels run side by side, each rank limited to an SM share (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) small enough
+that every rank's grid is resident at once. Without that, kernels that spin on flags raised by another rank's
+kernel wait for a time slice that never comes. NCCL stays the process group: from 2.30 it accepts several ranks on
+one GPU when NCCL_MULTI_RANK_GPU_ENABLE=1 is set.
+
+What sharing proves and what it cannot (README, "World size 8 on fewer GPUs"): the algorithm at 8 ranks and the
+runner's process model except the device binding; never a timing, the interconnect's ordering or AMD's caching.
+
+- `Placement`: world size over GPUs, the SM share, the words every header and folder name uses.
+- `shared_ranks(placement)`: a context that holds an MPS control daemon (one already running, or its own, stopped
+  at the end by a guardian process that outlives even a SIGKILL of this one) and yields the environment the rank
+  processes need.
+- `nccl_for_sharing()`: the NCCL library the ranks load (torch's own when it is 2.30 or later, else one built or
+  named), checked by asking the library itself.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator, Optional
+
+import eval as core
+from eval import UserError
+
+MPS_CONTROL = "nvidia-cuda-mps-control"
+DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # where MPS clients look when CUDA_MPS_PIPE_DIRECTORY is unset
+NCCL_MULTI_RANK = (2, 30, 0)  # the first NCCL with NCCL_MULTI_RANK_GPU_ENABLE
+# Where `make nccl` puts the NCCL it builds (a user can name another with A2A_NCCL_LIB).
+BUILT_NCCL = core.HERE / "build" / "nccl" / "lib" / "libnccl.so.2"
+# The share of one GPU's SMs that all the ranks sharing it may hold together. Measured with tools/sm_share.py
+# (WORKLOG, "SM share"): with every rank's share adding up to nearly the whole GPU, v5 and v6 gave up waiting on
+# flags (their grids were not all resident at once); with this much headroom every run was clean.
+SHARED_SM_FRACTION = 0.72
+STOP_TIMEOUT_S = 15.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """How a run's ranks sit on this machine's GPUs. `gpus` 0: a CPU (gloo) run. `sm_percent`: each rank's share
+    of its GPU when shared (A2A_SM_PERCENT overrides the default, for measuring it)."""
+    world_size: int
+    gpus: int
+    sm_percent: Optional[int] = None
+
+    @property
+    def shared(self) -> bool:
+        return 0 < self.gpus < self.world_size
+
+    @property
+    def gpus_used(self) -> int:
+        return min(self.gpus, self.world_size)
+
+    @property
+    def ranks_per_gpu(self) -> int:
+        return math.ceil(self.world_size / self.gpus_used) if self.gpus else 0
+
+    def device_index(self, rank: int) -> int:
+        return rank % self.gpus_used
+
+    def describe(self) -> str:
+        """`8 ranks on 1 GPU, shared through MPS (9% of its SMs each)`, `2 ranks on 2 GPUs, one each`, ..."""
+        ranks = f"{self.world_size} rank{'s' if self.world_size != 1 else ''}"
+        if not self.gpus:
+            return f"{ranks} on the CPU (gloo)"
+        gpus = f"{self.gpus_used} GPU{'s' if self.gpus_used != 1 else ''}"
+        if not self.shared:
+            return f"{ranks} on {gpus}, one each"
+        return f"{ranks} on {gpus}, shared through MPS ({self.sm_percent}% of its SMs each)"
+
+    def slug(self) -> str:
+        """What folder names carry: `ws8`, or `ws8-on-1gpu` when the ranks share GPUs."""
+        return f"ws{self.world_size}" + (f"-on-{self.gpus_used}gpu" if self.shared else "")
+
+
+def sm_share_percent(ranks_per_gpu: int, fraction: float = SHARED_SM_FRACTION) -> int:
+    """Each rank's share of a GPU it shares with `ranks_per_gpu - 1` others, in whole percent (at least 1)."""
+    return max(1, math.floor(100 * fraction / ranks_per_gpu))
+
+
+def placement(world_size: int, gpus: int, backend: str) -> Placement:
+    """The placement of a run; A2A_SM_PERCENT (1-100) replaces the measured SM share of shared ranks."""
+    if backend == "gloo" or not gpus:
+        return Placement(world_size, 0)
+    if world_size <= gpus:
+        return Placement(world_size, gpus)
+    forced = os.environ.get("A2A_SM_PERCENT", "").strip()
+    if forced:
+        if not forced.isdigit() or not 1 <= int(forced) <= 100:
+            raise UserError(f"A2A_SM_PERCENT must be a whole percent from 1 to 100, not '{forced[:40]}'")
+        percent = int(forced)
+    else:
+        percent = sm_share_percent(math.ceil(world_size / gpus))
+    return Placement(world_size, gpus, percent)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# NCCL: several ranks on one GPU need 2.30 or later
+# --------------------------------------------------------------------------------------------------------------
+
+_VERSION_CHILD = ("import ctypes, sys\n"
+                  "lib = ctypes.CDLL(sys.argv[1])\n"
+                  "code = ctypes.c_int()\n"
+                  "sys.exit(3) if lib.ncclGetVersion(ctypes.byref(code)) else print(code.value)\n")
+
+
+def nccl_version_of(path: Path) -> Optional[tuple]:
+    """The version an NCCL library file reports (ncclGetVersion), asked in a child process so that this one never
+    loads it (torch would then bind to whichever copy came first)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _VERSION_CHILD, str(path)], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode or not done.stdout.strip().isdigit():
+        return None
+    return core.nccl_version_tuple(int(done.stdout))
+
+
+def torch_nccl_library() -> Optional[Path]:
+    """The libnccl.so.2 of the nvidia-nccl wheel torch's CUDA build loads (its RPATH points into site-packages)."""
+    for entry in sys.path:
+        candidate = Path(entry or ".") / "nvidia" / "nccl" / "lib" / "libnccl.so.2"
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Nccl:
+    version: tuple
+    path: Path
+    preload: bool  # the ranks load it with LD_PRELOAD (torch's own is older)
+
+    def describe(self) -> str:
+        return f"NCCL {core.version_text(self.version)} ({self.path}{', preloaded' if self.preload else ''})"
+
+
+def nccl_for_sharing() -> Nccl:
+    """The NCCL that lets several ranks share a GPU: torch's own if it is new enough, else A2A_NCCL_LIB or what
+    `make nccl` built. UserError (one line, how to get one) when there is none."""
+    own = torch_nccl_library()
+    own_version = nccl_version_of(own) if own else None
+    if own_version and own_version >= NCCL_MULTI_RANK:
+        return Nccl(own_version, own, preload=False)
+    named = os.environ.get("A2A_NCCL_LIB")
+    candidates = [Path(named)] if named else [BUILT_NCCL]
+    for candidate in candidates:
+        if not candidate.is_file():
+            if named:
+                raise UserError(f"A2A_NCCL_LIB={named}: no such file")
+            continue
+        version = nccl_version_of(candidate)
+        if version is None:
+            raise UserError(f"{candidate} is not an NCCL library that loads here (ncclGetVersion failed)")
+        if version < NCCL_MULTI_RANK:
+            raise UserError(f"{candidate} is NCCL {core.version_text(version)}; several ranks on one GPU need "
+                            f"{core.version_text(NCCL_MULTI_RANK)} or later")
+        return Nccl(version, candidate.resolve(), preload=True)
+    found = f"NCCL {core.version_text(own_version)} ({own})" if own_version else "no NCCL library of its own"
+    raise UserError(f"several ranks on one GPU need NCCL {core.version_text(NCCL_MULTI_RANK)} or later and torch "
+                    f"loads {found}: pip install 'nvidia-nccl-cu13>=2.30' (or -cu12), or build one with `make nccl` "
+                    "(README, 'World size 8 on fewer GPUs')")
+
+
+def _require_mps() -> None:
+    if shutil.which(MPS_CONTROL) is None:
+        raise UserError(f"ranks cannot share a GPU here: CUDA MPS is not installed ({MPS_CONTROL} is not on the "
+                        "PATH); run at most one rank per GPU (--world-size)")
+
+
+def check_available() -> None:
+    """UserError (one line) when ranks cannot share GPUs on this machine: no MPS, or no NCCL that allows it. What
+    can only be seen by trying (MPS refusing a client) is found when the daemon starts, before any rank does."""
+    _require_mps()
+    nccl_for_sharing()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# CUDA MPS: one control daemon for as long as any shared run of this process needs it
+# --------------------------------------------------------------------------------------------------------------
+
+# The guardian: starts the control daemon in the foreground as its own child, says `ready`, then waits for its
+# owner's pipe to close (the owner ended, by any means, SIGKILL included), asks the daemon to quit, kills whatever
+# still carries the daemon's pipe folder in its environment (the MPS server, a stray client) and removes the
+# folder. It runs in its own session, so a signal to the owner's process group does not reach it.
+_GUARDIAN = r"""
+import os, signal, shutil, subprocess, sys, time
+control, folder = sys.argv[1], sys.argv[2]
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, signal.SIG_IGN)
+pipe = os.path.join(folder, "pipe")
+log = open(os.path.join(folder, "daemon.out"), "w")
+daemon = subprocess.Popen([control, "-f"], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+deadline = time.monotonic() + 15
+while not os.path.exists(os.path.join(pipe, "control")) and daemon.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("ready" if daemon.poll() is None and os.path.exists(os.path.join(pipe, "control")) else "failed", flush=True)
+sys.stdin.read()
+if daemon.poll() is None:
+    try:
+        subprocess.run([control], input="quit\n", text=True, timeout=10, capture_output=True)
+        daemon.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait()
+mark = ("CUDA_MPS_PIPE_DIRECTORY=" + pipe).encode()
+for entry in os.listdir("/proc"):
+    if entry.isdigit() and int(entry) != os.getpid():
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    os.kill(int(entry), signal.SIGKILL)
+        except OSError:
+            pass
+shutil.rmtree(folder, ignore_errors=True)
+"""
+
+# Run in a rank's environment: opens a context on every GPU through the CUDA driver and prints each GPU's SM count
+# as this process sees it (MPS shrinks it to the share), then holds the contexts until stdin closes.
+_PROBE = r"""
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+def check(code, what):
+    if code:
+        name = ctypes.c_char_p()
+        cuda.cuGetErrorName(code, ctypes.byref(name))
+        print(f"error {what}: {(name.value or b'?').decode()}", flush=True)
+        sys.exit(3)
+check(cuda.cuInit(0), "cuInit")
+count = ctypes.c_int()
+check(cuda.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
+sms = []
+for index in range(count.value):
+    device, context, value = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_int()
+    check(cuda.cuDeviceGet(ctypes.byref(device), index), "cuDeviceGet")
+    check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "opening a context")
+    check(cuda.cuDeviceGetAttribute(ctypes.byref(value), 16, device), "cuDeviceGetAttribute")
+    sms.append(str(value.value))
+print("sms " + " ".join(sms), flush=True)
+sys.stdin.readline()
+"""
+
+
+def _control(pipe: str, command: str, timeout_s: float = 10.0) -> Optional[str]:
+    """A command to the control daemon listening in `pipe`; its answer, or None when no daemon answers."""
+    if not Path(pipe, "control").exists():
+        return None
+    try:
+        done = subprocess.run([MPS_CONTROL], input=command + "\n", text=True, capture_output=True,
+                              timeout=timeout_s, env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=pipe))
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+class MpsDaemon:
+    """A control daemon: one already running (CUDA_MPS_PIPE_DIRECTORY, or MPS's default folder), or this
+    process's own, in a private folder, held by a guardian that stops it when this process ends."""
+
+    def __init__(self):
+        _require_mps()
+        self.guardian: Optional[subprocess.Popen] = None
+        self.folder: Optional[Path] = None
+        existing = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIRECTORY
+        if _control(existing, "get_server_list") is not None:
+            self.pipe, self.owned = existing, False
+            return
+        self.folder = Path(tempfile.mkdtemp(prefix="a2a-mps-"))
+        self.pipe, self.owned = str(self.folder / "pipe"), True
+        (self.folder / "pipe").mkdir()
+        (self.folder / "log").mkdir()
+        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=self.pipe, CUDA_MPS_LOG_DIRECTORY=str(self.folder / "log"))
+        self.guardian = subprocess.Popen([sys.executable, "-c", _GUARDIAN, shutil.which(MPS_CONTROL),
+                                          str(self.folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         text=True, env=env, start_new_session=True)
+        if self.guardian.stdout.readline().strip() != "ready":
+            why = self._log_tail()
+            self.stop()
+            raise UserError(f"ranks cannot share a GPU here: the MPS control daemon did not start ({why})")
+
+    def _log_tail(self) -> str:
+        lines = []
+        for name in ("daemon.out", "log/control.log", "log/server.log"):
+            with contextlib.suppress(OSError):
+                lines += [line.strip() for line in (self.folder / name).read_text().splitlines() if line.strip()]
+        return lines[-1][:200] if lines else "no message"
+
+    def probe(self, percent: int) -> list[int]:
+        """Opens a context on every GPU as a rank would (MPS client, `percent` share) and checks that the daemon
+        counts it among its clients; returns each GPU's SM count as a rank sees it. UserError when MPS refuses or
+        the process ran without it (a time-sliced run would crawl, or hang on the flags)."""
+        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=self.pipe, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(percent))
+        child = subprocess.Popen([sys.executable, "-c", _PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            answer = child.stdout.readline().strip()
+            if not answer.startswith("sms "):
+                raise UserError(f"ranks cannot share a GPU here: MPS refused a client ({answer or 'no answer'}"
+                                + (f"; daemon: {self._log_tail()}" if self.owned else "") + ")")
+            servers = (_control(self.pipe, "get_server_list") or "").split()
+            clients = {pid for server in servers for pid in (_control(self.pipe, f"get_client_list {server}")
+                                                               or "").split()}
+            if str(child.pid) not in clients:
+                raise UserError("ranks cannot share a GPU here: a process started with the MPS environment did not "
+                                "become an MPS client (the GPUs would be time-sliced instead)")
+            return [int(n) for n in answer.split()[1:]]
+        finally:
+            with contextlib.suppress(OSError):
+                child.stdin.close()
+            child.wait(timeout=30)
+
+    def stop(self) -> None:
+        """Stops this process's own daemon (the guardian does it and returns); one already running is left."""
+        if self.guardian is None:
+            return
+        with contextlib.suppress(OSError):
+            self.guardian.stdin.close()
+        try:
+            self.guardian.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            core.kill_tree(self.guardian.pid)
+            self.guardian.wait()
+        self.guardian = None
+
+
+_daemon: Optional[MpsDaemon] = None
+_users = 0
+_probed: dict = {}  # percent -> SM counts a rank sees
+
+
+@contextlib.contextmanager
+def shared_ranks(where: Placement) -> Iterator[dict]:
+    """The environment rank processes of `where` need: nothing when each rank has its own GPU; with shared GPUs, the
+    MPS pipe folder (of a daemon held for as long as any caller in this process needs it), each rank's SM share,
+    NCCL's switch for several ranks on one GPU and, where torch's own NCCL is older, the newer one preloaded.
+    `A2A_SHARE=mps` tells the protocol core that the ranks may outnumber the GPUs."""
+    global _daemon, _users
+    if not where.shared:
+        yield {}
+        return
+    nccl = nccl_for_sharing()
+    if _daemon is None:
+        _daemon = MpsDaemon()
+        _probed.clear()
+    _users += 1
+    try:
+        if where.sm_percent not in _probed:
+            _probed[where.sm_percent] = _daemon.probe(where.sm_percent)
+        env = {"A2A_SHARE": "mps", "CUDA_MPS_PIPE_DIRECTORY": _daemon.pipe,
+               "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(where.sm_percent), "NCCL_MULTI_RANK_GPU_ENABLE": "1",
+               "A2A_NCCL_VERSION": core.version_text(nccl.version), "A2A_RANK_SMS": ",".join(
+                   map(str, _probed[where.sm_percent]))}
+        if nccl.preload:
+            env["LD_PRELOAD"] = " ".join(filter(None, (str(nccl.path), os.environ.get("LD_PRELOAD"))))
+        yield env
+    finally:
+        _users -= 1
+        if _users == 0:
+            _daemon.stop()
+            _daemon = None
+
+
+def ranks_seen_sms(env: dict) -> Optional[list]:
+    """The SM counts per GPU a shared rank sees (from the probe), for headers; None when not shared."""
+    text = env.get("A2A_RANK_SMS")
+    return [int(n) for n in text.split(",")] if text else None
+
+
+def describe_run(where: Placement, env: dict) -> str:
+    """The header line of a run: the placement and, when shared, what a rank sees and which NCCL runs."""
+    sms = ranks_seen_sms(env)
+    text = where.describe()
+    if sms:
+        text += f": {sms[0]} SMs per rank, NCCL {env.get('A2A_NCCL_VERSION')}"
+    return text

@@ -1,0 +1,253 @@
+"""More ranks than GPUs, planned on a CPU: where each rank runs, the SM shares, the refusals (no MPS, no NCCL that
+allows it, A2A_SHARE without a daemon), and the MPS daemon's lifetime, with a stand-in for nvidia-cuda-mps-control
+that behaves like it (a foreground daemon with a control file, a server that ignores `quit`, client commands)."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import eval as core
+from a2a import plan as planning
+from a2a import sharing
+from tests.conftest import run_bundle
+
+
+def test_ranks_go_round_robin_over_the_gpus():
+    on_one = sharing.Placement(8, 1, 9)
+    assert on_one.shared and on_one.ranks_per_gpu == 8 and {on_one.device_index(r) for r in range(8)} == {0}
+    on_three = sharing.Placement(8, 3, 24)
+    assert [on_three.device_index(r) for r in range(8)] == [0, 1, 2, 0, 1, 2, 0, 1] and on_three.ranks_per_gpu == 3
+    one_each = sharing.placement(2, 8, "nccl")
+    assert not one_each.shared and one_each.gpus_used == 2 and one_each.sm_percent is None
+    assert not sharing.placement(8, 1, "gloo").shared and sharing.placement(8, 1, "gloo").gpus == 0
+
+
+def test_the_sm_share_leaves_headroom_and_shrinks_with_the_ranks(monkeypatch):
+    monkeypatch.delenv("A2A_SM_PERCENT", raising=False)
+    shares = {n: sharing.sm_share_percent(n) for n in range(2, 9)}
+    assert all(n * p <= 100 * sharing.SHARED_SM_FRACTION for n, p in shares.items()), shares
+    assert all(shares[n] >= shares[n + 1] for n in range(2, 8)) and shares[8] >= 1, shares
+    assert sharing.placement(8, 1, "nccl").sm_percent == shares[8]
+    assert sharing.placement(8, 2, "nccl").sm_percent == shares[4]  # 4 ranks on each of 2 GPUs
+
+
+def test_the_sm_share_can_be_set_and_is_checked(monkeypatch):
+    monkeypatch.setenv("A2A_SM_PERCENT", "13")
+    assert sharing.placement(8, 1, "nccl").sm_percent == 13
+    for bad in ("0", "101", "ten", "-5"):
+        monkeypatch.setenv("A2A_SM_PERCENT", bad)
+        with pytest.raises(core.UserError, match="A2A_SM_PERCENT must be a whole percent"):
+            sharing.placement(8, 1, "nccl")
+
+
+def test_every_output_names_where_the_ranks_ran():
+    shared = sharing.Placement(8, 1, 9)
+    assert shared.describe() == "8 ranks on 1 GPU, shared through MPS (9% of its SMs each)"
+    assert shared.slug() == "ws8-on-1gpu"
+    assert sharing.Placement(2, 8).describe() == "2 ranks on 2 GPUs, one each" and sharing.Placement(2, 8).slug() == "ws2"
+    assert sharing.Placement(2, 0).describe() == "2 ranks on the CPU (gloo)"
+    meta = {"date": "2026-11-23", "device": "NVIDIA H100", "world_size": 8, "ranks": shared.slug(), "mode": "test",
+            "commit": "abc"}
+    assert planning.run_folder(Path("results"), meta).name == "2026-11-23_nvidia-h100_ws8-on-1gpu_test_abc"
+
+
+def test_a_run_on_a_cpu_says_so_in_its_plan():
+    plan = planning.make_plan("v1", "tests:0", 2, "gloo")
+    assert plan.meta["placement"] == "2 ranks on the CPU (gloo)" and not plan.meta["shared_gpus"]
+
+
+def test_no_mps_is_one_line_before_any_work(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(planning, "machine_gpus", lambda: 1)
+    with pytest.raises(core.UserError, match="CUDA MPS is not installed"):
+        planning.make_plan("v1", "tests:0", 8, "nccl")
+    with pytest.raises(core.UserError, match="CUDA MPS is not installed"):
+        sharing.MpsDaemon()
+
+
+def test_more_ranks_than_gpus_is_refused_without_sharing():
+    case = core.TestCase(args={"num_experts": 8, "experts_per_token": 2, "hidden_dim": 16, "max_num_tokens": 4,
+                               "seed": 1, "world_size": 8}, spec="x")
+    with pytest.raises(core.UserError, match="needs 8 ranks but this machine has 1 GPU"):
+        core.validate_cases([case], 8, "nccl", 1)
+    core.validate_cases([case], 8, "nccl", 1, shared=True)
+    with pytest.raises(core.UserError, match="has 0 GPU"):  # sharing needs a GPU to share
+        core.validate_cases([case], 8, "nccl", 0, shared=True)
+
+
+@pytest.mark.parametrize("share, pipe, message", [
+    ("mps", "/nonexistent/a2a-pipe", "no MPS control daemon listens in /nonexistent/a2a-pipe"),
+    ("timeslice", "/tmp", "A2A_SHARE must be 'mps'"),
+])
+def test_the_protocol_core_refuses_sharing_it_cannot_have(bundle, share, pipe, message):
+    code, output, stderr = run_bundle(bundle, "test", "tests.txt",
+                                      {"A2A_SHARE": share, "CUDA_MPS_PIPE_DIRECTORY": pipe})
+    assert code == core.EXIT_BAD_INPUT and output == "", (code, output, stderr)
+    assert message in stderr and "Traceback" not in stderr, stderr
+
+
+def test_nccl_versions_read_as_nccl_writes_them():
+    assert core.nccl_version_tuple(22809) == (2, 28, 9) and core.nccl_version_tuple(23007) == (2, 30, 7)
+    assert core.nccl_version_tuple(2708) == (2, 7, 8)  # before 2.9 NCCL counted in thousands
+    assert core.version_text((2, 30, 7)) == "2.30.7"
+
+
+def _fake_nccl(folder: Path, code: int) -> Path:
+    """A shared library that answers ncclGetVersion with `code`, as libnccl.so.2 does."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build a stand-in NCCL")
+    source = folder / f"nccl{code}.c"
+    source.write_text(f"int ncclGetVersion(int* version) {{ *version = {code}; return 0; }}\n")
+    library = folder / f"libnccl{code}.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    return library
+
+
+def test_the_ranks_get_an_nccl_that_allows_sharing(tmp_path, monkeypatch):
+    old, new = _fake_nccl(tmp_path, 22809), _fake_nccl(tmp_path, 23007)
+    monkeypatch.setattr(sharing, "torch_nccl_library", lambda: old)
+    monkeypatch.setattr(sharing, "BUILT_NCCL", tmp_path / "not-built" / "libnccl.so.2")
+    monkeypatch.delenv("A2A_NCCL_LIB", raising=False)
+    with pytest.raises(core.UserError, match=r"need NCCL 2\.30\.0 or later and torch loads NCCL 2\.28\.9 .*make nccl"):
+        sharing.nccl_for_sharing()
+    monkeypatch.setenv("A2A_NCCL_LIB", str(new))
+    assert sharing.nccl_for_sharing() == sharing.Nccl((2, 30, 7), new.resolve(), preload=True)
+    monkeypatch.setenv("A2A_NCCL_LIB", str(old))
+    with pytest.raises(core.UserError, match=r"is NCCL 2\.28\.9; several ranks on one GPU need 2\.30\.0"):
+        sharing.nccl_for_sharing()
+    monkeypatch.setenv("A2A_NCCL_LIB", str(tmp_path / "missing.so"))
+    with pytest.raises(core.UserError, match="no such file"):
+        sharing.nccl_for_sharing()
+    monkeypatch.setattr(sharing, "torch_nccl_library", lambda: new)  # torch's own is new enough: no preload
+    assert sharing.nccl_for_sharing().preload is False
+
+
+# A stand-in for nvidia-cuda-mps-control: `-f` is the daemon (a control file in the pipe folder, a `server` child
+# that ignores quit, as a wedged one would); otherwise a client command on stdin.
+FAKE_CONTROL = '''
+import os, subprocess, sys, time
+pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+control = os.path.join(pipe, "control")
+if sys.argv[1:] == ["-f"]:
+    open(control, "w").close()
+    subprocess.Popen(["sleep", "1000"])
+    while not os.path.exists(os.path.join(pipe, "quit")):
+        time.sleep(0.05)
+    os.remove(control)
+    sys.exit(0)
+command = sys.stdin.read().strip()
+if not os.path.exists(control):
+    print("Cannot find MPS control daemon process")
+    sys.exit(1)
+if command == "quit":
+    open(os.path.join(pipe, "quit"), "w").close()
+print("")
+'''
+
+
+@pytest.fixture
+def fake_mps(tmp_path, monkeypatch):
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    control = folder / sharing.MPS_CONTROL
+    control.write_text(f"#!{sys.executable}\n{FAKE_CONTROL}")
+    control.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "no-daemon-here"))
+    return folder
+
+
+def _carrying(text: str) -> list:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != os.getpid()
+            and _environ_has(int(e), text)]
+
+
+def _environ_has(pid: int, text: str) -> bool:
+    try:
+        return text.encode() in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+def _gone(pipe: str, seconds: float = 20) -> list:
+    deadline = time.monotonic() + seconds
+    while (left := _carrying(f"CUDA_MPS_PIPE_DIRECTORY={pipe}")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def test_an_own_daemon_is_stopped_with_everything_it_started(fake_mps):
+    daemon = sharing.MpsDaemon()
+    assert daemon.owned and Path(daemon.pipe, "control").exists()
+    assert len(_carrying(f"CUDA_MPS_PIPE_DIRECTORY={daemon.pipe}")) >= 3  # guardian, daemon, its server
+    daemon.stop()
+    assert not _gone(daemon.pipe, 5), "the daemon or its server outlived stop()"
+    assert not daemon.folder.exists()
+
+
+def test_a_daemon_already_running_is_used_and_left_running(fake_mps, tmp_path, monkeypatch):
+    pipe = tmp_path / "theirs"
+    pipe.mkdir()
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe))
+    theirs = subprocess.Popen([str(fake_mps / sharing.MPS_CONTROL), "-f"], env=env)
+    try:
+        while not (pipe / "control").exists():
+            time.sleep(0.05)
+        monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipe))
+        daemon = sharing.MpsDaemon()
+        assert not daemon.owned and daemon.pipe == str(pipe)
+        daemon.stop()
+        assert theirs.poll() is None, "a daemon this run did not start was stopped"
+    finally:
+        (pipe / "quit").touch()
+        theirs.wait(timeout=10)
+        for pid in _carrying(f"CUDA_MPS_PIPE_DIRECTORY={pipe}"):
+            os.kill(pid, signal.SIGKILL)
+
+
+OWNER = '''
+import sys
+sys.path.insert(0, sys.argv[1])
+from a2a import sharing
+daemon = sharing.MpsDaemon()
+print(daemon.pipe, flush=True)
+import time
+time.sleep(1000)
+'''
+
+
+def test_a_killed_owner_leaves_no_daemon_behind(fake_mps):
+    """SIGKILL runs no `finally`: the guardian, in its own session, sees its owner's pipe close and cleans up."""
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(core.HERE)], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    pipe = owner.stdout.readline().strip()
+    assert pipe and Path(pipe, "control").exists(), pipe
+    os.killpg(owner.pid, signal.SIGKILL)
+    owner.wait()
+    assert not _gone(pipe), "processes left behind after the owner was killed"
+    assert not Path(pipe).parent.exists()
+
+
+def test_shared_ranks_give_the_ranks_mps_nccl_and_their_share(fake_mps, tmp_path, monkeypatch):
+    new = _fake_nccl(tmp_path, 23007)
+    monkeypatch.setattr(sharing, "torch_nccl_library", lambda: None)
+    monkeypatch.setenv("A2A_NCCL_LIB", str(new))
+    monkeypatch.setattr(sharing.MpsDaemon, "probe", lambda self, percent: [132 * percent // 100])
+    where = sharing.Placement(8, 1, 9)
+    with sharing.shared_ranks(where) as env, sharing.shared_ranks(where) as again:
+        assert env == again  # one daemon for every user in this process
+        assert env["A2A_SHARE"] == "mps" and Path(env["CUDA_MPS_PIPE_DIRECTORY"], "control").exists()
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "9" and env["NCCL_MULTI_RANK_GPU_ENABLE"] == "1"
+        assert env["A2A_NCCL_VERSION"] == "2.30.7" and env["LD_PRELOAD"].startswith(str(new.resolve()))
+        assert sharing.describe_run(where, env) == ("8 ranks on 1 GPU, shared through MPS (9% of its SMs each): "
+                                                    "11 SMs per rank, NCCL 2.30.7")
+        pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+    assert not _gone(pipe, 5), "the daemon outlived the last user"
+    with sharing.shared_ranks(sharing.Placement(2, 2)) as env:
+        assert env == {}  # one GPU per rank: nothing shared, no daemon
