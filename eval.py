@@ -19,7 +19,7 @@ cuda:(r mod GPUs), sharing through the MPS daemon the human face holds; a2a/shar
 NCCL every rank must have loaded). Without A2A_SHARE a bundle refuses more ranks than GPUs, as the runner does.
 
 Also a small rank API for tools (tools/, a2a/): RankPool, clone_data, snapshot, all_ok, slowest_rank, synchronize,
-timed_step, rank_device, own_device.
+timed_step, rank_device, own_device, environment_with, loaded_nccl_version.
 """
 from __future__ import annotations
 
@@ -768,7 +768,7 @@ def _worker_loop(conn, phase_slot, parent_pid: int) -> None:
 
 
 @contextlib.contextmanager
-def _environment_with(extra: dict):
+def environment_with(extra: dict):
     """os.environ with `extra` set, for the duration (what a spawned process starts with)."""
     before = {name: os.environ.get(name) for name in extra}
     os.environ.update(extra)
@@ -829,7 +829,7 @@ class RankPool:
         parent_end, child_end = self.context.Pipe()
         phase = self.context.RawValue("i", 0)
         process = self.context.Process(target=_worker_loop, args=(child_end, phase, os.getpid()), daemon=True)
-        with _environment_with(self.env):  # a spawned worker starts with this process's environment
+        with environment_with(self.env):  # a spawned worker starts with this process's environment
             process.start()
         child_end.close()
         return process, parent_end, phase

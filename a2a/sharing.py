@@ -38,10 +38,12 @@ DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # where MPS clients look when CUDA_M
 NCCL_MULTI_RANK = (2, 30, 0)  # the first NCCL with NCCL_MULTI_RANK_GPU_ENABLE
 # Where `make nccl` puts the NCCL it builds (a user can name another with A2A_NCCL_LIB).
 BUILT_NCCL = core.HERE / "build" / "nccl" / "lib" / "libnccl.so.2"
-# The share of one GPU's SMs that all the ranks sharing it may hold together. Measured with tools/sm_share.py
-# (WORKLOG, "SM share"): with every rank's share adding up to nearly the whole GPU, v5 and v6 gave up waiting on
-# flags (their grids were not all resident at once); with this much headroom every run was clean.
+# Each rank's share of a GPU it shares (WORKLOG, "World size 8 on one GPU"): together the ranks of one GPU hold
+# SHARED_SM_FRACTION of it (4 ranks at 25% each, 32 of 132 SMs, left v5 and v6 waiting on flags: their grids were not
+# all resident at once; at 18% every run was clean), but no rank gets less than MIN_SM_PERCENT: with 10 SMs per rank
+# NCCL's own kernels hung among 8 ranks, with 14 (12%) v2-v7 passed every official test.
 SHARED_SM_FRACTION = 0.72
+MIN_SM_PERCENT = 12
 STOP_TIMEOUT_S = 15.0
 
 
@@ -84,8 +86,18 @@ class Placement:
 
 
 def sm_share_percent(ranks_per_gpu: int, fraction: float = SHARED_SM_FRACTION) -> int:
-    """Each rank's share of a GPU it shares with `ranks_per_gpu - 1` others, in whole percent (at least 1)."""
-    return max(1, math.floor(100 * fraction / ranks_per_gpu))
+    """Each rank's share of a GPU it shares with `ranks_per_gpu - 1` others, in whole percent: `fraction` of the GPU
+    over its ranks, raised to MIN_SM_PERCENT where that still fits the GPU (up to 8 ranks), never more than a fair
+    split (more than 8 ranks per GPU is untried)."""
+    share = max(math.floor(100 * fraction / ranks_per_gpu), MIN_SM_PERCENT)
+    return max(1, min(share, math.floor(100 / ranks_per_gpu)))
+
+
+def nccl_channels(sms_per_rank: int) -> int:
+    """NCCL_MAX_NCHANNELS for ranks sharing a GPU: a power of two (NCCL rounds its peer-to-peer channels up to one)
+    at most half the SMs a rank sees, so that every block of each rank's NCCL kernel can be resident at once; blocks
+    of one rank wait on the same channel's blocks of the others. Untuned NCCL sizes its channels for a whole GPU."""
+    return 1 << max(0, (max(1, sms_per_rank // 2)).bit_length() - 1)
 
 
 def placement(world_size: int, gpus: int, backend: str) -> Placement:
@@ -343,7 +355,8 @@ _probed: dict = {}  # percent -> SM counts a rank sees
 def shared_ranks(where: Placement) -> Iterator[dict]:
     """The environment rank processes of `where` need: nothing when each rank has its own GPU; with shared GPUs, the
     MPS pipe folder (of a daemon held for as long as any caller in this process needs it), each rank's SM share,
-    NCCL's switch for several ranks on one GPU and, where torch's own NCCL is older, the newer one preloaded.
+    NCCL's switch for several ranks on one GPU, its channels capped to the share (nccl_channels) and, where torch's
+    own NCCL is older, the newer one preloaded.
     `A2A_SHARE=mps` tells the protocol core that the ranks may outnumber the GPUs."""
     global _daemon, _users
     if not where.shared:
@@ -363,6 +376,8 @@ def shared_ranks(where: Placement) -> Iterator[dict]:
                    map(str, _probed[where.sm_percent]))}
         if nccl.preload:
             env["LD_PRELOAD"] = " ".join(filter(None, (str(nccl.path), os.environ.get("LD_PRELOAD"))))
+        if "NCCL_MAX_NCHANNELS" not in os.environ:
+            env["NCCL_MAX_NCHANNELS"] = str(nccl_channels(min(_probed[where.sm_percent])))
         yield env
     finally:
         _users -= 1

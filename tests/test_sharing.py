@@ -29,11 +29,18 @@ def test_ranks_go_round_robin_over_the_gpus():
 
 def test_the_sm_share_leaves_headroom_and_shrinks_with_the_ranks(monkeypatch):
     monkeypatch.delenv("A2A_SM_PERCENT", raising=False)
-    shares = {n: sharing.sm_share_percent(n) for n in range(2, 9)}
-    assert all(n * p <= 100 * sharing.SHARED_SM_FRACTION for n, p in shares.items()), shares
-    assert all(shares[n] >= shares[n + 1] for n in range(2, 8)) and shares[8] >= 1, shares
+    shares = {n: sharing.sm_share_percent(n) for n in range(2, 17)}
+    assert all(n * p <= 100 for n, p in shares.items()), shares  # never more than the GPU
+    assert all(shares[n] >= shares[n + 1] for n in range(2, 16)), shares
+    assert all(p >= sharing.MIN_SM_PERCENT for n, p in shares.items() if n <= 8), shares  # NCCL's floor
+    assert shares[4] * 4 <= 100 * sharing.SHARED_SM_FRACTION  # headroom where the floor does not bind
+    assert (shares[2], shares[4], shares[8]) == (36, 18, 12)  # the measured points (WORKLOG)
     assert sharing.placement(8, 1, "nccl").sm_percent == shares[8]
     assert sharing.placement(8, 2, "nccl").sm_percent == shares[4]  # 4 ranks on each of 2 GPUs
+
+
+def test_nccl_channels_fit_the_share():
+    assert [sharing.nccl_channels(n) for n in (1, 2, 10, 14, 22, 32, 66)] == [1, 1, 4, 4, 8, 16, 32]
 
 
 def test_the_sm_share_can_be_set_and_is_checked(monkeypatch):
@@ -245,9 +252,17 @@ def test_shared_ranks_give_the_ranks_mps_nccl_and_their_share(fake_mps, tmp_path
         assert env["A2A_SHARE"] == "mps" and Path(env["CUDA_MPS_PIPE_DIRECTORY"], "control").exists()
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "9" and env["NCCL_MULTI_RANK_GPU_ENABLE"] == "1"
         assert env["A2A_NCCL_VERSION"] == "2.30.7" and env["LD_PRELOAD"].startswith(str(new.resolve()))
+        assert env["NCCL_MAX_NCHANNELS"] == "4"  # 11 SMs per rank: 4 channels fit
         assert sharing.describe_run(where, env) == ("8 ranks on 1 GPU, shared through MPS (9% of its SMs each): "
                                                     "11 SMs per rank, NCCL 2.30.7")
         pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
     assert not _gone(pipe, 5), "the daemon outlived the last user"
     with sharing.shared_ranks(sharing.Placement(2, 2)) as env:
         assert env == {}  # one GPU per rank: nothing shared, no daemon
+
+
+def test_the_share_sweep_needs_a_gpu():
+    done = subprocess.run([sys.executable, "tools/sm_share.py", "--world-size", "8"], cwd=core.HERE,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == core.EXIT_BAD_INPUT, done.stdout + done.stderr
+    assert done.stderr.strip() == "error: the SM share is a GPU matter: this machine has no GPU", done.stderr

@@ -95,7 +95,7 @@ def test_write_makes_the_json_the_picture_and_the_table(tmp_path):
     assert json.loads((folder / "trace.json").read_text())["otherData"]["version"] == "vT"
     assert (folder / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (folder / "phases.md").read_text()
-    assert "| send / rows" in table and "test device, world size 2" in table and "1 clean calls" in table
+    assert "| send / rows" in table and "test device, 2 ranks on 2 GPUs, one each" in table and "1 clean calls" in table
 
 
 def test_without_the_profilers_stamps_the_probes_still_give_the_breakdown():

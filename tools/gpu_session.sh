@@ -10,6 +10,8 @@
 #          submission files, default every version) |
 #          tests[:K_EXPRESSION] | sol | leaderboard:VERSIONS[:OPTIONS] | trace:VERSION:CASES | sweep:VERSION |
 #          diff:A:B | anatomy:VERSION | ideas:SCRATCH[:SETS] (tools/compare_ideas.py against v5; IDEAS_BLOCK) |
+#          nccl (tools/build_nccl.sh: NCCL 2.30+ for ranks sharing a GPU; NCCL_SRC names a source archive) |
+#          sm_share:WORLD[:PERCENTS] (tools/sm_share.py) |
 #          wait (until a detached run is done) | pack:DEST
 #          (DEST/session.tgz: logs, results/, traces/)
 #
@@ -78,6 +80,8 @@ run_steps() {
       anatomy) step "anatomy_$a" 600 $py tools/step_anatomy.py "$a" --cases benchmarks --out "$out/results" ;;
       ideas) step "ideas_$(basename "$a" .py)" 900 $py tools/compare_ideas.py "$a" --sets "$b" --iterations 100 \
                --block "${IDEAS_BLOCK:-1}" --out "$out/results" ;;
+      nccl) step nccl 900 tools/build_nccl.sh ;;
+      sm_share) step "sm_share_$a" 1500 $py tools/sm_share.py --world-size "$a" ${b:+--percents "$b"} --out "$out/results" ;;
       pack) mkdir -p "$a"; tar czf "$a/session.tgz" -C "$out" logs results traces; ls -la "$a" ;;
       wait) while [ -e "$out/.running" ]; do sleep 2; done; cat "$out/logs/session.log" ;;
       *) echo "unknown step $item" | tee -a "$out/logs/session.log" ;;

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -74,11 +73,9 @@ def sweep(plan: planning.RunPlan, percents: list, repeats: int, spin_timeout_s: 
     from launch import LaunchError, parallel_launch
 
     rows = []
-    saved = {name: os.environ.get(name) for name in ("A2A_SM_PERCENT", "A2A_SPIN_TIMEOUT_S")}
-    try:
-        os.environ["A2A_SPIN_TIMEOUT_S"] = str(spin_timeout_s)
-        for percent in percents:
-            os.environ["A2A_SM_PERCENT"] = str(percent)
+    for percent in percents:
+        # the share and the give-up time reach the ranks through the environment they start with
+        with core.environment_with({"A2A_SM_PERCENT": str(percent), "A2A_SPIN_TIMEOUT_S": str(spin_timeout_s)}):
             where = sharing.placement(plan.world_size, planning.machine_gpus(), "nccl")
             progress(f"{where.describe()}: {len(plan.versions)} version(s) x {len(plan.cases)} case(s) x {repeats}")
             started = time.monotonic()
@@ -90,12 +87,6 @@ def sweep(plan: planning.RunPlan, percents: list, repeats: int, spin_timeout_s: 
                 rows.append({"percent": percent, "version": "(the group)", "calls": 0, "wrong": None,
                              "slowest_ms": None, "first_wrong_case": None, "error": str(error)[:300]})
             progress(f"  {time.monotonic() - started:.0f} s")
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     return rows
 
 
