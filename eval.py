@@ -54,6 +54,7 @@ OFFICIAL_TIMEOUT_S = {"test": 60, "benchmark": 180, "leaderboard": 180, "profile
 # After one rank of a case has failed, how long the others get to return before the watchdog kills them.
 FAILED_PEER_GRACE_S = 10.0
 DEFAULT_MASTER_PORT = 12356  # the runner's fixed rendezvous port
+MPS_DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # where MPS clients look when CUDA_MPS_PIPE_DIRECTORY is unset
 MAX_REPEATS = 100
 LEADERBOARD_SEED_STEP = 13  # leaderboard mode: a fresh input per run, seed + 13 each time
 MAX_LINE_CHARS = 1000
@@ -810,6 +811,7 @@ class RankPool:
                  env: Optional[dict] = None):
         self.context = multiprocessing.get_context("spawn")
         self.backend, self.rank_prefix, self.env = backend, rank_prefix, dict(env or {})
+        self.nccl_version = self.env.get("A2A_NCCL_VERSION", os.environ.get("A2A_NCCL_VERSION"))
         self.store, self.master_port = None, master_port
         if master_port is None:
             import torch.distributed as dist
@@ -819,11 +821,11 @@ class RankPool:
         self.cases_run = 0
 
     def _setup(self) -> RankSetup:
-        nccl = self.env.get("A2A_NCCL_VERSION", os.environ.get("A2A_NCCL_VERSION"))
         if self.store is not None:
             return RankSetup(self.backend, store_port=self.store.port, rank_prefix=self.rank_prefix,
-                             nccl_version=nccl)
-        return RankSetup(self.backend, master_port=self.master_port, rank_prefix=self.rank_prefix, nccl_version=nccl)
+                             nccl_version=self.nccl_version)
+        return RankSetup(self.backend, master_port=self.master_port, rank_prefix=self.rank_prefix,
+                         nccl_version=self.nccl_version)
 
     def _start(self):
         parent_end, child_end = self.context.Pipe()
@@ -1079,7 +1081,7 @@ def _sharing_asked() -> bool:
         return False
     if share != "mps":
         raise UserError(f"A2A_SHARE must be 'mps', not '{share[:40]}'")
-    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", MPS_DEFAULT_PIPE_DIRECTORY)
     if not Path(pipe, "control").exists():
         raise UserError(f"A2A_SHARE=mps but no MPS control daemon listens in {pipe} (CUDA_MPS_PIPE_DIRECTORY)")
     return True

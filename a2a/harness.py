@@ -73,7 +73,7 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
     if mode not in core.MODES:
         raise UserError(f"unknown mode '{mode}' (expected one of {', '.join(core.MODES)})")
     path = version or plan.version
-    where = plan.placement or sharing.placement(plan.world_size, 0, plan.backend)
+    where = plan.placement
     with tempfile.TemporaryDirectory(prefix=f"a2a-{path.stem}-") as tmp, sharing.shared_ranks(where) as share_env:
         bundle = stage(path, Path(tmp) / "bundle", plan.task_path, plan.task)
         (bundle / "cases.txt").write_text("\n".join(case.spec for case in plan.cases) + "\n")

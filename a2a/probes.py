@@ -380,9 +380,11 @@ class Probes:
         import torch
         import torch.distributed as dist
 
+        import eval as core
+
         self.ext = extension()
         self.rank, self.world_size = rank, world_size
-        self.device = torch.device(f"cuda:{rank % torch.cuda.device_count()}")  # eval.rank_device's rule
+        self.device = core.rank_device(rank)
         self.data_bytes_per_peer = data_bytes_per_peer
         self.base = self.ext.heap_create(OFF_DATA + world_size * data_bytes_per_peer)
         mine = self.ext.heap_handle(self.base).to(self.device)

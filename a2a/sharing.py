@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import shutil
@@ -34,7 +35,6 @@ import eval as core
 from eval import UserError
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
-DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # where MPS clients look when CUDA_MPS_PIPE_DIRECTORY is unset
 NCCL_MULTI_RANK = (2, 30, 0)  # the first NCCL with NCCL_MULTI_RANK_GPU_ENABLE
 # Where `make nccl` puts the NCCL it builds (a user can name another with A2A_NCCL_LIB).
 BUILT_NCCL = core.HERE / "build" / "nccl" / "lib" / "libnccl.so.2"
@@ -112,7 +112,7 @@ def placement(world_size: int, gpus: int, backend: str) -> Placement:
             raise UserError(f"A2A_SM_PERCENT must be a whole percent from 1 to 100, not '{forced[:40]}'")
         percent = int(forced)
     else:
-        percent = sm_share_percent(math.ceil(world_size / gpus))
+        percent = sm_share_percent(Placement(world_size, gpus).ranks_per_gpu)
     return Placement(world_size, gpus, percent)
 
 
@@ -126,9 +126,11 @@ _VERSION_CHILD = ("import ctypes, sys\n"
                   "sys.exit(3) if lib.ncclGetVersion(ctypes.byref(code)) else print(code.value)\n")
 
 
+@functools.lru_cache(maxsize=None)
 def nccl_version_of(path: Path) -> Optional[tuple]:
     """The version an NCCL library file reports (ncclGetVersion), asked in a child process so that this one never
-    loads it (torch would then bind to whichever copy came first)."""
+    loads it (torch would then bind to whichever copy came first); asked once per file and process (the plan and
+    every shared run of a command ask again)."""
     try:
         done = subprocess.run([sys.executable, "-c", _VERSION_CHILD, str(path)], capture_output=True, text=True,
                               timeout=60)
@@ -153,9 +155,6 @@ class Nccl:
     version: tuple
     path: Path
     preload: bool  # the ranks load it with LD_PRELOAD (torch's own is older)
-
-    def describe(self) -> str:
-        return f"NCCL {core.version_text(self.version)} ({self.path}{', preloaded' if self.preload else ''})"
 
 
 def nccl_for_sharing() -> Nccl:
@@ -284,7 +283,7 @@ class MpsDaemon:
         _require_mps()
         self.guardian: Optional[subprocess.Popen] = None
         self.folder: Optional[Path] = None
-        existing = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIRECTORY
+        existing = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or core.MPS_DEFAULT_PIPE_DIRECTORY
         if _control(existing, "get_server_list") is not None:
             self.pipe, self.owned = existing, False
             return
@@ -386,16 +385,10 @@ def shared_ranks(where: Placement) -> Iterator[dict]:
             _daemon = None
 
 
-def ranks_seen_sms(env: dict) -> Optional[list]:
-    """The SM counts per GPU a shared rank sees (from the probe), for headers; None when not shared."""
-    text = env.get("A2A_RANK_SMS")
-    return [int(n) for n in text.split(",")] if text else None
-
-
 def describe_run(where: Placement, env: dict) -> str:
-    """The header line of a run: the placement and, when shared, what a rank sees and which NCCL runs."""
-    sms = ranks_seen_sms(env)
+    """The header line of a run: the placement and, when shared, the SMs a rank sees (the probe's count on the first
+    GPU) and which NCCL runs."""
     text = where.describe()
-    if sms:
-        text += f": {sms[0]} SMs per rank, NCCL {env.get('A2A_NCCL_VERSION')}"
+    if env.get("A2A_RANK_SMS"):
+        text += f": {env['A2A_RANK_SMS'].split(',')[0]} SMs per rank, NCCL {env['A2A_NCCL_VERSION']}"
     return text

@@ -112,7 +112,7 @@ def main(argv=None) -> int:
                              "rank would share one")
     if args.repeats < 1 or not args.spin_timeout > 0:
         raise core.UserError("--repeats must be at least 1 and --spin-timeout positive")
-    ranks_per_gpu = -(-args.world_size // gpus)
+    ranks_per_gpu = sharing.Placement(args.world_size, gpus).ranks_per_gpu
     try:
         percents = ([int(p) for p in args.percents.split(",")] if args.percents else
                     sorted({sharing.sm_share_percent(ranks_per_gpu, f) for f in FRACTIONS}))
