@@ -70,7 +70,7 @@ run_steps() {
       _build) build "$a" ;;
       cold) for v in ${a//,/ }; do step "cold_$v" 300 "$0" "$out" "_cold:$v"; done ;;
       _cold) cold "$a" ;;
-      tests) step "tests" 1500 $py -m pytest -q -rs tests/test_gpu.py ${a:+-k "$a"} ;;
+      tests) step "tests" 1500 $py -m pytest -q -rsP --durations=20 tests/test_gpu.py ${a:+-k "$a"} ;;
       sol) step sol 300 $py -m a2a.sol --out "$out/results" ;;
       leaderboard) step "leaderboard_${a//,/-}" 900 $py run_leaderboard.py --versions "$a" --out "$out/results" $b ;;
       trace) step "trace_$(basename "$a" .py)_${b//[:,]/-}" 400 \
