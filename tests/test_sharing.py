@@ -34,7 +34,7 @@ def test_the_sm_share_leaves_headroom_and_shrinks_with_the_ranks(monkeypatch):
     assert all(shares[n] >= shares[n + 1] for n in range(2, 16)), shares
     assert all(p >= sharing.MIN_SM_PERCENT for n, p in shares.items() if n <= 8), shares  # NCCL's floor
     assert shares[4] * 4 <= 100 * sharing.SHARED_SM_FRACTION  # headroom where the floor does not bind
-    assert (shares[2], shares[4], shares[8]) == (36, 18, 12)  # the measured points (WORKLOG)
+    assert (shares[2], shares[4], shares[8]) == (36, 18, 10)  # the measured points (WORKLOG)
     assert sharing.placement(8, 1, "nccl").sm_percent == shares[8]
     assert sharing.placement(8, 2, "nccl").sm_percent == shares[4]  # 4 ranks on each of 2 GPUs
 
@@ -44,8 +44,13 @@ def test_nccl_channels_fit_the_share():
 
 
 def test_the_sm_share_can_be_set_and_is_checked(monkeypatch):
-    monkeypatch.setenv("A2A_SM_PERCENT", "13")
-    assert sharing.placement(8, 1, "nccl").sm_percent == 13
+    monkeypatch.setenv("A2A_SM_PERCENT", "12")
+    assert sharing.placement(8, 1, "nccl").sm_percent == 12
+    monkeypatch.setenv("A2A_SM_PERCENT", "25")
+    assert sharing.placement(8, 2, "nccl").sm_percent == 25  # 4 ranks per GPU: a whole GPU
+    monkeypatch.setenv("A2A_SM_PERCENT", "13")  # 8 ranks at 13% ask for 104% of the GPU
+    with pytest.raises(core.UserError, match="8 ranks 104% of one GPU: at most 12% each"):
+        sharing.placement(8, 1, "nccl")
     for bad in ("0", "101", "ten", "-5"):
         monkeypatch.setenv("A2A_SM_PERCENT", bad)
         with pytest.raises(core.UserError, match="A2A_SM_PERCENT must be a whole percent"):

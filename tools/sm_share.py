@@ -118,8 +118,9 @@ def main(argv=None) -> int:
                     sorted({sharing.sm_share_percent(ranks_per_gpu, f) for f in FRACTIONS}))
     except ValueError:
         raise core.UserError(f"--percents {args.percents}: give whole percents separated by commas") from None
-    if not all(1 <= p <= 100 for p in percents):
-        raise core.UserError(f"--percents {args.percents}: each must be from 1 to 100")
+    if not all(1 <= p <= 100 // ranks_per_gpu for p in percents):
+        raise core.UserError(f"--percents {args.percents}: each must be from 1 to {100 // ranks_per_gpu} "
+                             f"({ranks_per_gpu} ranks share each GPU)")
     plan = planning.make_plan(versions, args.cases, args.world_size, "nccl", gpu_only="keep")
     rows = sweep(plan, percents, args.repeats, args.spin_timeout)
     meta = {**plan.meta_for("sm-share"), "repeats": args.repeats, "spin_timeout_s": args.spin_timeout,
