@@ -1,5 +1,5 @@
-"""a2a/contract.py: the trace-phase enum and the give-up packer that versions paste are what the toolkit reads back;
-versions from v5 on carry the generated text verbatim; frozen versions name as many phases in C++ as in Python."""
+"""a2a/contract.py: the version protocol (every name the toolkit reads from a version, held against the toolkit's
+source and every version), and the trace-phase enum and give-up packer that versions paste."""
 import ast
 import re
 import shutil
@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from a2a import contract
+from a2a.plan import list_versions
 from tests.conftest import ROOT
 
 PHASES = ("all2all", "all2all.send_row", "all2all.wait_counts", "all2all.reduce")
@@ -60,3 +61,89 @@ def test_every_version_names_its_phases_once(path):
     else:  # frozen with a hand-written enum: at least as many names, in one enum
         enum = re.search(r"enum TracePhase \{([^}]*)\}", strings["KERNELS"])[1]
         assert len([n for n in enum.split(",") if n.strip()]) == len(strings["TRACE_PHASES"])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The version protocol (a2a.contract.VERSION_PROTOCOL): what the toolkit reads is what the table says
+# --------------------------------------------------------------------------------------------------------------
+
+TOOLKIT = ["eval.py", "launch.py", "diff.py", "run_leaderboard.py", "a2a/*.py", "tools/*.py", "tools/*.sh",
+           "tests/*.py"]
+# How the toolkit names a loaded version: `module.X`, `traced.X`, getattr/hasattr(module, "X").
+READ = re.compile(r"(?<![\w.])(?:module|traced)\.([A-Za-z_]\w*)|\b(?:get|has)attr\((?:module|traced), \"(\w+)\"")
+
+
+def _names_the_toolkit_reads() -> set:
+    """Attributes of a loaded version, and names read from a version's source as text ("KERNELS" in an AST walk).
+    This file counts only above this section, whose own strings name every entry; a2a/contract.py only by attribute."""
+    table = {name for name, *_ in contract.VERSION_PROTOCOL}
+    found = set()
+    for pattern in TOOLKIT:
+        for path in ROOT.glob(pattern):
+            text = path.read_text()
+            if path.name == "test_contract.py":
+                text = text[:text.index("# The version protocol (a2a.contract")]
+            found |= {a or b for a, b in READ.findall(text)}
+            if path.name != "contract.py":  # whose table names every entry
+                found |= {name for name in table if f'"{name}"' in text}
+            if 'name="a2a_' in text and path.suffix == ".sh":
+                found.add('name="a2a_..."')
+    return found - {"__name__", "__file__"}
+
+
+def test_the_protocol_table_lists_every_name_the_toolkit_reads_and_no_other():
+    table = {name for name, *_ in contract.VERSION_PROTOCOL}
+    read = _names_the_toolkit_reads()
+    assert read - table == set(), f"read from versions but not in a2a.contract.VERSION_PROTOCOL: {read - table}"
+    assert table - read == set(), f"in the protocol table but read by nothing: {table - read}"
+
+
+def test_readme_shows_the_protocol_table():
+    readme = (ROOT / "README.md").read_text()
+    for name, have, readers, _ in contract.VERSION_PROTOCOL:
+        assert f"| `{name}` | {have} | {readers} |" in readme, name
+
+
+def _top_level_names(path) -> set:
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return names
+
+
+@pytest.mark.parametrize("path", list_versions(), ids=lambda p: p.stem)
+def test_every_version_follows_the_protocol(path):
+    """Read without importing (importing builds): the entry point, then each line's names."""
+    names, number = _top_level_names(path), int(path.stem.split("_")[0][1:])
+    assert "custom_kernel" in names
+    for marker, required in contract.REQUIRED_BY_LINE.items():
+        if marker in names:
+            assert set(required) <= names, f"{path.stem} has {marker} but not {set(required) - names}"
+    if "KERNELS" in names:
+        assert re.search(r'name="a2a_\w+"', path.read_text()), "no load_inline name the cold start can find"
+    if number >= contract.FIRST_WITH_INSPECT:
+        assert "inspect" in names or "inspect" in path.read_text(), "v8 on: inspect() replaces the reach-ins"
+
+
+@pytest.mark.parametrize("path", [p for p in list_versions() if "TRITON_KERNELS" in p.read_text()],
+                         ids=lambda p: p.stem)
+def test_triton_constexprs_come_in_the_kernels_parameter_order(path):
+    """A Triton version may pass its constexprs to the compiled launcher by position (v7: `tuple(constants.values())`
+    after the runtime arguments), so constants() must list them in the kernel's own parameter order."""
+    pytest.importorskip("triton")
+    from a2a.plan import load_task, load_version
+
+    module = load_version(path, f"protocol_{path.stem}")
+    for shape in load_task()["benchmarks"]:
+        shape = {k: v for k, v in shape.items() if k in ("num_experts", "experts_per_token", "hidden_dim",
+                                                         "max_num_tokens")}
+        for kernel_name in module.TRITON_KERNELS:
+            kernel = getattr(module, kernel_name)
+            constants = module.constants(**shape, world_size=8, trace=False, hip=False)
+            in_kernel = [name for name in kernel.arg_names if name in constants]
+            assert list(constants) == in_kernel, (kernel_name, list(constants), in_kernel)
+            runtime = [name for name in kernel.arg_names if name not in constants]
+            assert kernel.arg_names == runtime + in_kernel, "constexprs must come after every runtime argument"

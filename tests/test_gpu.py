@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import eval as core
-from a2a import sharing
+from a2a import contract, sharing
 from a2a.harness import evaluate
 from a2a.plan import list_versions, load_version, make_plan, resolve_version
 from a2a.rows import parse_popcorn
@@ -267,16 +267,6 @@ def _processes_named(prefix: str) -> list:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _expert_counts(module, state, world_size):
-    if hasattr(state, "expert_counts"):  # v5 on: counters alternate by call parity
-        return state.expert_counts()
-    if hasattr(module._ext, "scratch_regions"):
-        start = module._ext.scratch_regions(state.dims)["expert_count"]
-    else:  # v2: send_counter[world] | blocks_done | recv_total | expert_count[...]
-        start = world_size + 2
-    return state.scratch[start:start + state.num_local_experts].cpu()
-
-
 def _dispatched_rows(rank, world_size, version, spec):
     """Every row each local expert received is checked against what its source routed: the (src, token, k) set
     must match exactly and each row must equal the source's x row (times 1 + rank where the layout holds the
@@ -289,14 +279,8 @@ def _dispatched_rows(rank, world_size, version, spec):
     data = generate_input(**spec, rank=rank, world_size=world_size)
     module.custom_kernel(data)
     _sync(rank)
-    state = module._state
-    n_local, cap = state.num_local_experts, state.capacity
-    if hasattr(state, "dispatched"):  # v6 on: the layout lists receive-buffer rows per expert
-        counts, meta, rows = state.dispatched()
-        meta = meta.reshape(-1, 4).cpu()
-    else:
-        counts, meta = _expert_counts(module, state, world_size), state.expert_meta.cpu()
-        rows = state.expert_x.view(n_local, cap, -1)
+    counts, meta, rows = contract.dispatch_view(module, int(version[1:]), world_size)
+    n_local, cap = rows.shape[0], rows.shape[1]
     sources = {r: generate_input(**spec, rank=r, world_size=world_size)[1] for r in range(world_size)}
     expected = set()
     for src, d in sources.items():
