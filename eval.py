@@ -540,6 +540,75 @@ def timed_step(call: Optional[Callable], data, rank: int, device_clock: bool = F
     return host_ns, output, device_ns
 
 
+# Untimed calls of each callable before a tool measures it. The first calls of a shape pay one-time work (an
+# extension's or Triton's build, a graph's capture, buffers' first touch, a communicator's setup) that no later call
+# pays; five is what the anchors and traces have always used, more than any version has needed. The official loop
+# takes none: its warm-up is the runner's (a separate first case, and the checked call before timing).
+WARMUP_CALLS = 5
+
+
+class Step(NamedTuple):
+    """One measured step, as `measure`'s after_step sees it (this rank's numbers; `output` the call's)."""
+    label: str
+    host_ns: float
+    device_ns: Optional[float]
+    call_ns: Optional[float]
+    output: Any
+
+
+@dataclasses.dataclass
+class Measured:
+    """One label's steps in order: `host_ns` this rank's (rank 0's are the official numbers), `device_ns` and
+    `call_ns` the slowest rank's (device clock around the call; host time inside the call), empty where not taken."""
+    host_ns: list
+    device_ns: list
+    call_ns: list
+
+
+def measure(calls: dict, data, rank: int, schedule, warmup: int = WARMUP_CALLS, device_clock: bool = False,
+            call_clock: bool = False, probe: Optional[Callable[[str], None]] = None,
+            before_step: Optional[Callable] = None, after_step: Optional[Callable[[Step], bool]] = None) -> dict:
+    """The one rank-side measuring loop, around timed_step: `warmup` untimed calls of each callable in `calls`
+    ({label: callable, or None for the harness floor}), then one timed step per label in `schedule` (labels in step
+    order: a run of one, variants taking turns, A and B mirrored). `device_clock`: device time around the call;
+    `call_clock`: host time inside the call (two more stamps in the timed window, so off for official numbers).
+    `before_step(label)` may return the next step's input (leaderboard mode's fresh seed); `after_step(step)`
+    returning True stops the loop, and must agree across ranks. A collective: every rank runs the same schedule.
+    Returns {label: Measured}."""
+    for call in calls.values():
+        for _ in range(warmup if call is not None else 0):
+            call(clone_data(data, rank))
+    synchronize()
+    stamps: dict = {}
+
+    def boundary(name: str) -> None:
+        stamps[name] = time.perf_counter_ns()
+        if probe:
+            probe(name)
+
+    step_probe = boundary if call_clock else probe
+
+    taken = {label: Measured([], [], []) for label in calls}
+    for label in schedule:
+        data = (before_step(label) if before_step else None) or data
+        host_ns, output, device_ns = timed_step(calls[label], data, rank, device_clock=device_clock, probe=step_probe)
+        call_ns = stamps["returned"] - stamps["cloned"] if call_clock and calls[label] is not None else None
+        taken[label].host_ns.append(host_ns)
+        if device_ns is not None:
+            taken[label].device_ns.append(device_ns)
+        if call_ns is not None:
+            taken[label].call_ns.append(call_ns)
+        if after_step and after_step(Step(label, host_ns, device_ns, call_ns, output)):
+            break
+        del output
+    for label in calls:
+        if taken[label].device_ns:
+            taken[label].device_ns = slowest_rank(taken[label].device_ns, rank)
+        if taken[label].call_ns:
+            taken[label].call_ns = slowest_rank(taken[label].call_ns, rank)
+    return taken
+
+
 def _custom_kernel() -> Callable:
     """The submission's custom_kernel, imported on first use inside a case, as the runner does: a load_inline build
     at import time happens here, in every worker at once, within the case's time limit."""
@@ -586,40 +655,47 @@ def _rank_benchmark(test: TestCase, rank: int, recheck: bool, max_repeats: int, 
     if not all_ok(good, rank):
         return False, RankFailure(message) if not good else RankFailure("another rank failed its check", True)
 
-    durations, device_durations = [], []
     _set_phase("in the timing loop")
     bm_start = time.perf_counter_ns()
-    for i in range(max_repeats):
+    current = {"unchanged": unchanged, "failure": None}
+    durations: list = []
+
+    def fresh_input(_label):
+        if not recheck:
+            return None
+        test.args["seed"] += LEADERBOARD_SEED_STEP
+        fresh = generate_input(**test.args, rank=rank)
+        current["unchanged"] = snapshot(fresh)
+        return fresh
+
+    def checked_and_stopping(step: Step) -> bool:
+        durations.append(step.host_ns)
         error_message = None
         if recheck:
-            test.args["seed"] += LEADERBOARD_SEED_STEP
-            data = generate_input(**test.args, rank=rank)
-            unchanged = snapshot(data)
-        host_ns, output, device_ns = timed_step(custom_kernel, data, rank, device_clock=extra)
-        durations.append(host_ns)
-        device_durations.append(device_ns)
-        if recheck:
-            good, message = check_implementation(unchanged, output)
+            good, message = check_implementation(current["unchanged"], step.output)
             error_message = None if good else message
-        del output
         if not all_ok(error_message is None, rank):
-            return False, RankFailure(error_message or "another rank failed its check", not error_message)
+            current["failure"] = RankFailure(error_message or "another rank failed its check", not error_message)
+            return True
         should_stop = False
-        if rank == 0 and i > 1:
+        if rank == 0 and len(durations) > 2:
             stats = calculate_stats(durations)
             should_stop = (stats.err / stats.mean < 0.001 or stats.mean * stats.runs > max_time_ns
                            or time.perf_counter_ns() - bm_start > 120e9)
         stop = torch.tensor([should_stop], dtype=torch.bool, device=rank_device(rank))
         dist.broadcast(stop, 0)
-        if stop.item():
-            break
+        return bool(stop.item())
 
+    timed = measure({"call": custom_kernel}, data, rank, ["call"] * max_repeats, warmup=0, device_clock=extra,
+                    before_step=fresh_input, after_step=checked_and_stopping)["call"]
+    if current["failure"]:
+        return False, current["failure"]
     result = {"stats": calculate_stats(durations) if rank == 0 else None}
     if extra:
         result["host"] = calculate_extra_stats(durations) if rank == 0 else None
-        result["device"] = calculate_extra_stats(slowest_rank(device_durations, rank))
-        floor = [timed_step(None, data, rank)[0] for _ in range(max(len(durations), 10))]
-        result["floor"] = calculate_extra_stats(floor) if rank == 0 else None
+        result["device"] = calculate_extra_stats(timed.device_ns)
+        floor = measure({"floor": None}, data, rank, ["floor"] * max(len(durations), 10), warmup=0)["floor"]
+        result["floor"] = calculate_extra_stats(floor.host_ns) if rank == 0 else None
     return True, result
 
 

@@ -3,9 +3,9 @@
 Each anchor moves the case's actual routed volume (one row per (token, k) whose expert lives on another rank, from
 the case's own seed) twice, dispatch then combine, and does nothing else: no permutation, no expert, no weighted
 sum. Split sizes are exchanged once before timing (a real user would pay for that too, so anchors are a floor for
-these libraries, not a rival submission). Timing is the evaluator's own step (eval.timed_step): leaderboard-style
-host time, device-side time (slowest rank per iteration), harness floor; a fixed number of iterations after a
-warm-up. All cases of one anchor run in one process group.
+these libraries, not a rival submission). Timing is the evaluator's own loop (eval.measure around
+eval.timed_step): leaderboard-style host time, device-side time (slowest rank per iteration), harness floor; a fixed
+number of iterations after eval.WARMUP_CALLS. All cases of one anchor run in one process group.
 
 - nccl_a2a_x2: two `torch.distributed.all_to_all_single` (NCCL on NVIDIA, RCCL on AMD).
 - nvshmem_a2a_vdev_x2: two `torch.ops.symm_mem.all_to_all_vdev` (NVSHMEM), where the build has it.
@@ -30,7 +30,6 @@ ANCHORS = {
 }
 KINDS = {"empty_submission": "empty"}  # the row kind of each entry; "anchor" where not named
 ITERATIONS = 50
-WARMUP = 5
 
 
 @dataclasses.dataclass
@@ -144,8 +143,6 @@ _CALLS = {"nccl_a2a_x2": _nccl_call, "nvshmem_a2a_vdev_x2": _nvshmem_call, "empt
 def _anchor_rank(rank: int, world_size: int, anchor: str, cases: list, iterations: int) -> Optional[list]:
     """Times `anchor` on every case in this one process group; rank 0 returns one row per case. An anchor is this
     tool's own work, so all of it runs under the rank's device guard (NVSHMEM binds to the current device)."""
-    import torch
-
     import eval as core
     from a2a import rows as result_rows
 
@@ -156,18 +153,11 @@ def _anchor_rank(rank: int, world_size: int, anchor: str, cases: list, iteration
             try:
                 data, exchange = _input_and_exchange(args, rank)
                 call, keep = _CALLS[anchor](exchange, core.rank_device(rank))
-                for _ in range(WARMUP):
-                    call(data)
-                torch.cuda.synchronize()
-                host, device_ns = [], []
-                for _ in range(iterations):
-                    host_ns, _, dev = core.timed_step(call, data, rank, device_clock=True)
-                    host.append(host_ns)
-                    device_ns.append(dev)
-                per_iteration = core.slowest_rank(device_ns, rank)
-                floor = [core.timed_step(None, data, rank)[0] for _ in range(iterations)]
+                timed = core.measure({"anchor": call, "floor": None}, data, rank,
+                                     ["anchor"] * iterations + ["floor"] * iterations, device_clock=True)
                 del keep
-                row.update(result_rows.row_from_samples(host, per_iteration, floor))
+                row.update(result_rows.row_from_samples(timed["anchor"].host_ns, timed["anchor"].device_ns,
+                                                        timed["floor"].host_ns))
             except Exception as exc:  # an anchor that cannot run here is reported, not fatal
                 row.update(status="unavailable", error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
             rows.append(row)

@@ -33,7 +33,6 @@ MIN_EFFECT = 0.02
 FAMILY_ALPHA = 0.05
 ROUNDS = 8
 PAIRS = 8  # step pairs per round
-WARMUP = 2
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -162,21 +161,14 @@ def _diff_rank(rank: int, world_size: int, path_a: str, path_b: str, cases: list
                 case[key] = {"failed": message or "another rank failed its check"}
         timed = [key for key in instances if key not in case]
         steps = {key: {"host": [], "device": []} for key in timed}
+        order = timed if len(timed) == 2 else timed * 2
+        mirrored = [key for pair in range(pairs) for key in (order if pair % 2 == 0 else order[::-1])]
         for r in range(rounds):
+            this_round = core.measure({key: instances[key][r].custom_kernel for key in timed}, data, rank, mirrored,
+                                      device_clock=True)
             for key in timed:
-                for _ in range(WARMUP):
-                    instances[key][r].custom_kernel(core.clone_data(data, rank))
-            order = timed if len(timed) == 2 else timed * 2
-            this_round = {key: {"host": [], "device": []} for key in timed}
-            for pair in range(pairs):
-                for key in (order if pair % 2 == 0 else order[::-1]):
-                    host_ns, _, device_ns = core.timed_step(instances[key][r].custom_kernel, data, rank,
-                                                            device_clock=True)
-                    this_round[key]["host"].append(host_ns)
-                    this_round[key]["device"].append(device_ns)
-            for key in timed:
-                steps[key]["host"].append(this_round[key]["host"])
-                steps[key]["device"].append(core.slowest_rank(this_round[key]["device"], rank))
+                steps[key]["host"].append(this_round[key].host_ns)
+                steps[key]["device"].append(this_round[key].device_ns)
         for key in timed:
             case[key] = steps[key]
         results.append(case)

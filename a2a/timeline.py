@@ -4,9 +4,9 @@
 
 Each rank imports the version's trace build (A2A_TRACE=1: kernels record (phase, block, warp, start, end) on the
 device clock; a version without probes is traced from the profiler's kernel records alone) and runs, per case,
-warm-up calls, then `iterations` clean calls and JSON_ITERATIONS profiled ones, each the evaluator's own step
-(eval.timed_step) with two marker kernels right around the call that stamp the device clock where the stream reaches
-them. The profiled calls run under torch.profiler (host side: the
+eval.WARMUP_CALLS warm-up calls, then `iterations` clean calls and JSON_ITERATIONS profiled ones, each the
+evaluator's own step (eval.measure, eval.timed_step) with two marker kernels right around the call that stamp the
+device clock where the stream reaches them. The profiled calls run under torch.profiler (host side: the
 call, launches, syncs, PyTorch ops), which slows the host (seen: v2's smallest shape, 185-200 µs marker to marker
 under the profiler against 110-137 µs timed); so the table and the picture come from the clean calls, and the
 profiled ones feed trace.json's host thread (and the table of a version without probes). The L2 is cleared before
@@ -31,7 +31,6 @@ import tempfile
 import time
 from pathlib import Path
 
-WARMUP = 5
 JSON_ITERATIONS = 3  # iterations written into trace.json (the table uses all of them)
 HOST_TID = 1_000_000
 MARKER_TID = 1_000_001  # the call between the two stamps
@@ -84,14 +83,19 @@ def _traced_calls(module, probes, data, rank: int, iterations: int, profiled: bo
             with core.own_device(rank):
                 probes.stamp(marks[step["i"], 1:2])
 
+    def next_step(_label) -> None:
+        step["i"] = step.get("i", -1) + 1
+
+    def take_records(_step) -> bool:
+        if take:
+            records.append(take().tolist())
+        return False
+
     profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if profiled \
         else contextlib.nullcontext()
     with profiler as prof:
-        for i in range(iterations):
-            step["i"] = i
-            core.timed_step(module.custom_kernel, data, rank, probe=probe)
-            if take:
-                records.append(take().tolist())
+        core.measure({"call": module.custom_kernel}, data, rank, ["call"] * iterations, warmup=0, probe=probe,
+                     before_step=next_step, after_step=take_records)
     return {"marks": marks.cpu().tolist(), "records": records, "host_call_ns": host_call_ns,
             "events": _profile_events(prof) if profiled else []}
 
@@ -118,9 +122,7 @@ def _trace_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
             owners = rank_data.indices.long().reshape(-1) // (cfg.num_experts // world_size)
             load = {"num_tokens": rank_data.num_tokens,
                     "rows_to": owners.bincount(minlength=world_size).tolist()}  # rows this rank sends to each rank
-            for _ in range(WARMUP):
-                module.custom_kernel(core.clone_data(data, rank))
-            core.synchronize()
+            core.measure({"call": module.custom_kernel}, data, rank, [])  # eval.WARMUP_CALLS calls, none timed
             if take:
                 take()
             results.append({"clean": {**common, **load, **_traced_calls(module, probes, data, rank, iterations,
@@ -357,6 +359,8 @@ def _load_line(ranks: list) -> str:
 def phases_markdown(ranks: list, meta: dict) -> str:
     from tabulate import tabulate
 
+    from eval import WARMUP_CALLS
+
     header, rows = phase_table(ranks)
     alignment = ", ".join(f"rank {d['rank']} ±{d['clock']['error_ns'] / 1e3:.2f} µs" for d in ranks)
     calls = (f"{len(ranks[0]['marks'])} clean calls (no profiler)" if ranks[0]["phases"] else
@@ -364,10 +368,10 @@ def phases_markdown(ranks: list, meta: dict) -> str:
              "whose host overhead is inside these numbers)")
     lines = [f"# {meta['version']}: {meta['case']}", "",
              f"{meta['device']}, {meta['placement']}, {meta['date']}, commit {meta['commit']}; trace build, "
-             f"{calls} after {WARMUP} warm-up calls, L2 cleared before each. Median over calls, per rank, µs on each "
-             "GPU's own clock. The rows from 'host and launch' to 'after the last kernel' cut the marker-to-marker "
-             "time into named parts; 'kernel / phase' rows are the time the phase was active inside that kernel "
-             "(union over blocks and warps), share = of that kernel.", "",
+             f"{calls} after {WARMUP_CALLS} warm-up calls, L2 cleared before each. Median over calls, per rank, µs on "
+             "each GPU's own clock. The rows from 'host and launch' to 'after the last kernel' cut the "
+             "marker-to-marker time into named parts; 'kernel / phase' rows are the time the phase was active inside "
+             "that kernel (union over blocks and warps), share = of that kernel.", "",
              f"GPU clock alignment to rank 0 (only the picture and trace.json need it): {alignment}.", "",
              *([_load_line(ranks), ""] if "num_tokens" in ranks[0] else []),
              tabulate(rows, headers=header, tablefmt="github", floatfmt=".1f")]

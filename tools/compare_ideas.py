@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -72,20 +71,13 @@ def _compare_rank(rank: int, world_size: int, scratch: str, baseline: str, sets:
         timed += [(f"host probe: {name}", lambda m=mode: (lambda d: module.host_probe(d, m)))
                   for name, mode in probes.items()]
         samples = {label: ([], []) for label, _ in timed}
-        stamps = {}
-
-        def probe(boundary: str) -> None:
-            stamps[boundary] = time.perf_counter_ns()
-
-        for _ in range(iterations // block):
+        for turn in range(iterations // block):  # variants take turns, `block` steps each (select() in between)
             for label, prepare in timed:
-                call = prepare()
-                for _ in range(block):
-                    _, _, device_ns = core.timed_step(call, data, rank, device_clock=True, probe=probe)
-                    samples[label][0].append(device_ns / 1e3)
-                    samples[label][1].append((stamps["returned"] - stamps["cloned"]) / 1e3)
+                taken = core.measure({label: prepare()}, data, rank, [label] * block, device_clock=True,
+                                     call_clock=True, warmup=core.WARMUP_CALLS if turn == 0 else 0)[label]
+                samples[label][0].extend(ns / 1e3 for ns in taken.device_ns)
+                samples[label][1].extend(ns / 1e3 for ns in taken.call_ns)
         for label, (device_us, host_us) in samples.items():
-            device_us, host_us = core.slowest_rank([device_us, host_us], rank)
             device, host = core.calculate_extra_stats(device_us), core.calculate_extra_stats(host_us)
             correct = core.all_ok(label not in wrong, rank)
             rows.append({"shape": shape_label(**args), "variant": label, "device_mean_us": device.mean,

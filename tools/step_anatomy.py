@@ -35,16 +35,18 @@ def _anatomy_rank(rank: int, world_size: int, path: str, cases: list, iterations
     results = []
     for args in cases:
         data = generate_input(**args, rank=rank)
-        for _ in range(3):
-            module.custom_kernel(core.clone_data(data, rank))
-        core.synchronize()
-        steps = []
-        for i in range(2 * iterations):
-            call = i % 2 == 0
-            stamps: list = []
-            _, _, device_ns = core.timed_step(module.custom_kernel if call else None, data, rank, device_clock=True,
-                                              probe=lambda _boundary: stamps.append(time.time_ns()))
-            steps.append({"call": call, "stamps": stamps, "device_ns": device_ns or 0.0})
+        steps: list = []
+
+        def new_step(label) -> None:
+            steps.append({"call": label == "call", "stamps": [], "device_ns": 0.0})
+
+        def device_time(step) -> bool:
+            steps[-1]["device_ns"] = step.device_ns or 0.0
+            return False
+
+        core.measure({"call": module.custom_kernel, "floor": None}, data, rank, ["call", "floor"] * iterations,
+                     device_clock=True, probe=lambda _boundary: steps[-1]["stamps"].append(time.time_ns()),
+                     before_step=new_step, after_step=device_time)
         gathered = [None] * world_size
         with core.own_device(rank):  # the gather is this tool's own GPU work (NCCL objects go through the device)
             dist.all_gather_object(gathered, steps)

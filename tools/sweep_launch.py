@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -63,7 +62,6 @@ def _sweep_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
     import statistics
 
     import torch
-    import torch.distributed as dist
 
     from reference import generate_input
 
@@ -77,21 +75,11 @@ def _sweep_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
             if not kernel:
                 continue
             same = torch.equal(module.custom_kernel(core.clone_data(data, rank)), expected)
-            device_us, host_us, stamps = [], [], {}
-
-            def probe(boundary: str) -> None:
-                stamps[boundary] = time.perf_counter_ns()
-
-            for _ in range(iterations):
-                _, _, device_ns = core.timed_step(module.custom_kernel, data, rank, device_clock=True, probe=probe)
-                device_us.append(device_ns / 1e3)
-                host_us.append((stamps["returned"] - stamps["cloned"]) / 1e3)
-            slowest = core.slowest_rank([device_us, host_us], rank)
-            agree = torch.tensor([int(same)], device=core.rank_device(rank))
-            dist.all_reduce(agree, op=dist.ReduceOp.MIN)
+            timed = core.measure({"call": module.custom_kernel}, data, rank, ["call"] * iterations,
+                                 device_clock=True, call_clock=True)["call"]
             rows.append({"shape": shape_label(**args), "kernel": kernel, "per_multiprocessor": per_multiprocessor,
-                         "threads": threads, "device_us": statistics.median(slowest[0]),
-                         "host_us": statistics.median(slowest[1]), "bit_identical": bool(agree.item())})
+                         "threads": threads, "device_us": statistics.median(timed.device_ns) / 1e3,
+                         "host_us": statistics.median(timed.call_ns) / 1e3, "bit_identical": core.all_ok(same, rank)})
     return rows if rank == 0 else None
 
 
