@@ -17,9 +17,8 @@ import sys
 from pathlib import Path
 
 import eval as core
-from a2a import diffing
+from a2a import cli, diffing
 from a2a import plan as planning
-from a2a.harness import run_cli
 
 
 def main(argv=None) -> int:
@@ -59,18 +58,18 @@ def main(argv=None) -> int:
         meta["alpha"] = args.alpha
     report = render(meta, diffs, rows, skipped)
     print(report)
-    folder = planning.run_folder(args.out, meta)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "diff.md").write_text(report + "\n")
-    (folder / "code.diff").write_text(code)
-    if rows:
-        import pandas as pd
+    def write(folder: Path) -> None:
+        (folder / "diff.md").write_text(report + "\n")
+        (folder / "code.diff").write_text(code)
+        if rows:
+            import pandas as pd
 
-        pd.DataFrame(rows).assign(**{k: v for k, v in meta.items()}).to_csv(folder / "timing.csv", index=False)
-        diffing.ratio_png(rows, meta, folder / "ratios.png")
-    (folder / "timing.json").write_text(json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
-    print(f"\nsaved {folder}")
-    return core.EXIT_CHECK_FAILED if any(r["verdict"].startswith("not timed") for r in rows) else 0
+            pd.DataFrame(rows).assign(**meta).to_csv(folder / "timing.csv", index=False)
+            diffing.ratio_png(rows, meta, folder / "ratios.png")
+        (folder / "timing.json").write_text(json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
+
+    cli.save_run(args.out, meta, write)
+    return cli.verdict(not any(r["verdict"].startswith("not timed") for r in rows))
 
 
 def render(meta: dict, diffs: list, rows: list, skipped: str) -> str:
@@ -90,4 +89,4 @@ def render(meta: dict, diffs: list, rows: list, skipped: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    sys.exit(cli.run_cli(main))

@@ -18,8 +18,9 @@ a port the OS gave it, instead of the runner's fixed port), A2A_SHARE=mps (more 
 cuda:(r mod GPUs), sharing through the MPS daemon the human face holds; a2a/sharing.py) with A2A_NCCL_VERSION (the
 NCCL every rank must have loaded). Without A2A_SHARE a bundle refuses more ranks than GPUs, as the runner does.
 
-Also a small rank API for tools (tools/, a2a/): RankPool, clone_data, snapshot, all_ok, slowest_rank, synchronize,
-timed_step, rank_device, own_device, environment_with, loaded_nccl_version.
+Also the library the human face and the tools build on: `__all__` below, exactly the names they use
+(tests/test_layers.py holds it to them). Its heart is the rank API: RankPool, rank_device, own_device, clone_data,
+snapshot, all_ok, and `measure`, the one measuring loop around the runner's timed step.
 """
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
+__all__ = [  # what a2a/, tools/, launch.py, run_leaderboard.py and diff.py use; everything else is the core's own
+    "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED", "EXIT_CRASH", "EXTRA_STATS", "EXTRA_STAT_FIELDS", "HERE",
+    "LEADERBOARD_SEED_STEP", "MODES", "MPS_DEFAULT_PIPE_DIRECTORY", "OFFICIAL_TIMEOUT_S", "SEED_MAX", "SPEC_KEYS",
+    "WARMUP_CALLS", "RankPool", "Terminated", "TestCase", "UserError", "all_ok", "calculate_extra_stats",
+    "cantor_combine", "case_problem", "clone_data", "die_with_parent", "environment_with", "get_test_cases",
+    "install_signal_handlers", "kill_tree", "measure", "nccl_version_tuple", "own_device", "rank_device",
+    "rank_failures", "snapshot", "spec_line", "validate_cases", "version_text",
+]
 HERE = Path(__file__).resolve().parent
 MODES = ("test", "benchmark", "leaderboard", "profile")
 # Exit codes: README lists them. 2 and 113 are the runner's own.

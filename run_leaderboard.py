@@ -31,12 +31,12 @@ import yaml
 from tabulate import tabulate
 
 import eval as core
-from a2a import harness
+from a2a import cli, harness
 from a2a import plan as planning
 from a2a import rows as result_rows
 from a2a import sharing
 
-ROOT = Path(__file__).resolve().parent
+ROOT = planning.ROOT
 PUBLISHED = ROOT / "reference" / "published.yml"
 TIMING = ("leaderboard-style: rank-0 host clock around clone+custom_kernel+sync+barrier, L2 cleared before each run; "
           "device: max over ranks of per-rank CUDA events around custom_kernel; floor: the same step with no "
@@ -267,27 +267,28 @@ def main(argv=None) -> int:
     report = "\n".join(filter(None, [tables(frame, meta) if not frame.empty else "\n".join(meta["skipped"]),
                                      checks_table(checks)]))
     print(report)
-    folder = planning.run_folder(args.out, meta)
-    folder.mkdir(parents=True, exist_ok=True)
-    if not checks.empty:
-        checks.to_csv(folder / "checks.csv", index=False)
-    frame.assign(**{k: v for k, v in meta.items() if k != "skipped"}).to_csv(folder / "results.csv", index=False)
-    (folder / "results.json").write_text(json.dumps({"meta": meta, "sol": figures,
-                                                     "rows": frame.to_dict(orient="records"),
-                                                     "problem_size_checks": checks.to_dict(orient="records")},
-                                                    indent=1))
-    (folder / "table.md").write_text(report + "\n")
-    if figures:
-        sol.save(figures, folder)
-    published = {prefix: us for prefix, (_, us) in published_by_version().items()}
-    if not frame.empty:
-        plots.leaderboard_png(frame, meta, folder / "leaderboard.png", published, result_rows.geomean)
-        plots.shapes_png(frame, meta, folder / "leaderboard_shapes.png")
-    print(f"\nsaved {folder}")
+    def write(folder: Path) -> None:
+        if not checks.empty:
+            checks.to_csv(folder / "checks.csv", index=False)
+        frame.assign(**{k: v for k, v in meta.items() if k != "skipped"}).to_csv(folder / "results.csv",
+                                                                                index=False)
+        (folder / "results.json").write_text(json.dumps({"meta": meta, "sol": figures,
+                                                         "rows": frame.to_dict(orient="records"),
+                                                         "problem_size_checks": checks.to_dict(orient="records")},
+                                                        indent=1))
+        (folder / "table.md").write_text(report + "\n")
+        if figures:
+            sol.save(figures, folder)
+        published = {prefix: us for prefix, (_, us) in published_by_version().items()}
+        if not frame.empty:
+            plots.leaderboard_png(frame, meta, folder / "leaderboard.png", published, result_rows.geomean)
+            plots.shapes_png(frame, meta, folder / "leaderboard_shapes.png")
+
+    cli.save_run(args.out, meta, write)
     versions_ok = frame.empty or frame[frame.kind == "version"].status.eq("pass").all()
     checks_ok = checks.empty or checks.status.eq("pass").all()
     return 0 if versions_ok and checks_ok else core.EXIT_CHECK_FAILED
 
 
 if __name__ == "__main__":
-    sys.exit(harness.run_cli(main))
+    sys.exit(cli.run_cli(main))

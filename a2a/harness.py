@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import eval as core
+from a2a import cli
 from a2a import rows as result_rows
 from a2a import sharing
 from a2a.plan import TASK_YML, RunPlan, checked_version, load_task, make_plan
@@ -240,28 +241,5 @@ def _main(argv: list[str]) -> int:
     return result.exit_code
 
 
-def run_cli(entry, argv=None) -> int:
-    """Runs a command's entry(argv): bad input becomes one line and exit 113 (argparse's usage errors exit 2);
-    SIGTERM, SIGHUP or SIGINT end it (and, through the `finally`s below, every process it started) with 128 + the
-    signal; an error in the harness itself exits 114 with one line saying where."""
-    import traceback
-
-    core.install_signal_handlers()
-    try:
-        return entry(argv)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return core.EXIT_BAD_INPUT
-    except core.Terminated as stop:
-        print(f"{Path(sys.argv[0]).name}: {stop.name} received; the run and every rank it started have been stopped",
-              file=sys.stderr)
-        return 128 + stop.signum
-    except Exception as exc:
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        print(f"{Path(sys.argv[0]).name}: internal error: {type(exc).__name__}: {exc} "
-              f"(at {Path(where.filename).name}:{where.lineno})", file=sys.stderr)
-        return core.EXIT_CRASH
-
-
 def main(argv: list[str]) -> int:
-    return run_cli(_main, argv)
+    return cli.run_cli(_main, argv)

@@ -1,10 +1,13 @@
-"""The run plan: which submission files, which cases (validated once, here), how many ranks on which backend, and
-what the results are labelled with (device, date, commit). Every command and tool makes one plan and works from it:
-`python eval.py`, run_leaderboard.py, diff.py, the trace, sweep and anatomy tools.
+"""The run plan: which submission files, which cases (validated here, before any work starts; the protocol core
+parses the staged case file again, as the runner's would), how many ranks on which backend, and what the results are
+labelled with (device, date, commit). Every command and tool that runs a version makes one plan and works from it:
+`python eval.py`, run_leaderboard.py, diff.py, the trace, sweep, anatomy, ideas and SM-share tools. Two take only
+its labels (run_meta): `python -m a2a.sol` measures the machine, not a version, and tools/check_device.py compiles
+files and runs nothing.
 
-Layers (imports only go down): commands and tools -> a2a.harness (the human face) -> a2a.timeline, a2a.anchors,
-a2a.diffing, a2a.sol -> a2a.plan, launch -> a2a.sharing, a2a.rows -> eval (the protocol core, which imports nothing
-of a2a).
+Layers (imports only go down; tests/test_layers.py): commands and tools -> a2a.harness, a2a.sol -> a2a.cli,
+a2a.timeline, a2a.anchors, a2a.diffing -> a2a.plan, launch -> a2a.sharing, a2a.rows, a2a.contract -> eval (the
+protocol core, whose library part imports nothing of a2a).
 """
 from __future__ import annotations
 

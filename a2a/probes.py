@@ -9,7 +9,7 @@ speed-of-light model of this machine is built from.
   through peer flags inside the kernel), timed by the device clock from release to the last block's system fence.
 
 The device source follows the versions' portable prelude (CUDA dialect, hipified on ROCm); `make check-device`
-compiles it for sm_90, gfx940 and gfx90a too.
+compiles it for sm_90, gfx942 and gfx90a too.
 """
 from __future__ import annotations
 

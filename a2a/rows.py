@@ -75,3 +75,8 @@ def geomean(values) -> float:
 
 def shape_label(num_experts: int, experts_per_token: int, hidden_dim: int, max_num_tokens: int, **_) -> str:
     return f"E={num_experts} k={experts_per_token} H={hidden_dim} T={max_num_tokens}"
+
+
+def case_slug(num_experts: int, experts_per_token: int, hidden_dim: int, max_num_tokens: int, seed: int, **_) -> str:
+    """shape_label's words for a folder name, with the seed (a trace is of one case)."""
+    return f"E{num_experts}_k{experts_per_token}_H{hidden_dim}_T{max_num_tokens}_s{seed}"

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from a2a import cli
 from a2a import plan as planning
 
 SOL_FILE = "sol.json"
@@ -223,13 +224,10 @@ def main(argv=None) -> int:
     world_size = args.world_size or min(gpus, 8)
     meta = planning.run_meta("nccl", world_size, "sol")
     figures = measure(world_size, meta)
-    path = save(figures, planning.run_folder(args.out, meta))
     print(summary(figures))
-    print(f"\nsaved {path}")
+    cli.save_run(args.out, meta, lambda folder: save(figures, folder))
     return 0
 
 
 if __name__ == "__main__":
-    from a2a.harness import run_cli
-
-    sys.exit(run_cli(main))
+    sys.exit(cli.run_cli(main))

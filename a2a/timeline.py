@@ -390,16 +390,12 @@ def write(ranks: list, meta: dict, folder: Path) -> Path:
     return folder
 
 
-def case_label(args: dict) -> str:
-    return (f"E{args['num_experts']}_k{args['experts_per_token']}_H{args['hidden_dim']}_T{args['max_num_tokens']}"
-            f"_s{args['seed']}")
-
-
 def trace_version(plan, iterations: int, out: Path) -> list:
     """Traces the plan's version on every case of the plan; returns the folders written (empty where the machine
     cannot trace)."""
     import eval as core
     from a2a import probes
+    from a2a import rows as result_rows
     from a2a.plan import device_slug
     from launch import parallel_launch
 
@@ -420,7 +416,8 @@ def trace_version(plan, iterations: int, out: Path) -> list:
         meta = {**plan.meta_for("trace"), "version": path.stem, "case": core.spec_line(args),
                 "iterations": iterations, "profiled_iterations": JSON_ITERATIONS}
         # The commit in the name: a later run of the same version and case never overwrites an earlier one.
-        name = f"{meta['date']}_{device_slug(meta)}_{meta['ranks']}_{path.stem}_{case_label(args)}_{meta['commit']}"
+        name = (f"{meta['date']}_{device_slug(meta)}_{meta['ranks']}_{path.stem}_{result_rows.case_slug(**args)}_"
+                f"{meta['commit']}")
         folder = write([cases[index] for cases in per_rank], meta, out / name)
         print((folder / "phases.md").read_text())
         print(f"saved {folder}")

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from a2a.plan import use_bundle_modules  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from a2a.plan import ROOT, use_bundle_modules  # noqa: E402
 
 use_bundle_modules()
 V1 = ROOT / "submissions" / "all2all" / "v1_torch_sort.py"

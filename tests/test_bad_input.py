@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from a2a.harness import run_cli
+from a2a.cli import run_cli
 from a2a.rows import parse_popcorn
 from eval import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_CRASH, EXIT_USAGE
 from tests.conftest import ROOT, run_bundle, run_eval

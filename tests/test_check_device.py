@@ -45,7 +45,7 @@ def test_planted_triton_error_on_one_vendor_fails_that_vendor(tmp_path):
     path = tmp_path / "planted_v7.py"
     path.write_text(text.replace('"s_sleep 1"', '"s_planted_nonsense 1"'))
     result = run_tool(path)
-    assert result.returncode == 1
+    assert result.returncode == 112
     assert "planted_v7.py: triton sm_90: ok" in result.stdout
     assert "planted_v7.py: triton gfx942: FAILED" in result.stdout and "triton gfx942" in result.stderr
 
@@ -55,14 +55,14 @@ def test_triton_arguments_that_drift_from_the_kernel_fail(tmp_path):
     path = tmp_path / "drifted_v7.py"
     path.write_text(text.replace('"rank": "i32", "timeout_ns": "i64"}', '"timeout_ns": "i64", "rank": "i32"}'))
     result = run_tool(path)
-    assert result.returncode == 1 and "TRITON_KERNELS says" in result.stderr
+    assert result.returncode == 112 and "TRITON_KERNELS says" in result.stderr
 
 
 def test_planted_amd_error_fails(tmp_path):
     # A warp intrinsic outside the prelude's vendor branch: fine for nvcc, rejected by HIP.
     path = planted(tmp_path, "#define A2A_THREADS 256", "__device__ void planted() { __syncwarp(); }\n#define A2A_THREADS 256")
     result = run_tool(path)
-    assert result.returncode == 1
+    assert result.returncode == 112
     assert "planted.py: nvcc sm_90: ok" in result.stdout
     assert "planted.py: clang gfx942: FAILED" in result.stdout and "clang gfx942" in result.stderr
 
@@ -72,7 +72,7 @@ def test_planted_amd_assembly_error_fails(tmp_path):
     path = planted(tmp_path, "__device__ __forceinline__ void warp_sync() { __builtin_amdgcn_wave_barrier(); }",
                    "__device__ __forceinline__ void warp_sync() { asm volatile(\"s_planted_nonsense 1\"); }")
     result = run_tool(path)
-    assert result.returncode == 1
+    assert result.returncode == 112
     assert "planted.py: nvcc sm_90: ok" in result.stdout
     assert "planted.py: clang gfx942: FAILED" in result.stdout
 
@@ -81,6 +81,6 @@ def test_planted_nvidia_error_fails(tmp_path):
     # Bad inline PTX in the NVIDIA branch: only a real `-c` compile (ptxas) catches it.
     path = planted(tmp_path, "ld.acquire.sys.global.b32", "ld.acquire.sys.global.b33")
     result = run_tool(path)
-    assert result.returncode == 1
+    assert result.returncode == 112
     assert "planted.py: nvcc sm_90: FAILED" in result.stdout
     assert "planted.py: clang gfx942: ok" in result.stdout

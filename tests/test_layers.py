@@ -13,8 +13,8 @@ LAYERS = {
     "eval": 0,
     "a2a.sharing": 1, "a2a.rows": 1, "a2a.contract": 1, "a2a.plots": 1, "a2a.probes": 1,
     "launch": 2, "a2a.plan": 2,
-    "a2a.sol": 3, "a2a.anchors": 3, "a2a.diffing": 3, "a2a.timeline": 3,
-    "a2a.harness": 4,
+    "a2a.cli": 3, "a2a.anchors": 3, "a2a.diffing": 3, "a2a.timeline": 3,
+    "a2a.sol": 4, "a2a.harness": 4,
     "run_leaderboard": 5, "diff": 5, "tools.check_device": 5, "tools.sweep_launch": 5, "tools.step_anatomy": 5,
     "tools.compare_ideas": 5, "tools.triton_launch": 5, "tools.sm_share": 5,
 }
@@ -70,3 +70,18 @@ def test_no_harness_file_sets_the_current_device():
     setters = [path.name for path in files if path != ROOT / "tests" / "test_layers.py"
                and re.search(r"set_device\(|set_device_index\(", path.read_text())]
     assert not setters, setters
+
+
+def test_eval_all_is_exactly_what_the_library_uses():
+    """eval.__all__ names every core name the human face and the tools use, and nothing they do not."""
+    import eval as core
+
+    used = set()
+    for path in [*(ROOT / "a2a").glob("*.py"), *(ROOT / "tools").glob("*.py"), ROOT / "launch.py",
+                 ROOT / "run_leaderboard.py", ROOT / "diff.py"]:
+        text = path.read_text()
+        used |= set(re.findall(r"\bcore\.([A-Za-z_]\w*)", text))
+        for names in re.findall(r"^\s*from eval import ([\w, ]+)", text, flags=re.M):
+            used |= {name.strip() for name in names.split(",")}
+    assert used == set(core.__all__), (sorted(used - set(core.__all__)), sorted(set(core.__all__) - used))
+    assert all(hasattr(core, name) for name in core.__all__)

@@ -39,10 +39,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repository's modules
 
+from a2a import cli  # noqa: E402
 from a2a import plan as planning  # noqa: E402
+from eval import UserError  # noqa: E402
+
+ROOT = planning.ROOT
 CLANG, CLANG_C = "clang++-19", "clang-19"
 # What PyTorch's ROCm extension build defines on the command line (the prelude keys its AMD branch on it), and the
 # optimisation load_inline asks for in every version.
@@ -304,15 +307,17 @@ def main(argv: list[str]) -> int:
                                         + sorted((ROOT / "submissions").glob("*/ideas/*.py")) + [ROOT / "a2a" / "probes.py"])
     missing = missing_tools()
     if missing:
-        print(f"check-device: {', '.join(missing)} not found ({INSTALL_HINT})", file=sys.stderr)
-        return 2
+        raise UserError(f"check-device: {', '.join(missing)} not found ({INSTALL_HINT})")
+    absent = [str(path) for path in files if not path.is_file()]
+    if absent:
+        raise UserError(f"check-device: no such file: {', '.join(absent)}")
     failures = [failure for path in files for failure in check(path, shutil.which("nvcc"), shutil.which("hipcc"))]
     if failures:
         print("\ndevice-code check failed:\n" + "\n".join(failures), file=sys.stderr)
-        return 1
+        return cli.verdict(False)
     print(f"device-code check passed ({len(files)} file(s))")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(cli.run_cli(main, sys.argv[1:]))

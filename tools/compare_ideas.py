@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import eval as core  # noqa: E402
 from a2a import plan as planning  # noqa: E402
-from a2a.harness import run_cli  # noqa: E402
+from a2a import cli  # noqa: E402
 from a2a.rows import geomean, shape_label  # noqa: E402
 
 CHECK_SEEDS = 3
@@ -146,15 +146,17 @@ def main(argv=None) -> int:
                            args.iterations, args.block, backend="nccl", timeout_s=1500)[0]
     meta = {**plan.meta_for(f"ideas-{scratch.stem}"), "scratch": scratch.stem, "baseline": baseline.stem,
             "iterations": args.iterations, "block": args.block}
-    folder = planning.run_folder(args.out, meta)
-    folder.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame(rows)
-    frame.assign(**meta).to_csv(folder / "ideas.csv", index=False)
     text = report(frame, meta)
-    (folder / "ideas.md").write_text(text + "\n")
-    print(text + f"\n\nsaved {folder}")
-    return 0 if frame.correct.dropna().all() else 1
+    print(text)
+
+    def write(folder: Path) -> None:
+        frame.assign(**meta).to_csv(folder / "ideas.csv", index=False)
+        (folder / "ideas.md").write_text(text + "\n")
+
+    cli.save_run(args.out, meta, write)
+    return cli.verdict(frame.correct.dropna().all())  # a wrong variant: 112
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    sys.exit(cli.run_cli(main))

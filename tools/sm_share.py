@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import eval as core  # noqa: E402
 from a2a import plan as planning  # noqa: E402
 from a2a import sharing  # noqa: E402
-from a2a.harness import run_cli  # noqa: E402
+from a2a import cli  # noqa: E402
 
 FRACTIONS = (0.6, 0.72, 0.85, 1.0)  # default shares to try: these fractions of the GPU over its ranks
 
@@ -131,13 +131,13 @@ def main(argv=None) -> int:
               f"The default share here is {meta['default_percent']}%.\n\n"
               + tabulate(rows, headers="keys", tablefmt="github", floatfmt=".1f"))
     print(report)
-    folder = planning.run_folder(args.out, meta)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "sm_share.md").write_text(report + "\n")
-    (folder / "sm_share.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"\nsaved {folder}")
+    def write(folder: Path) -> None:
+        (folder / "sm_share.md").write_text(report + "\n")
+        (folder / "sm_share.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+    cli.save_run(args.out, meta, write)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    sys.exit(cli.run_cli(main))

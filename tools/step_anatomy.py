@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import eval as core  # noqa: E402
 from a2a import plan as planning  # noqa: E402
-from a2a.harness import run_cli  # noqa: E402
+from a2a import cli  # noqa: E402
 from a2a.rows import shape_label  # noqa: E402
 
 
@@ -103,12 +103,10 @@ def main(argv=None) -> int:
             "events around the call; start_lag = how late the last rank left the first barrier; clone, call_host, "
             "sync_wait = the slowest rank's; barrier_wait = rank 0's wait in the final barrier.\n\n"
             + tabulate(rows, headers="keys", tablefmt="github", floatfmt=".1f"))
-    folder = planning.run_folder(args.out, meta)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "anatomy.md").write_text(text + "\n")
-    print(text + f"\n\nsaved {folder}")
+    print(text)
+    cli.save_run(args.out, meta, lambda folder: (folder / "anatomy.md").write_text(text + "\n"))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    sys.exit(cli.run_cli(main))

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import eval as core  # noqa: E402
 from a2a import plan as planning  # noqa: E402
-from a2a.harness import run_cli  # noqa: E402
+from a2a import cli  # noqa: E402
 from a2a.plan import load_version  # noqa: E402
 from a2a.rows import geomean, shape_label  # noqa: E402
 
@@ -162,16 +162,17 @@ def main(argv=None) -> int:
                            backend="nccl", timeout_s=1200)[0]
     meta = {**plan.meta_for(f"sweep-{plan.version.stem}"), "version": plan.version.stem,
             "iterations": args.iterations, "multiprocessors": torch.cuda.get_device_properties(0).multi_processor_count}
-    folder = planning.run_folder(args.out, meta)
-    folder.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame(rows)
-    frame.assign(**meta).to_csv(folder / "sweep.csv", index=False)
-    text = report(frame, meta, folder)
-    (folder / "sweep.md").write_text(text + "\n")
-    print(text)
-    print(f"\nsaved {folder}")
+
+    def write(folder: Path) -> None:
+        frame.assign(**meta).to_csv(folder / "sweep.csv", index=False)
+        text = report(frame, meta, folder)
+        (folder / "sweep.md").write_text(text + "\n")
+        print(text)
+
+    cli.save_run(args.out, meta, write)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    sys.exit(cli.run_cli(main))

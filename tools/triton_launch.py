@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import eval as core  # noqa: E402
 from a2a import plan as planning  # noqa: E402
-from a2a.harness import run_cli  # noqa: E402
+from a2a.cli import run_cli  # noqa: E402
 from launch import parallel_launch  # noqa: E402
 
 
