@@ -34,6 +34,7 @@ def main(argv=None) -> int:
                         help="family-wise error rate of the verdicts (Bonferroni over the run)")
     parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
+    cli.writable(args.out)
     if args.rounds < 2 or args.pairs < 1:
         raise core.UserError(f"--rounds must be at least 2 and --pairs at least 1 (got {args.rounds}, {args.pairs})")
     if not 0 < args.alpha < 1:

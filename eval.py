@@ -67,6 +67,7 @@ MPS_DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # where MPS clients look when CU
 MAX_REPEATS = 100
 LEADERBOARD_SEED_STEP = 13  # leaderboard mode: a fresh input per run, seed + 13 each time
 MAX_LINE_CHARS = 1000
+MAX_TEST_FILE_BYTES = 1 << 20
 # Largest value of each field a run can take; a larger one is bad input, not a submission's failure.
 SEED_MAX = 2**64 - 1 - 2**16  # the generator takes seeds up to 2**64 - 1; room for + rank and the +13 steps
 CASE_LIMITS = {"num_experts": (1, 1024), "experts_per_token": (1, 1024), "hidden_dim": (1, 65536),
@@ -119,6 +120,15 @@ def _prctl(option: int, value: int) -> None:
 def die_with_parent(signum: int = signal.SIGKILL) -> None:
     """The kernel sends `signum` to this process when its parent dies (PR_SET_PDEATHSIG)."""
     _prctl(1, signum)
+
+
+def hide_result_channel() -> None:
+    """Keeps the result channel out of the ranks' reach: POPCORN_FD leaves the environment the ranks inherit, and
+    this process becomes non-dumpable, so another process of the same user cannot open /proc/<this pid>/fd/<fd>
+    (root still can: README, "What a submission cannot do"). The human face's channel is a socket, which no
+    process can open through /proc at all."""
+    os.environ.pop("POPCORN_FD", None)
+    _prctl(4, 0)  # PR_SET_DUMPABLE
 
 
 def become_subreaper() -> None:
@@ -261,7 +271,12 @@ def get_test_cases(text: str, seed: Optional[int]) -> list[TestCase]:
 def read_test_file(path: Path, seed: Optional[int]) -> list[TestCase]:
     """The cases of a test file; UserError with one line for a file that cannot be read or parsed."""
     try:
-        text = Path(path).read_bytes().decode("utf-8")
+        with open(path, "rb") as source:  # bounded: a link to /dev/zero must not be read until memory runs out
+            raw = source.read(MAX_TEST_FILE_BYTES + 1)
+        if len(raw) > MAX_TEST_FILE_BYTES:
+            raise UserError(f"test file `{path}` is larger than {MAX_TEST_FILE_BYTES >> 20} MiB (1000 lines of the "
+                            "longest case line fit in it)")
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise UserError(f"Could not open test file `{path}`: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
@@ -634,7 +649,30 @@ def _custom_kernel() -> Callable:
     return _kernel
 
 
-def _rank_test(test: TestCase, rank: int):
+def _checked(check_implementation, unchanged, output) -> tuple[bool, str]:
+    """The reference's check, after the rule the reference cannot see: the output is a plain torch.Tensor (a
+    subclass can answer any question the check asks, e.g. `torch.allclose`, with a lie)."""
+    import torch
+
+    if isinstance(output, torch.Tensor) and type(output) is not torch.Tensor:
+        return False, (f"custom_kernel returned a {type(output).__name__}, a subclass of torch.Tensor; the output "
+                       "must be a plain torch.Tensor")
+    return check_implementation(unchanged, output)
+
+
+def _shipped(unchanged, output) -> dict:
+    """What the check apart needs (human face): the output and the inputs the closed form reads, as plain CPU
+    tensors, taken in the worker before anything else runs there."""
+    import torch
+
+    cfg, rank_data, _, world_size = unchanged
+    plain = output.detach().cpu().clone() if type(output) is torch.Tensor else None
+    return {"output": plain, "returned": type(output).__name__, "x": rank_data.x.cpu(),
+            "indices": rank_data.indices.cpu(), "weights": rank_data.weights.cpu(), "num_experts": cfg.num_experts,
+            "world_size": world_size}
+
+
+def _rank_test(test: TestCase, rank: int, apart: bool = False):
     generate_input, check_implementation = _reference
     custom_kernel = _custom_kernel()
     _set_phase("generating input")
@@ -645,7 +683,8 @@ def _rank_test(test: TestCase, rank: int):
     output = custom_kernel(clone_data(data, rank))
     synchronize()
     _set_phase("checking the output")
-    return check_implementation(unchanged, output)
+    good, message = _checked(check_implementation, unchanged, output)
+    return good, ({"apart": _shipped(unchanged, output)} if good and apart else message)
 
 
 def _rank_benchmark(test: TestCase, rank: int, recheck: bool, max_repeats: int, max_time_ns: float, extra: bool):
@@ -660,9 +699,10 @@ def _rank_benchmark(test: TestCase, rank: int, recheck: bool, max_repeats: int, 
     _set_phase("in custom_kernel")
     output = custom_kernel(clone_data(data, rank))
     _set_phase("checking the output")
-    good, message = check_implementation(unchanged, output)
+    good, message = _checked(check_implementation, unchanged, output)
     if not all_ok(good, rank):
         return False, RankFailure(message) if not good else RankFailure("another rank failed its check", True)
+    apart = _shipped(unchanged, output) if extra else None
 
     _set_phase("in the timing loop")
     bm_start = time.perf_counter_ns()
@@ -681,7 +721,7 @@ def _rank_benchmark(test: TestCase, rank: int, recheck: bool, max_repeats: int, 
         durations.append(step.host_ns)
         error_message = None
         if recheck:
-            good, message = check_implementation(current["unchanged"], step.output)
+            good, message = _checked(check_implementation, current["unchanged"], step.output)
             error_message = None if good else message
         if not all_ok(error_message is None, rank):
             current["failure"] = RankFailure(error_message or "another rank failed its check", not error_message)
@@ -699,7 +739,7 @@ def _rank_benchmark(test: TestCase, rank: int, recheck: bool, max_repeats: int, 
                     before_step=fresh_input, after_step=checked_and_stopping)["call"]
     if current["failure"]:
         return False, current["failure"]
-    result = {"stats": calculate_stats(durations) if rank == 0 else None}
+    result = {"stats": calculate_stats(durations) if rank == 0 else None, "apart": apart}
     if extra:
         result["host"] = calculate_extra_stats(durations) if rank == 0 else None
         result["device"] = calculate_extra_stats(timed.device_ns)
@@ -1046,12 +1086,42 @@ class ProtocolRun:
         return results
 
 
+def check_apart(shipped: dict) -> tuple[bool, str]:
+    """The check made where the submission cannot reach (human face): in this process, which never imports the
+    submission, against the closed form (no communication), with this process's own torch and reference, imported
+    before any rank started. What it cannot see: a worker whose own code the submission rewrote to ship something
+    else (README, "What a submission cannot do")."""
+    import types
+
+    from reference import check_output, closed_form_output
+
+    if shipped["output"] is None:
+        return False, f"custom_kernel returned a {shipped['returned']}, not a plain torch.Tensor"
+    cfg = types.SimpleNamespace(num_experts=shipped["num_experts"], out_dtype=shipped["output"].dtype)
+    rank_data = types.SimpleNamespace(x=shipped["x"], indices=shipped["indices"], weights=shipped["weights"])
+    return check_output(shipped["output"], closed_form_output((cfg, rank_data, None, shipped["world_size"])))
+
+
+def _failed_apart(results: list[RankResult]) -> list[RankResult]:
+    """Ranks whose output the check apart rejects, as failures (the check in their own process had passed)."""
+    checked = []
+    for result in results:
+        shipped = result.value.pop("apart", None) if result.ok and isinstance(result.value, dict) else None
+        good, message = check_apart(shipped) if shipped else (True, "")
+        checked.append(result if good else RankResult(False, RankFailure(
+            "the output failed the check made outside the submission's process, although the check in it passed "
+            f"(something in that process changed what the check saw): {message}"), result.import_s))
+    return checked
+
+
 def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
     passed = True
     run.logger.log("test-count", len(tests))
     for idx, test in enumerate(tests):
         run.logger.log(f"test.{idx}.spec", test.spec)
-        results = run.case("test", test, "test")
+        results = run.case("test", test, "test", {"apart": True} if run.extra else None)
+        if run.extra:
+            results = _failed_apart(results)
         if all(r.ok for r in results):
             run.logger.log(f"test.{idx}.status", "pass")
         else:
@@ -1065,6 +1135,8 @@ def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
 def _benchmark(run: ProtocolRun, test: TestCase, recheck: bool, max_time_ns: float, mode: str):
     params = dict(recheck=recheck, max_repeats=MAX_REPEATS, max_time_ns=max_time_ns, extra=run.extra)
     results = run.case("benchmark", test, mode, params)
+    if run.extra:
+        results = _failed_apart(results)
     return results[0].value if all(r.ok for r in results) else rank_failures(results)
 
 
@@ -1144,7 +1216,7 @@ def _environment() -> tuple[int, Optional[int], int]:
     for name, text, low, high in (("POPCORN_FD", os.getenv("POPCORN_FD"), 0, 2**31 - 1),
                                   ("POPCORN_SEED", seed, 0, SEED_MAX),
                                   ("POPCORN_GPUS", os.getenv("POPCORN_GPUS", "1"), 1, 64)):
-        if text is None or text == "":
+        if text is None or (text == "" and name != "POPCORN_GPUS"):  # the GPU count has a default, never empty
             values[name] = None
             continue
         if not re.fullmatch(r"[0-9]+", text.strip()) or not low <= int(text) <= high:
@@ -1183,6 +1255,7 @@ def protocol_main() -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    hide_result_channel()
     install_signal_handlers()
     become_subreaper()
     pool = None
@@ -1192,6 +1265,7 @@ def protocol_main() -> int:
         from utils import set_seed
 
         set_seed(seed or 42)
+        import reference  # noqa: F401  (this process's own, before any rank runs: the check apart reads it)
         backend = os.environ.get("A2A_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
         validate_cases(tests, n_gpus, backend, torch.cuda.device_count(), shared=_sharing_asked())
         timeout = os.environ.get("A2A_TIMEOUT")

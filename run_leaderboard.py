@@ -256,7 +256,8 @@ def main(argv=None) -> int:
         if not versions:
             raise core.UserError(f"--versions '{args.versions}' names no version")
     plan = planning.make_plan(versions, args.cases, args.world_size, args.backend, timeout_s=args.timeout,
-                              gpu_only="skip")
+                              gpu_only="skip", distinct=True)
+    cli.writable(args.out)
     frame, meta, figures = run(plan, args.mode, anchors=not args.no_anchors, sol_path=args.sol)
     checks, skipped = (pd.DataFrame(), []) if args.no_problem_size else \
         problem_size_checks(plan, args.problem_size_cases)

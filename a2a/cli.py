@@ -40,6 +40,18 @@ def run_cli(entry, argv=None) -> int:
         return core.EXIT_CRASH
 
 
+def writable(out: Path) -> None:
+    """--out checked before any work starts (its folder is made at the end): a folder, or a new path whose nearest
+    existing parent is a writable folder."""
+    import os
+
+    existing = next((p for p in [out, *out.parents] if p.exists()), None)
+    if existing is None or not existing.is_dir():
+        raise UserError(f"--out {out}: {existing or out} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"--out {out}: {existing} cannot be written")
+
+
 def save_run(out: Path, meta: dict, write: Callable[[Path], None]) -> Path:
     """Makes the run's folder (a2a.plan.run_folder: date, device, placement, what ran, commit), lets `write` fill it,
     and says where it is."""

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,10 +34,12 @@ from eval import UserError
 TERMINATE_GRACE_S = 5.0  # what the protocol child gets to end its ranks after SIGTERM, before SIGKILL
 
 
-def stage(version: Path, folder: Path, task_path: Path = TASK_YML, task: dict | None = None) -> Path:
+def stage(version: Path, folder: Path, task_path: Path = TASK_YML, task: dict | None = None,
+          test_files: bool = True) -> Path:
     """Writes the leaderboard bundle for `version` into `folder` (new or empty): the files task.yml lists
-    (submission.py, task.py, utils.py, reference.py, eval.py), plus tests.txt and benchmarks.txt, the test files
-    the runner makes from task.yml and passes to eval.py. `task`: task.yml already read (a plan's)."""
+    (submission.py, task.py, utils.py, reference.py, eval.py), plus, with `test_files`, tests.txt and benchmarks.txt,
+    the test files the runner makes from task.yml and passes to eval.py (a run of the plan's own cases writes only
+    those). `task`: task.yml already read (a plan's)."""
     task = task or load_task(task_path)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise UserError(f"{folder} exists and is not an empty folder; stage into a new or empty one")
@@ -47,7 +50,7 @@ def stage(version: Path, folder: Path, task_path: Path = TASK_YML, task: dict | 
             if not source.is_file():
                 raise UserError(f"{task_path}: file '{entry['source']}' for {entry['name']} does not exist")
             shutil.copyfile(source, folder / entry["name"])
-        for section in ("tests", "benchmarks"):
+        for section in ("tests", "benchmarks") if test_files else ():
             (folder / f"{section}.txt").write_text("\n".join(core.spec_line(c) for c in task[section]) + "\n")
     except OSError as exc:
         raise UserError(f"cannot write the bundle into {folder}: {exc.strerror}")
@@ -63,6 +66,7 @@ class EvalResult:
     import_s: float | None = None  # the slowest rank's import (and build) of the submission in the first case
     placement: str = ""  # where the ranks ran (sharing.describe_run)
     shared_gpus: bool = False  # ranks shared GPUs: the timings are not the problem's
+    void: str = ""  # why no result of this run stands (a key written twice, the evaluator signalled), or ""
 
 
 def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool = False,
@@ -76,7 +80,7 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
     path = version or plan.version
     where = plan.placement
     with tempfile.TemporaryDirectory(prefix=f"a2a-{path.stem}-") as tmp, sharing.shared_ranks(where) as share_env:
-        bundle = stage(path, Path(tmp) / "bundle", plan.task_path, plan.task)
+        bundle = stage(path, Path(tmp) / "bundle", plan.task_path, plan.task, test_files=False)
         (bundle / "cases.txt").write_text("\n".join(case.spec for case in plan.cases) + "\n")
         env = dict(os.environ, POPCORN_GPUS=str(plan.world_size), A2A_BACKEND=plan.backend, A2A_EXTRA="1",
                    A2A_RANK_PREFIX="1", A2A_RENDEZVOUS="private", PYTHONUNBUFFERED="1", **share_env)
@@ -93,14 +97,38 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
                  + ("" if plan.backend == "nccl" else " (CPU: timings are CPU timings)")
                  + (" (shared GPUs: timings are not the problem's)" if where.shared else "")
                  + (", cold extension cache" if cold else ""))
-        exit_code, output, _ = run_protocol(bundle, mode, "cases.txt", env, progress)
+        exit_code, output, stderr = run_protocol(bundle, mode, "cases.txt", env, progress)
     keys = result_rows.parse_popcorn(output)
     cases = result_rows.rows_from_keys(keys, mode)
     for row in cases:  # the protocol output names cases in the plan's order
         row["args"] = plan.cases[row["index"]].args
-    return EvalResult(mode=mode, backend=plan.backend, exit_code=exit_code, cases=cases,
-                      import_s=float(keys["import_s"]) if "import_s" in keys else None, placement=placement,
-                      shared_gpus=where.shared)
+    void = _void(output, exit_code, stderr)
+    if void:
+        for row in cases:  # its numbers too: a forged line may be the first of its key
+            row.update({field: None for field in result_rows.TIMING_FIELDS}, status="fail", error=void)
+    return EvalResult(mode=mode, backend=plan.backend, exit_code=core.EXIT_CHECK_FAILED if void else exit_code,
+                      cases=cases, import_s=float(keys["import_s"]) if "import_s" in keys else None,
+                      placement=placement, shared_gpus=where.shared, void=void)
+
+
+def _void(output: str, exit_code: int, stderr: str) -> str:
+    """Why no result of a finished protocol run stands, or "": a key written twice (the evaluator writes each
+    once), or the evaluator ended by a signal this process did not send (it sends one only on its own way out, and
+    then never returns here): the submission sent it or caused it (a rank can reach its parent), or someone outside
+    the run did."""
+    repeated = result_rows.repeated_keys(output)
+    if repeated:
+        return (f"the result channel holds {', '.join(repeated[:5])} twice: something besides the evaluator wrote "
+                "into it, so no result of this run stands")
+    signum = -exit_code if exit_code < 0 else exit_code - 128 if exit_code > 128 and " received" in stderr else 0
+    if signum:
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        return (f"the evaluator was ended by {name} while the submission ran, and the harness did not send it: the "
+                "submission sent or caused it (or a process outside the run did), so no result of this run stands")
+    return ""
 
 
 def _child_setup():
@@ -108,18 +136,21 @@ def _child_setup():
 
 
 def run_protocol(bundle: Path, mode: str, test_file: str, env: dict, progress=None) -> tuple[int, str, str]:
-    """Runs a bundle's `eval.py MODE TEST_FILE` as the leaderboard runner does (POPCORN_FD is a pipe) and returns
-    (exit code, the POPCORN output, stderr). With `progress`, reports each case as its result arrives. The child
-    runs in its own session; on the way out (also on a signal) it gets SIGTERM, time to end its ranks, then its
-    whole process group is killed, so nothing outlives the run."""
+    """Runs a bundle's `eval.py MODE TEST_FILE` as the leaderboard runner does and returns (exit code, the POPCORN
+    output, stderr). POPCORN_FD is one end of a socket pair: unlike a pipe, a socket cannot be opened again through
+    /proc/<pid>/fd, so no rank can write into it, even as root. Both streams are read as bytes and decoded with
+    replacement, so no byte a submission prints can stop the reading. With `progress`, reports each case as its
+    result arrives. The child runs in its own session; on the way out (also on a signal) it gets SIGTERM, time to
+    end its ranks, then its whole process group is killed, so nothing outlives the run."""
     n_cases = len([line for line in (bundle / test_file).read_bytes().decode(errors="replace").splitlines()
                    if line.strip()]) if (bundle / test_file).is_file() else 0
-    read_fd, write_fd = os.pipe()
+    ours, theirs = socket.socketpair()
+    read_fd, write_fd = ours.detach(), theirs.detach()
     env = dict(env, POPCORN_FD=str(write_fd))
     stderr_lines: list[str] = []
     child = subprocess.Popen([sys.executable, "eval.py", mode, test_file], cwd=bundle, env=env,
                              pass_fds=(write_fd,), stdout=sys.stdout, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True, preexec_fn=_child_setup)
+                             encoding="utf-8", errors="replace", start_new_session=True, preexec_fn=_child_setup)
     os.close(write_fd)
 
     def pump_stderr():
@@ -132,7 +163,7 @@ def run_protocol(bundle: Path, mode: str, test_file: str, env: dict, progress=No
     output = []
     started = time.monotonic()
     try:
-        with os.fdopen(read_fd) as results:
+        with os.fdopen(read_fd, encoding="utf-8", errors="replace") as results:
             for line in results:
                 output.append(line)
                 matched = re.match(r"^(test|benchmark)\.(\d+)\.(status|mean): ?(.*)$", line)
@@ -219,12 +250,19 @@ def _main(argv: list[str]) -> int:
     if args.mode == "stage":
         if not args.dir:
             raise UserError("usage: python eval.py stage VERSION DIR")
+        ignored = [option for option, value in (("--world-size", args.world_size), ("--cases", args.cases),
+                                                ("--seed", args.seed), ("--backend", args.backend),
+                                                ("--timeout", args.timeout), ("--cold", args.cold)) if value]
+        if ignored:
+            raise UserError(f"stage writes the bundle only; {', '.join(ignored)} would be ignored (pass them to a run)")
         path = checked_version(args.version)
         folder = stage(path, Path(args.dir), args.task)
         print(f"staged {path.stem} into {folder}: " + ", ".join(sorted(p.name for p in folder.iterdir())))
         return 0
     if args.dir:
         raise UserError(f"unexpected argument '{args.dir}'")
+    if args.mode == "trace":
+        cli.writable(args.out)
     selector = args.cases or ("benchmarks:0" if args.mode == "trace" else
                               "tests" if args.mode == "test" else "benchmarks")
     plan = make_plan(args.version, selector, args.world_size, args.backend, args.seed, args.timeout, args.task,
@@ -236,6 +274,8 @@ def _main(argv: list[str]) -> int:
         return 0
     result = evaluate(plan, args.mode, cold=args.cold)
     print(render(result))
+    if result.void:
+        print(f"error: {result.void}", file=sys.stderr)
     if not result.cases and result.exit_code:
         print(f"evaluation failed (exit {result.exit_code}); see the messages above", file=sys.stderr)
     return result.exit_code

@@ -27,6 +27,7 @@ from a2a import sharing
 from eval import UserError
 
 ROOT = core.HERE
+MIN_TIMEOUT_S = 1.0  # a per-case timeout below this fails every submission: no case even joins its group in less
 TASK_YML = ROOT / "problems" / "all2all" / "task.yml"
 SUBMISSIONS = ROOT / "submissions" / "all2all"
 # Where the bundle's modules (task, reference, utils) live in the repository; a leaderboard bundle has them side by
@@ -279,7 +280,7 @@ class RunPlan:
 
 def make_plan(versions, selector: str = "tests", world_size: Optional[int] = None, backend: Optional[str] = None,
               seed: Optional[int] = None, timeout_s: Optional[float] = None, task_path: Path = TASK_YML,
-              gpu_only: str = "error") -> RunPlan:
+              gpu_only: str = "error", distinct: bool = False) -> RunPlan:
     """Resolves and checks the versions, picks world size and backend for this machine (all GPUs up to 8 on NCCL,
     else 2 ranks on gloo), selects and validates the cases. A version that builds GPU code on a gloo run is an error
     (`gpu_only="error"`), a `skipped` line ("skip"), or left for the tool to report ("keep"). More ranks than GPUs
@@ -290,6 +291,9 @@ def make_plan(versions, selector: str = "tests", world_size: Optional[int] = Non
     if not names:
         raise UserError("no version named")
     paths = [checked_version(str(name)) for name in names]
+    if distinct and len(set(paths)) < len(paths):
+        twice = sorted({p.stem for p in paths if paths.count(p) > 1})
+        raise UserError(f"{', '.join(twice)} named more than once (by name or path): each version runs once")
     gpus = machine_gpus()
     if backend not in (None, "nccl", "gloo"):
         raise UserError(f"--backend {backend}: expected nccl or gloo")
@@ -299,8 +303,9 @@ def make_plan(versions, selector: str = "tests", world_size: Optional[int] = Non
     world_size = world_size if world_size is not None else (min(gpus, 8) if backend == "nccl" else 2)
     if world_size < 1:
         raise UserError(f"--world-size must be at least 1, not {world_size}")
-    if timeout_s is not None and not timeout_s > 0:
-        raise UserError(f"--timeout must be a positive number of seconds, not {timeout_s:g}")
+    if timeout_s is not None and not timeout_s >= MIN_TIMEOUT_S:
+        raise UserError(f"--timeout must be at least {MIN_TIMEOUT_S:g} s (a case's group setup alone takes about "
+                        f"that), not {timeout_s:g}")
     if seed is not None and not 0 <= seed <= core.SEED_MAX:
         raise UserError(f"--seed must be from 0 to {core.SEED_MAX}, not {seed}")
     skipped = []

@@ -19,16 +19,31 @@ ROW_FIELDS = ("status", "runs") + TIMING_FIELDS
 
 
 def parse_popcorn(text: str) -> dict:
-    """`key: value` lines -> dict; a line that is not `key: value` continues the previous value."""
+    """`key: value` lines -> dict; a line that is not `key: value` continues the previous value. A key written
+    again keeps its first value (the evaluator writes each key once: a second one is forged; repeated_keys)."""
     keys, last = {}, None
     for line in text.splitlines():
         matched = re.match(r"^([\w.-]+): (.*)$", line)
         if matched:
-            last = matched[1]
-            keys[last] = matched[2]
+            last = None if matched[1] in keys else matched[1]
+            if last is not None:
+                keys[last] = matched[2]
         elif last is not None:
             keys[last] += "\n" + line
     return keys
+
+
+def repeated_keys(text: str) -> list[str]:
+    """Keys written more than once, in order: the evaluator writes each key once, so each is evidence that
+    something else wrote into the result channel. (The runner's own reader keeps the last value: README.)"""
+    seen, repeated = set(), []
+    for line in text.splitlines():
+        matched = re.match(r"^([\w.-]+): ", line)
+        if matched:
+            if matched[1] in seen and matched[1] not in repeated:
+                repeated.append(matched[1])
+            seen.add(matched[1])
+    return repeated
 
 
 def rows_from_keys(keys: dict, mode: str) -> list[dict]:

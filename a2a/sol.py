@@ -216,6 +216,7 @@ def main(argv=None) -> int:
     parser.add_argument("--world-size", type=int)
     parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
+    cli.writable(args.out)
     planning.use_bundle_modules()
     gpus = planning.machine_gpus()
     if gpus < 2:

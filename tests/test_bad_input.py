@@ -38,8 +38,9 @@ def human_face_cases(tmp: Path):
         (("test", "v1", "--world-size", "16", "--backend", "nccl"), "GPU"),
         (("test", "v1", "--world-size", "0"), "--world-size must be at least 1"),
         (("test", "v1", "--world-size", "256"), "on CPU (gloo) at most"),
-        (("test", "v1", "--timeout", "-1"), "--timeout must be a positive number"),
-        (("test", "v1", "--timeout", "0"), "--timeout must be a positive number"),
+        (("test", "v1", "--timeout", "-1"), "--timeout must be at least 1 s"),
+        (("test", "v1", "--timeout", "0"), "--timeout must be at least 1 s"),
+        (("test", "v1", "--timeout", "1e-9"), "--timeout must be at least 1 s"),
         (("test", "v1", "--seed", "10000000000"), "mixed into this test's seed gives"),
         (("test", "v1", "--seed", str(2**64)), "--seed must be from 0 to"),
         (("test", "v1", "--seed", str(10**29)), "--seed must be from 0 to"),
@@ -71,6 +72,9 @@ def human_face_cases(tmp: Path):
         (("stage", "v1"), "usage"),
         (("stage", "v1", str(full)), "is not an empty folder"),
         (("stage", "v1", str(Path(a_file) / "bundle")), "cannot write the bundle"),
+        (("stage", "v1", str(tmp / "staged"), "--seed", "5", "--world-size", "3"),
+         "--world-size, --seed would be ignored"),
+        (("trace", "v2", "--out", a_file), "is not a folder"),
     ]
 
 
@@ -110,6 +114,34 @@ def test_run_leaderboard_rejects_bad_version_lists(tmp_path, versions, message):
     result = _command("run_leaderboard.py", "--versions", versions, "--out", str(tmp_path))
     assert result.returncode == EXIT_BAD_INPUT and message in result.stderr, result.stderr[-1000:]
     assert not list(tmp_path.iterdir())
+
+
+def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
+    """Each found before a rank starts: one line, 113, nothing saved."""
+    a_file = Path(_file(tmp_path, "a_file", ""))
+    for command, message in [
+        (("run_leaderboard.py", "--versions", "v1,v1", "--out", str(tmp_path / "o1")), "v1_torch_sort named more"),
+        (("run_leaderboard.py", "--versions", f"v1,{ROOT / 'submissions/all2all/v1_torch_sort.py'}",
+          "--out", str(tmp_path / "o2")), "named more than once"),
+        (("run_leaderboard.py", "--versions", "v1", "--out", str(a_file / "results")), "is not a folder"),
+        (("tools/step_anatomy.py", "v1", "--iterations", "0", "--out", str(tmp_path / "o3")),
+         "--iterations must be at least 1"),
+        (("tools/check_device.py", str(tmp_path / "missing.py")), "no such file" if _compilers() else "not found"),
+    ]:
+        result = _command(*command)
+        assert result.returncode == EXIT_BAD_INPUT and message in result.stderr, (command, result.stderr[-800:])
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("o")], "a refused command saved something"
+    for args, message in [((), "usage"), ((str(tmp_path / "s"), "bogus"), "unknown step 'bogus'")]:
+        done = subprocess.run(["bash", "tools/gpu_session.sh", *args], cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == EXIT_BAD_INPUT and message in done.stderr, done.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def _compilers() -> bool:
+    import shutil
+
+    return all(shutil.which(tool) for tool in ("nvcc", "hipcc", "clang++-19"))
 
 
 def test_diff_takes_user_files_and_rejects_bad_cases(tmp_path):
@@ -155,6 +187,9 @@ def test_protocol_face_rejects_bad_test_files(bundle):
         code, output, stderr = run_bundle(bundle, "test", name)
         assert code == EXIT_BAD_INPUT and message in stderr, (name, code, stderr[-500:])
         assert output == "" and "Traceback" not in stderr and len(stderr) < 1000, (name, stderr[:500])
+    (bundle / "zero.txt").symlink_to("/dev/zero")
+    code, output, stderr = run_bundle(bundle, "test", "zero.txt")
+    assert code == EXIT_BAD_INPUT and "larger than 1 MiB" in stderr and output == "", (code, stderr[-500:])
     code, _, stderr = run_bundle(bundle, "test", "does_not_exist.txt")
     assert code == EXIT_BAD_INPUT and "Could not open test file" in stderr and "No such file" in stderr
     (bundle / "folder.txt").mkdir()
@@ -174,6 +209,7 @@ def test_protocol_face_rejects_a_bad_environment(bundle):
                          ({"POPCORN_FD": "1", "POPCORN_SEED": str(10**29)}, "POPCORN_SEED must be an integer"),
                          ({"POPCORN_FD": "1", "POPCORN_SEED": "-4"}, "POPCORN_SEED must be an integer"),
                          ({"POPCORN_FD": "1", "POPCORN_GPUS": "many"}, "POPCORN_GPUS must be an integer"),
+                         ({"POPCORN_FD": "1", "POPCORN_GPUS": ""}, "POPCORN_GPUS must be an integer"),
                          ({"POPCORN_FD": "1", "POPCORN_SEED": "10000000000"}, "mixed into this test's seed")]:
         done = _protocol(bundle, env, "test", "one.txt")
         assert done.returncode == EXIT_BAD_INPUT and message in done.stderr, (env, done.returncode, done.stderr)

@@ -134,6 +134,7 @@ def main(argv=None) -> int:
                              "keeps the host's caches warm for the variant, as under the runner)")
     parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
+    cli.writable(args.out)
     plan = planning.make_plan([args.scratch, args.baseline], args.cases, args.world_size, gpu_only="keep")
     scratch, baseline = plan.versions
     if "configure_ideas" not in scratch.read_text():

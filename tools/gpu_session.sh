@@ -22,6 +22,13 @@
 # Export A2A_COMMIT=<the commit being measured> in the device command: the tree travels with a stale .git, so
 # without it results are labelled with an older commit and '-dirty' (seen 2026-11-22: 07249e2-dirty for 630334a).
 set -uo pipefail
+KNOWN="cold build _build _cold tests sol leaderboard trace sweep diff anatomy ideas nccl sm_share pack wait start"
+if [ $# -lt 2 ] || [ -z "$1" ]; then
+  echo "usage: tools/gpu_session.sh DIR [start] STEP... (a folder for logs and a step at least)" >&2; exit 113
+fi
+for item in "${@:2}"; do  # every step known before anything runs (README's exit codes: 113 for bad input)
+  case " $KNOWN " in *" ${item%%:*} "*) ;; *) echo "tools/gpu_session.sh: unknown step '$item'" >&2; exit 113 ;; esac
+done
 out=$(realpath -m "$1"); shift
 cd "$(dirname "$0")/.."
 mkdir -p "$out/logs" "$out/results" "$out/traces"
@@ -84,7 +91,7 @@ run_steps() {
       sm_share) step "sm_share_$a" 1500 $py tools/sm_share.py --world-size "$a" ${b:+--percents "$b"} --out "$out/results" ;;
       pack) mkdir -p "$a"; tar czf "$a/session.tgz" -C "$out" logs results traces; ls -la "$a" ;;
       wait) while [ -e "$out/.running" ]; do sleep 2; done; cat "$out/logs/session.log" ;;
-      *) echo "unknown step $item" | tee -a "$out/logs/session.log" ;;
+      *) echo "unknown step $item" | tee -a "$out/logs/session.log"; return 113 ;;
     esac
   done
 }

@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     parser.add_argument("--spin-timeout", type=float, default=2.0, help="seconds a version waits on a flag")
     parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
+    cli.writable(args.out)
     versions = [v for v in (args.versions or "").split(",") if v.strip()] or planning.list_versions()
     gpus = planning.machine_gpus()
     if not gpus:

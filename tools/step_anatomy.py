@@ -92,6 +92,9 @@ def main(argv=None) -> int:
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
+    cli.writable(args.out)
+    if args.iterations < 1:
+        raise core.UserError(f"--iterations must be at least 1, not {args.iterations}")
     plan = planning.make_plan(args.version, args.cases, args.world_size, args.backend)
     results = parallel_launch(plan.world_size, _anatomy_rank, str(plan.version), plan.case_args, args.iterations,
                               backend=plan.backend, timeout_s=900)[0]

@@ -152,6 +152,7 @@ def main(argv=None) -> int:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
+    cli.writable(args.out)
     plan = planning.make_plan(args.version, args.cases, args.world_size, gpu_only="keep")
     if "LAUNCH_SHAPE" not in plan.version.read_text():
         raise core.UserError(f"{plan.version.stem} has no LAUNCH_SHAPE to sweep")

@@ -1,0 +1,191 @@
+"""The judge: a submission cannot write its own verdict or time, cannot lie through its output, cannot reach the
+check that decides its verdict, and cannot make the evaluator lose a verdict with the bytes it prints. CPU, gloo, 2
+ranks, the human face (`python eval.py`), one official case. Each hostile submission computes v1's right answer or
+zeros, and says in its own output which rank did what."""
+import subprocess
+import sys
+
+import pytest
+
+from a2a import rows as result_rows
+from eval import EXIT_CHECK_FAILED
+from tests.conftest import ROOT, run_eval, v1_kernel_source
+
+CASE = ("--world-size", "2", "--cases", "tests:0")
+
+# Tries to write forged result lines into the result channel: POPCORN_FD if the environment still names it, and
+# every socket or pipe of its parent and grandparent (the two faces) that it can open again through /proc. It
+# records, per rank, what it reached in REACHED. (As root it could open and break much more of its parents; that
+# the verdict survives such sabotage is the signal test below.)
+FORGER = '''
+import os
+
+REACHED = "@REACHED@"
+
+def _forge(lines):
+    reached = []
+    fd = os.environ.get("POPCORN_FD")
+    if fd:
+        try:
+            os.write(int(fd), lines.encode())
+            reached.append("POPCORN_FD=" + fd)
+        except OSError:
+            pass
+    pid = os.getppid()
+    for _ in range(2):
+        for n in range(3, 64):
+            try:
+                kind = os.readlink(f"/proc/{pid}/fd/{n}")
+                if kind.startswith("socket:"):
+                    with open(f"/proc/{pid}/fd/{n}", "a") as channel:
+                        channel.write(lines)
+                    reached.append(f"{kind} of {pid}")
+            except OSError:
+                pass
+        pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    with open(REACHED, "a") as out:
+        out.write(f"rank pid {os.getpid()}: " + (", ".join(reached) or "nothing") + "\\n")
+'''
+
+
+def _submission(tmp_path, body: str, name: str = "hostile.py"):
+    path = tmp_path / name
+    path.write_text(body.replace("@REACHED@", str(tmp_path / "reached.txt")))
+    return str(path)
+
+
+def _row_statuses(stdout: str) -> list:
+    return [line.split("|")[3].strip() for line in stdout.splitlines() if line.startswith("|   0 |")]
+
+
+def test_a_submission_cannot_forge_a_passing_test(tmp_path):
+    """Zeros, then `test.0.status: pass` and `check: pass` written wherever the rank can reach."""
+    body = FORGER + '''
+import torch
+
+def custom_kernel(data):
+    cfg, rank_data, rank, world_size = data
+    _forge("test.0.status: pass\\ncheck: pass\\n")
+    return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=torch.float16, device=rank_data.x.device)
+'''
+    result = run_eval("test", _submission(tmp_path, body), *CASE, timeout=300)
+    assert result.returncode == EXIT_CHECK_FAILED, result.stdout[-2000:] + result.stderr[-2000:]
+    assert _row_statuses(result.stdout) == ["fail"], result.stdout[-2000:]
+    assert "POPCORN_FD=" not in (tmp_path / "reached.txt").read_text()
+
+
+def test_a_correct_submission_cannot_forge_its_time(tmp_path):
+    """Right answers, and `benchmark.0.mean: 1.0` aimed at the result channel: nothing reaches it, and the time
+    shown is the evaluator's."""
+    body = v1_kernel_source() + FORGER + '''
+
+def custom_kernel(data):
+    out = _v1_kernel(data)
+    _forge("benchmark.0.mean: 1.0\\nbenchmark.0.best: 1.0\\n")
+    return out
+'''
+    result = run_eval("benchmark", _submission(tmp_path, body), *CASE, timeout=300)
+    reached = (tmp_path / "reached.txt").read_text()
+    assert set(reached.split(": ", 1)[1] for reached in reached.splitlines()) == {"nothing\n"[:-1]}, reached
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    row = [line for line in result.stdout.splitlines() if line.startswith("|   0 |")][0]
+    assert float(row.split("|")[5]) > 1.0, row  # the mean, in µs: a CPU step takes far longer than 1 ns
+
+
+def test_a_signal_the_submission_sends_its_evaluator_voids_the_run(tmp_path):
+    """Right answers, then SIGTERM to its parent, the evaluator: the run fails (112), saying the harness did not send
+    it, instead of ending as if the user had stopped it."""
+    body = v1_kernel_source() + '''
+import os
+import signal
+
+def custom_kernel(data):
+    if data[2] == 1:
+        os.kill(os.getppid(), signal.SIGTERM)
+    return _v1_kernel(data)
+'''
+    result = run_eval("test", _submission(tmp_path, body), *CASE, timeout=300)
+    assert result.returncode == EXIT_CHECK_FAILED, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "ended by SIGTERM while the submission ran, and the harness did not send it" in result.stderr, \
+        result.stderr[-2000:]
+
+
+def test_a_repeated_key_keeps_its_first_value_and_is_reported():
+    text = "check: fail\ntest.0.status: fail\ncheck: pass\ntest.0.status: pass\n"
+    assert result_rows.parse_popcorn(text) == {"check": "fail", "test.0.status": "fail"}
+    assert result_rows.repeated_keys(text) == ["check", "test.0.status"]
+    assert result_rows.repeated_keys("check: pass\ntest-count: 1\n") == []
+
+
+LYING_TENSOR = '''
+import torch
+
+class Agreeable(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.allclose, torch.equal):
+            return True
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+def custom_kernel(data):
+    cfg, rank_data, rank, world_size = data
+    zeros = torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=torch.float16, device=rank_data.x.device)
+    return zeros.as_subclass(Agreeable)
+'''
+
+PATCHED_ALLCLOSE = '''
+import torch
+
+torch.allclose = lambda *args, **kwargs: True  # rank-wide: every check in this process now agrees
+
+def custom_kernel(data):
+    cfg, rank_data, rank, world_size = data
+    return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=torch.float16, device=rank_data.x.device)
+'''
+
+PATCHED_REFERENCE = '''
+import sys
+import torch
+import reference
+
+def custom_kernel(data):
+    cfg, rank_data, rank, world_size = data
+    out = torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=torch.float16, device=rank_data.x.device)
+    reference.ref_kernel = lambda d: out.clone()  # the reference now expects what this returns
+    reference.check_implementation = lambda d, o: (True, "")
+    for name in ("__mp_main__", "__main__", "eval"):  # the evaluator's own binding of the check, in this worker
+        module = sys.modules.get(name)
+        if getattr(module, "_reference", None):
+            module._reference = (module._reference[0], lambda d, o: (True, ""))
+    return out
+'''
+
+
+@pytest.mark.parametrize("body, expected", [
+    (LYING_TENSOR, "must be a plain torch.Tensor"),
+    (PATCHED_ALLCLOSE, "outside the submission's process"),
+    (PATCHED_REFERENCE, "outside the submission's process"),
+], ids=["lying-tensor", "patched-allclose", "patched-reference"])
+def test_zeros_fail_however_the_check_is_bent(tmp_path, body, expected):
+    for mode in ("test", "benchmark"):
+        result = run_eval(mode, _submission(tmp_path, body), *CASE, timeout=300)
+        assert result.returncode == EXIT_CHECK_FAILED, (mode, result.stdout[-2000:], result.stderr[-2000:])
+        assert expected in result.stdout, (mode, result.stdout[-3000:])
+
+
+def test_non_utf8_bytes_on_stderr_lose_no_verdict(tmp_path):
+    """A correct submission that writes undecodable bytes, then 400 KB more, to stderr: it passes, and its stderr
+    comes through with the bytes replaced."""
+    body = v1_kernel_source() + '''
+import os
+
+def custom_kernel(data):
+    os.write(2, b"rank says \\xff\\xfe\\xfd here\\n" + b"x" * 400_000 + b"\\n")
+    return _v1_kernel(data)
+'''
+    result = subprocess.run([sys.executable, str(ROOT / "eval.py"), "test", _submission(tmp_path, body), *CASE],
+                            cwd=ROOT, capture_output=True, timeout=300)
+    stdout, stderr = result.stdout.decode(), result.stderr.decode(errors="replace")
+    assert result.returncode == 0, stdout[-2000:] + stderr[-2000:]
+    assert _row_statuses(stdout) == ["pass"], stdout
+    assert "rank says \ufffd\ufffd\ufffd here" in stderr, stderr[:500]
