@@ -43,8 +43,9 @@ from typing import Any, Callable, NamedTuple, Optional
 
 __all__ = [  # what a2a/, tools/, launch.py, run_leaderboard.py and diff.py use; everything else is the core's own
     "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED", "EXIT_CRASH", "EXTRA_STATS", "EXTRA_STAT_FIELDS", "HERE",
-    "LEADERBOARD_SEED_STEP", "MODES", "MPS_DEFAULT_PIPE_DIRECTORY", "OFFICIAL_TIMEOUT_S", "SEED_MAX", "SPEC_KEYS",
-    "WARMUP_CALLS", "RankPool", "Terminated", "TestCase", "UserError", "all_ok", "calculate_extra_stats",
+    "LEADERBOARD_SEED_STEP", "MODES", "MPS_DEFAULT_PIPE_DIRECTORY", "OFFICIAL_TIMEOUT_S", "RUN_OWNER", "SEED_MAX",
+    "SPEC_KEYS",
+    "WARMUP_CALLS", "RankPool", "Terminated", "TestCase", "UserError", "all_ok", "calculate_extra_stats", "claim_run",
     "cantor_combine", "case_problem", "clone_data", "die_with_parent", "environment_with", "get_test_cases",
     "install_signal_handlers", "kill_tree", "measure", "nccl_version_tuple", "own_device", "rank_device",
     "rank_failures", "snapshot", "spec_line", "validate_cases", "version_text",
@@ -153,6 +154,46 @@ def descendants(pid: int) -> list[int]:
             found.append(child)
             queue.append(child)
     return found
+
+
+RUN_OWNER = "A2A_RUN_OWNER"  # pid:start time of the command that owns a process (inherited by all it starts)
+
+
+def _start_time(pid: int) -> Optional[str]:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def claim_run(inherit: bool = False) -> None:
+    """First ends what earlier runs left behind (sweep_orphans), then marks this command as the owner of every
+    process it will start. `inherit`: keep an owner already named (the protocol face under the human face, which
+    ends it on its way out)."""
+    sweep_orphans()
+    if not (inherit and os.environ.get(RUN_OWNER)):
+        os.environ[RUN_OWNER] = f"{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def sweep_orphans() -> list[int]:
+    """SIGKILLs every process whose owner (RUN_OWNER in its environment) is gone: what a run left after a SIGKILL
+    took its owner before the owner could end it (a submission's forked children re-parented to init, a rank whose
+    parent died). A live owner's processes are left alone. Returns the pids killed."""
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        matched = re.search(rb"(?:^|\0)" + RUN_OWNER.encode() + rb"=(\d+):(\d+)", environ)
+        if not matched or _start_time(int(matched[1])) == matched[2].decode():
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(entry), signal.SIGKILL)
+            killed.append(int(entry))
+    return killed
 
 
 def kill_tree(pid: int, include_root: bool = True) -> None:
@@ -1256,6 +1297,7 @@ def protocol_main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     hide_result_channel()
+    claim_run(inherit=True)
     install_signal_handlers()
     become_subreaper()
     pool = None

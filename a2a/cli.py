@@ -23,6 +23,7 @@ def run_cli(entry, argv=None) -> int:
     signal; an error in the harness itself exits 114 with one line saying where."""
     import traceback
 
+    core.claim_run()
     core.install_signal_handlers()
     try:
         return entry(argv)

@@ -297,6 +297,7 @@ class MpsDaemon:
         (self.folder / "pipe").mkdir()
         (self.folder / "log").mkdir()
         env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=self.pipe, CUDA_MPS_LOG_DIRECTORY=str(self.folder / "log"))
+        env.pop(core.RUN_OWNER, None)  # the guardian outlives its owner on purpose: no orphan sweep may end it
         self.guardian = subprocess.Popen([sys.executable, "-c", _GUARDIAN, shutil.which(MPS_CONTROL),
                                           str(self.folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          text=True, env=env, start_new_session=True)

@@ -189,3 +189,47 @@ def custom_kernel(data):
     assert result.returncode == 0, stdout[-2000:] + stderr[-2000:]
     assert _row_statuses(stdout) == ["pass"], stdout
     assert "rank says \ufffd\ufffd\ufffd here" in stderr, stderr[:500]
+
+
+def test_what_a_sigkill_leaves_the_next_command_ends(tmp_path, process_token):
+    """SIGKILL to the human face and to its protocol child at once (nothing of the run can clean up): the ranks die
+    with their parent, the submission's forked `sleep` is left to init. The next command of this harness, any one,
+    ends it: it carries the run's owner, who is gone."""
+    import os
+    import signal
+    import time
+
+    from tests.conftest import hanging_human_face, hanging_submission, processes_with, wait_until_gone
+
+    face = hanging_human_face(tmp_path, process_token, hanging_submission())
+    tree = [face.pid] + [int(p) for p in open(f"/proc/{face.pid}/task/{face.pid}/children").read().split()]
+    for pid in tree:
+        os.kill(pid, signal.SIGKILL)
+    face.wait(timeout=30)  # not communicate(): the orphans hold its output pipes open
+    face.stdout.close()
+    face.stderr.close()
+    deadline = time.monotonic() + 20
+    while len(processes_with(process_token)) != 2 and time.monotonic() < deadline:
+        time.sleep(0.2)  # the ranks die with their parent; each rank's `sleep` stays
+    left = processes_with(process_token)
+    assert left and all(open(f"/proc/{pid}/comm").read().strip() == "sleep" for pid in left), left
+    assert run_eval("stage", "v1", str(tmp_path / "next")).returncode == 0  # any command: it sweeps first
+    assert not wait_until_gone(process_token, 10), "the next command left the orphans of a killed run"
+
+
+def test_the_sweep_ends_only_what_a_gone_owner_left():
+    import os
+    import subprocess
+
+    import eval as core
+
+    mine = f"{os.getpid()}:{core._start_time(os.getpid())}"
+    alive = subprocess.Popen(["sleep", "60"], env={**os.environ, core.RUN_OWNER: mine})
+    orphan = subprocess.Popen(["sleep", "60"], env={**os.environ, core.RUN_OWNER: f"{os.getpid()}:1"})  # pid reused
+    try:
+        killed = core.sweep_orphans()
+        assert orphan.pid in killed and alive.pid not in killed, (killed, alive.pid, orphan.pid)
+        assert orphan.wait(timeout=10) == -9 and alive.poll() is None
+    finally:
+        alive.kill()
+        alive.wait()
