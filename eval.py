@@ -838,8 +838,9 @@ def _join_group(rank: int, world_size: int, setup: RankSetup, case_id: int):
     import torch.distributed as dist
 
     if setup.rank_prefix:
-        if not isinstance(sys.stdout, _RankPrefix):
-            sys.stdout, sys.stderr = _RankPrefix(sys.stdout, ""), _RankPrefix(sys.stderr, "")
+        if not isinstance(sys.stdout, _RankPrefix):  # a closed stream (None) prints nowhere, without a traceback
+            sys.stdout, sys.stderr = (_RankPrefix(stream or open(os.devnull, "w"), "")
+                                      for stream in (sys.stdout, sys.stderr))
         sys.stdout.prefix = sys.stderr.prefix = f"[rank{rank}] "
     if setup.store_port is not None:
         client = dist.TCPStore("127.0.0.1", setup.store_port, is_master=False, timeout=timedelta(seconds=120))

@@ -233,3 +233,14 @@ def test_the_sweep_ends_only_what_a_gone_owner_left():
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_a_closed_stdout_loses_no_verdict_and_prints_no_traceback():
+    """`python eval.py ... >&-`: the ranks' prefixed streams print nowhere instead of a traceback per rank."""
+    import os
+
+    result = subprocess.run([sys.executable, str(ROOT / "eval.py"), "test", "v1", *CASE], cwd=ROOT,
+                            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300,
+                            preexec_fn=lambda: os.close(1))
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    assert b"Traceback" not in result.stderr, result.stderr.decode(errors="replace")[-2000:]
