@@ -922,6 +922,9 @@ def _worker_loop(conn, phase_slot, parent_pid: int) -> None:
     """A pool worker: runs one rank of a case per message until it gets None. Dies with the pool's owner."""
     global _phase_slot, _reference
     die_with_parent()
+    # Ctrl-C reaches the whole process group: the pool's owner ends the run and its workers; a worker's own
+    # KeyboardInterrupt would only add a traceback per rank.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if os.getppid() != parent_pid:  # the owner died before the line above took effect
         os._exit(1)
     _phase_slot = phase_slot

@@ -244,3 +244,30 @@ def test_a_closed_stdout_loses_no_verdict_and_prints_no_traceback():
                             preexec_fn=lambda: os.close(1))
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
     assert b"Traceback" not in result.stderr, result.stderr.decode(errors="replace")[-2000:]
+
+
+def test_two_quick_sigints_to_the_protocol_face_print_no_traceback(bundle, tmp_path):
+    """What Ctrl-C under GNU `timeout` does: SIGINT twice, 1 ms apart, to the whole process group."""
+    import os
+    import signal
+    import time
+
+    from tests.conftest import hanging_submission
+
+    (bundle / "submission.py").write_text(hanging_submission())
+    (bundle / "one.txt").write_text("num_experts: 8; experts_per_token: 2; hidden_dim: 64; max_num_tokens: 4; "
+                                    "seed: 1; world_size: 2\n")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {**os.environ, "POPCORN_FD": "1", "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo", "A2A_TEST_MARKS": str(marks)}
+    face = subprocess.Popen([sys.executable, "eval.py", "test", "one.txt"], cwd=bundle, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not all((marks / f"rank{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.killpg(face.pid, signal.SIGINT)
+    time.sleep(0.001)
+    os.killpg(face.pid, signal.SIGINT)
+    _, stderr = face.communicate(timeout=60)
+    assert face.returncode == 128 + signal.SIGINT, stderr.decode(errors="replace")[-2000:]
+    assert b"Traceback" not in stderr, stderr.decode(errors="replace")[-2000:]
