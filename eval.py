@@ -29,11 +29,14 @@ import contextlib
 import copy
 import ctypes
 import dataclasses
+import fcntl
 import math
 import multiprocessing
 import os
 import re
+import select
 import signal
+import stat
 import sys
 import time
 import traceback
@@ -1267,11 +1270,20 @@ def _environment() -> tuple[int, Optional[int], int]:
         if not re.fullmatch(r"[0-9]+", text.strip()) or not low <= int(text) <= high:
             raise UserError(f"{name} must be an integer from {low} to {high}, not '{text[:40]}'")
         values[name] = int(text)
+    fd = values["POPCORN_FD"]
     try:
-        os.fstat(values["POPCORN_FD"])
+        mode = os.fstat(fd).st_mode
+        writable = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
     except (OSError, TypeError):
-        raise UserError(f"POPCORN_FD={values['POPCORN_FD']} is not an open file descriptor") from None
-    return values["POPCORN_FD"], values["POPCORN_SEED"], values["POPCORN_GPUS"]
+        raise UserError(f"POPCORN_FD={fd} is not an open file descriptor") from None
+    if not writable:
+        raise UserError(f"POPCORN_FD={fd} is open for reading only: the results could not be written")
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0)):
+            raise UserError(f"POPCORN_FD={fd} is a pipe or socket that nobody reads: the results would be lost")
+    return fd, values["POPCORN_SEED"], values["POPCORN_GPUS"]
 
 
 def _sharing_asked() -> bool:

@@ -215,6 +215,15 @@ def test_protocol_face_rejects_a_bad_environment(bundle):
         assert done.returncode == EXIT_BAD_INPUT and message in done.stderr, (env, done.returncode, done.stderr)
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert _protocol(bundle, {"POPCORN_FD": "1"}, "test").returncode == EXIT_USAGE
+    read_end, write_end = os.pipe()
+    for fd, message, keep in [(read_end, "open for reading only", write_end), (write_end, "nobody reads", None)]:
+        if keep is None:
+            os.close(read_end)  # the write end of a pipe whose reader is gone
+        done = subprocess.run([sys.executable, "eval.py", "test", "one.txt"], cwd=bundle, capture_output=True,
+                              text=True, timeout=120, pass_fds=(fd,),
+                              env={**os.environ, "POPCORN_FD": str(fd), "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo"})
+        assert done.returncode == EXIT_BAD_INPUT and message in done.stderr, (message, done.returncode, done.stderr)
+    os.close(write_end)
 
 
 def test_protocol_face_reports_its_own_crash(bundle):
