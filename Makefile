@@ -1,4 +1,5 @@
 # Two commands do everything: `make leaderboard` (the main job) and `make test`. Both set themselves up.
+# Every command runs through `python -m a2a.cli NAME` (a2a/cli.py, COMMANDS: the one list, tools/gpu_session.sh's too).
 # Where python3 already has torch, pandas, tabulate, yaml, scipy, matplotlib and pytest (the GPU machines), it is used
 # as is; otherwise a .venv is made with the CPU build of torch (CI and fresh machines).
 SHELL := /bin/bash
@@ -26,30 +27,30 @@ endif
 # Compile-only check of every version's device code (and the probes'): nvcc sm_90, and after hipify a whole gfx942
 # (MI300X) code object with clang-19 and gfx90a with hipcc; prints each file's gfx942 memory-model sequences.
 check-device: setup
-	$(PYTHON) tools/check_device.py
+	$(PYTHON) -m a2a.cli check-device
 
 test: setup check-device
 	$(PYTHON) -m pytest -q tests
 
 # Every version x benchmark shape on what this machine has (GPUs: with anchors and this machine's speed of light).
 leaderboard: setup
-	$(PYTHON) run_leaderboard.py $(ARGS)
+	$(PYTHON) -m a2a.cli leaderboard $(ARGS)
 
 # This machine's speed-of-light figures (GPUs only), saved under results/.
 sol: setup
-	$(PYTHON) -m a2a.sol $(ARGS)
+	$(PYTHON) -m a2a.cli sol $(ARGS)
 
 # Kernel timeline of version V on CASE (GPUs only): traces/<date>_<device>_ws<N>_<version>_<case>_<commit>/.
 trace: setup
-	$(PYTHON) eval.py trace $(V) --cases $(CASE) $(ARGS)
+	$(PYTHON) -m a2a.cli eval trace $(V) --cases $(CASE) $(ARGS)
 
 # What B changed against A: code, time, verdict per shape.
 diff: setup
-	$(PYTHON) diff.py $(A) $(B) $(ARGS)
+	$(PYTHON) -m a2a.cli diff $(A) $(B) $(ARGS)
 
 # Launch-shape sweep of version V (GPUs only).
 sweep: setup
-	$(PYTHON) tools/sweep_launch.py $(V) $(ARGS)
+	$(PYTHON) -m a2a.cli sweep $(V) $(ARGS)
 
 # NCCL 2.30+ (several ranks on one GPU) built for this machine's GPU into build/nccl/, for world size 8 on fewer GPUs
 # when torch's own NCCL is older: NCCL_SRC=checkout-or-archive for a machine without network (README).

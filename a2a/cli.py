@@ -1,5 +1,6 @@
-"""The command layer every command and tool shares: one way to run an entry point under README's exit-code table,
-and one way to save a run's folder.
+"""The command layer every command and tool shares: the one list of commands (COMMANDS; the Makefile and
+tools/gpu_session.sh run each through `python -m a2a.cli NAME ARGS...`), one way to run an entry point under README's
+exit-code table, and one way to save a run's folder.
 
 Exit codes (eval.py's EXIT_* constants; README, "Exit codes"): 0 done and every check passed, 2 a malformed command
 line (argparse), 112 a submission failed a check (a wrong output, a crash, a hang, device code that does not
@@ -8,6 +9,7 @@ by signal N with every process it started.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -15,6 +17,23 @@ from typing import Callable
 import eval as core
 from a2a import plan as planning
 from eval import UserError
+
+# name -> (what runs, relative to the repository: a script, or `-m module`; what it does). `python -m a2a.cli` lists
+# them.
+COMMANDS = {
+    "eval": ("eval.py", "check, time, profile, trace or stage one version (the human face)"),
+    "leaderboard": ("run_leaderboard.py", "every version x benchmark shape, anchors, speed of light, world-size-8 "
+                                          "checks (make leaderboard)"),
+    "sol": ("-m a2a.sol", "this machine's speed-of-light figures (make sol)"),
+    "diff": ("diff.py", "what B changed against A: code, time, verdict per shape (make diff)"),
+    "check-device": ("tools/check_device.py", "every version's device code compiled for each target (make "
+                                              "check-device)"),
+    "sweep": ("tools/sweep_launch.py", "a version's launch shapes (make sweep)"),
+    "anatomy": ("tools/step_anatomy.py", "where a timed step's µs go besides the call"),
+    "ideas": ("tools/compare_ideas.py", "a scratch copy's ideas, each alone, against its version"),
+    "sm-share": ("tools/sm_share.py", "the SM share at which ranks sharing a GPU run every version cleanly"),
+    "triton-launch": ("tools/triton_launch.py", "Triton's launch paths timed"),
+}
 
 
 def run_cli(entry, argv=None) -> int:
@@ -66,3 +85,24 @@ def save_run(out: Path, meta: dict, write: Callable[[Path], None]) -> Path:
 def verdict(passed: bool) -> int:
     """The exit code of a command whose run finished: 0, or 112 when a check it made failed."""
     return 0 if passed else core.EXIT_CHECK_FAILED
+
+
+def launch(argv: list[str]) -> int:
+    """`python -m a2a.cli NAME ARGS...`: runs command NAME with ARGS in this process's place (its exit code is the
+    command's); without NAME, lists the commands."""
+    if not argv or argv[0] not in COMMANDS:
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"a2a.cli: unknown command '{argv[0]}'", file=sys.stderr)
+        print("usage: python -m a2a.cli NAME [ARGS...]\n\n" + "\n".join(f"  {name:14} {what}" for name, (_, what)
+                                                                      in COMMANDS.items()))
+        return 0 if not argv or argv[0] in ("-h", "--help") else core.EXIT_BAD_INPUT
+    target = COMMANDS[argv[0]][0].split()
+    if target[0] == "-m":  # a module of the repository, found from any working directory
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(core.HERE), os.environ.get("PYTHONPATH")]))
+    else:
+        target = [str(core.HERE / target[0])]
+    os.execv(sys.executable, [sys.executable, *target, *argv[1:]])
+
+
+if __name__ == "__main__":
+    sys.exit(launch(sys.argv[1:]))

@@ -85,3 +85,19 @@ def test_eval_all_is_exactly_what_the_library_uses():
             used |= {name.strip() for name in names.split(",")}
     assert used == set(core.__all__), (sorted(used - set(core.__all__)), sorted(set(core.__all__) - used))
     assert all(hasattr(core, name) for name in core.__all__)
+
+
+def test_the_makefile_and_the_gpu_session_run_the_one_list_of_commands():
+    """Every Python command either file runs goes through `python -m a2a.cli NAME` with a NAME of a2a.cli.COMMANDS,
+    and every command there exists."""
+    from a2a import cli
+
+    for name, (target, _) in cli.COMMANDS.items():
+        parts = target.split()
+        assert (ROOT / parts[0]).is_file() if parts[0] != "-m" else module_file(parts[1]).is_file(), name
+    for path, python in ((ROOT / "Makefile", "$(PYTHON)"), (ROOT / "tools" / "gpu_session.sh", "$py")):
+        runs = [line.split(python, 1)[1].split() for line in path.read_text().splitlines() if python + " " in line]
+        runs = [run for run in runs if run[:2] != ["-m", "pytest"] and run[:1] != ["-"]]  # tests, inline builds
+        assert runs, path
+        for run in runs:
+            assert run[:2] == ["-m", "a2a.cli"] and run[2] in cli.COMMANDS, (path.name, run)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session in as few device minutes as possible: build every extension once (in parallel), then run the named
-# steps, each with its own time limit and log, and pack logs, results/ and traces/ into one archive.
+# steps (each a command of a2a/cli.py's COMMANDS), each with its own time limit and log, and pack logs, results/ and
+# traces/ into one archive.
 #
 #   tools/gpu_session.sh DIR STEP...          run the steps now; logs under DIR/logs
 #   tools/gpu_session.sh DIR start STEP...    run them detached (they outlive this command) and return at once
@@ -66,7 +67,7 @@ cold() {  # cold VERSION: its first official test on an empty extension cache, e
   if [ -n "$name" ] && [ -e "$TORCH_EXTENSIONS_DIR/$name" ]; then echo "not a cold start: $name is already built"; return 1; fi
   if [ -z "$name" ] && [ -n "$(ls -A "$TRITON_CACHE_DIR" 2>/dev/null)" ]; then
     echo "not a cold start: Triton's cache ($TRITON_CACHE_DIR) is not empty"; return 1; fi
-  $py eval.py test "$1" --cases tests:0
+  $py -m a2a.cli eval test "$1" --cases tests:0
 }
 
 run_steps() {
@@ -78,17 +79,17 @@ run_steps() {
       cold) for v in ${a//,/ }; do step "cold_$v" 300 "$0" "$out" "_cold:$v"; done ;;
       _cold) cold "$a" ;;
       tests) step "tests" 1500 $py -m pytest -q -rsP --durations=20 tests/test_gpu.py ${a:+-k "$a"} ;;
-      sol) step sol 300 $py -m a2a.sol --out "$out/results" ;;
-      leaderboard) step "leaderboard_${a//,/-}" 900 $py run_leaderboard.py --versions "$a" --out "$out/results" $b ;;
+      sol) step sol 300 $py -m a2a.cli sol --out "$out/results" ;;
+      leaderboard) step "leaderboard_${a//,/-}" 900 $py -m a2a.cli leaderboard --versions "$a" --out "$out/results" $b ;;
       trace) step "trace_$(basename "$a" .py)_${b//[:,]/-}" 400 \
-               $py eval.py trace "$a" --cases "$b" --out "$out/traces" ;;
-      sweep) step "sweep_$a" 600 $py tools/sweep_launch.py "$a" --out "$out/results" ;;
-      diff) step "diff_${a}_$b" 600 $py diff.py "$a" "$b" --out "$out/results" ;;
-      anatomy) step "anatomy_$a" 600 $py tools/step_anatomy.py "$a" --cases benchmarks --out "$out/results" ;;
-      ideas) step "ideas_$(basename "$a" .py)" 900 $py tools/compare_ideas.py "$a" --sets "$b" --iterations 100 \
+               $py -m a2a.cli eval trace "$a" --cases "$b" --out "$out/traces" ;;
+      sweep) step "sweep_$a" 600 $py -m a2a.cli sweep "$a" --out "$out/results" ;;
+      diff) step "diff_${a}_$b" 600 $py -m a2a.cli diff "$a" "$b" --out "$out/results" ;;
+      anatomy) step "anatomy_$a" 600 $py -m a2a.cli anatomy "$a" --cases benchmarks --out "$out/results" ;;
+      ideas) step "ideas_$(basename "$a" .py)" 900 $py -m a2a.cli ideas "$a" --sets "$b" --iterations 100 \
                --block "${IDEAS_BLOCK:-1}" --out "$out/results" ;;
       nccl) step nccl 900 tools/build_nccl.sh ;;
-      sm_share) step "sm_share_$a" 1500 $py tools/sm_share.py --world-size "$a" ${b:+--percents "$b"} --out "$out/results" ;;
+      sm_share) step "sm_share_$a" 1500 $py -m a2a.cli sm-share --world-size "$a" ${b:+--percents "$b"} --out "$out/results" ;;
       pack) mkdir -p "$a"; tar czf "$a/session.tgz" -C "$out" logs results traces; ls -la "$a" ;;
       wait) while [ -e "$out/.running" ]; do sleep 2; done; cat "$out/logs/session.log" ;;
       *) echo "unknown step $item" | tee -a "$out/logs/session.log"; return 113 ;;
