@@ -97,7 +97,7 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
                  + ("" if plan.backend == "nccl" else " (CPU: timings are CPU timings)")
                  + (" (shared GPUs: timings are not the problem's)" if where.shared else "")
                  + (", cold extension cache" if cold else ""))
-        exit_code, output, stderr = run_protocol(bundle, mode, "cases.txt", env, progress)
+        exit_code, output, stderr = run_protocol(bundle, mode, "cases.txt", env, progress, len(plan.cases))
     keys = result_rows.parse_popcorn(output)
     cases = result_rows.rows_from_keys(keys, mode)
     for row in cases:  # the protocol output names cases in the plan's order
@@ -135,15 +135,17 @@ def _child_setup():
     core.die_with_parent(signal.SIGTERM)  # if this process is killed, the protocol child ends its ranks
 
 
-def run_protocol(bundle: Path, mode: str, test_file: str, env: dict, progress=None) -> tuple[int, str, str]:
+def run_protocol(bundle: Path, mode: str, test_file: str, env: dict, progress=None,
+                 n_cases: int | None = None) -> tuple[int, str, str]:
     """Runs a bundle's `eval.py MODE TEST_FILE` as the leaderboard runner does and returns (exit code, the POPCORN
     output, stderr). POPCORN_FD is one end of a socket pair: unlike a pipe, a socket cannot be opened again through
     /proc/<pid>/fd, so no rank can write into it, even as root. Both streams are read as bytes and decoded with
     replacement, so no byte a submission prints can stop the reading. With `progress`, reports each case as its
     result arrives. The child runs in its own session; on the way out (also on a signal) it gets SIGTERM, time to
     end its ranks, then its whole process group is killed, so nothing outlives the run."""
-    n_cases = len([line for line in (bundle / test_file).read_bytes().decode(errors="replace").splitlines()
-                   if line.strip()]) if (bundle / test_file).is_file() else 0
+    if n_cases is None and progress:  # a bundle run from outside a plan: count its cases for the progress lines
+        n_cases = len([line for line in (bundle / test_file).read_bytes().decode(errors="replace").splitlines()
+                       if line.strip()]) if (bundle / test_file).is_file() else 0
     ours, theirs = socket.socketpair()
     read_fd, write_fd = ours.detach(), theirs.detach()
     env = dict(env, POPCORN_FD=str(write_fd))
