@@ -1106,7 +1106,11 @@ def rank_failures(results: list[RankResult]) -> str:
     follow_ons = sorted((f for f in failures if f[1].follow_on), key=lambda f: f[1].at)
     if not causes:
         causes, follow_ons = follow_ons, []
-    lines = [f"rank {rank} - {failure.message}" for rank, failure in causes]
+    grouped: dict = {}  # one line per distinct error: the watchdog's sentence names every rank it killed once
+    for rank, failure in causes:
+        grouped.setdefault(failure.message, []).append(rank)
+    lines = [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} - {message}"
+             for message, ranks in grouped.items()]
     if follow_ons:
         summary = "; ".join(f"rank {rank}: {failure.message[:FOLLOW_ON_SUMMARY_CHARS]}"
                             + ("..." if len(failure.message) > FOLLOW_ON_SUMMARY_CHARS else "")

@@ -212,7 +212,7 @@ def test_what_a_sigkill_leaves_the_next_command_ends(tmp_path, process_token):
     while len(processes_with(process_token)) != 2 and time.monotonic() < deadline:
         time.sleep(0.2)  # the ranks die with their parent; each rank's `sleep` stays
     left = processes_with(process_token)
-    assert left and all(open(f"/proc/{pid}/comm").read().strip() == "sleep" for pid in left), left
+    assert left and set(_names(left)) == {"sleep"}, left
     assert run_eval("stage", "v1", str(tmp_path / "next")).returncode == 0  # any command: it sweeps first
     assert not wait_until_gone(process_token, 10), "the next command left the orphans of a killed run"
 
@@ -272,3 +272,43 @@ def test_two_quick_sigints_to_the_protocol_face_print_no_traceback(bundle, tmp_p
     _, stderr = face.communicate(timeout=60)
     assert face.returncode == 128 + signal.SIGINT, stderr.decode(errors="replace")[-2000:]
     assert b"Traceback" not in stderr, stderr.decode(errors="replace")[-2000:]
+
+
+def test_what_a_sigkill_to_a_tool_leaves_the_next_command_ends(tmp_path, process_token):
+    """diff.py's ranks in a hanging call, then SIGKILL to diff.py alone: its ranks die with it (PR_SET_PDEATHSIG),
+    the submission's forked `sleep`s are left to init, and the next command ends them."""
+    import os
+    import signal
+    import time
+
+    from tests.conftest import hanging_submission, processes_with, start_hanging, wait_until_gone
+
+    path = tmp_path / "hangs.py"
+    path.write_text(hanging_submission())
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {**os.environ, "A2A_TEST_TOKEN": process_token, "A2A_TEST_MARKS": str(marks)}
+    tool = start_hanging([sys.executable, str(ROOT / "diff.py"), str(path), str(path), "--world-size", "2",
+                          "--cases", "tests:0", "--backend", "gloo", "--out", str(tmp_path / "out")], ROOT, env,
+                         marks)
+    os.kill(tool.pid, signal.SIGKILL)
+    tool.wait(timeout=30)
+    tool.stdout.close()
+    tool.stderr.close()
+    deadline = time.monotonic() + 20
+    while set(_names(processes_with(process_token))) - {"sleep"} and time.monotonic() < deadline:
+        time.sleep(0.2)  # the ranks die with their parent; each rank's `sleep` stays
+    assert set(_names(processes_with(process_token))) == {"sleep"}, "nothing was left: this test shows nothing"
+    assert run_eval("stage", "v1", str(tmp_path / "next")).returncode == 0
+    assert not wait_until_gone(process_token, 10), "the next command left the orphans of a killed tool"
+
+
+def _names(pids: list) -> list:
+    """The command names of those of `pids` still alive."""
+    names = []
+    for pid in pids:
+        try:
+            names.append(open(f"/proc/{pid}/comm").read().strip())
+        except OSError:
+            continue
+    return names

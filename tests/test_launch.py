@@ -95,3 +95,13 @@ def test_no_rank_loop_but_the_measuring_loop_wraps_timed_step():
             if re.search(r"\btimed_step\(", line) and not line.lstrip().startswith("def "):
                 callers.append(f"{path.name}:{number}")
     assert len(callers) == 1 and callers[0].startswith("eval.py:"), callers
+
+
+def test_one_line_per_distinct_error_naming_every_rank_it_hit():
+    import eval as core
+
+    killed = core.RankFailure("watchdog: case 'x' did not finish in 8 s; rank(s) 0, 2 did not return and were killed")
+    results = [core.RankResult(False, killed), core.RankResult(False, core.RankFailure("ValueError: planted")),
+               core.RankResult(False, killed), core.RankResult(True, None)]
+    lines = core.rank_failures(results).splitlines()
+    assert lines == ["ranks 0, 2 - " + killed.message, "rank 1 - ValueError: planted"], lines
