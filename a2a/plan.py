@@ -128,7 +128,9 @@ def resolve_version(name: str) -> Path:
     path = Path(name)
     if path.suffix == ".py" or os.sep in name:
         if not path.is_file():
-            raise UserError(f"no such file: {name}")
+            kind = ("a folder" if path.is_dir() else "a FIFO" if path.is_fifo() else "a device" if
+                    path.is_char_device() or path.is_block_device() else None) if path.exists() else None
+            raise UserError(f"{name} is {kind}, not a submission file" if kind else f"no such file: {name}")
         return path.resolve()
     matches = [p for p in list_versions() if p.stem == name or p.stem.split("_")[0] == name]
     if len(matches) != 1:

@@ -32,6 +32,8 @@ def human_face_cases(tmp: Path):
     line = LINE.format(h=64, s=1, w=2)
     return [
         (("test", "missing_version.py"), "no such file"),
+        (("test", str(tmp / "a_folder") + "/"), "is a folder, not a submission file"),
+        (("test", "/dev/null"), "is a device, not a submission file"),
         (("test", "v99"), "unknown version 'v99'"),
         (("test", no_kernel), "defines no custom_kernel"),
         (("test", "v1", "--world-size", "3"), "cannot be split evenly over 3 ranks"),
