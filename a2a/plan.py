@@ -1,9 +1,8 @@
 """The run plan: which submission files, which cases (validated here, before any work starts; the protocol core
 parses the staged case file again, as the runner's would), how many ranks on which backend, and what the results are
-labelled with (device, date, commit). Every command and tool that runs a version makes one plan and works from it:
-`python eval.py`, run_leaderboard.py, diff.py, the trace, sweep, anatomy, ideas and SM-share tools. Two take only
-its labels (run_meta): `python -m a2a.sol` measures the machine, not a version, and tools/check_device.py compiles
-files and runs nothing.
+labelled with (device, date, commit). Every command and tool that runs anything makes one plan and works from it:
+`python eval.py`, run_leaderboard.py, diff.py, `python -m a2a.sol` (a plan of the machine, no version), the trace,
+sweep, anatomy, ideas and SM-share tools. tools/check_device.py compiles files and runs nothing.
 
 Layers (imports only go down; tests/test_layers.py): commands and tools -> a2a.harness, a2a.sol -> a2a.cli,
 a2a.timeline, a2a.anchors, a2a.diffing -> a2a.plan, launch -> a2a.sharing, a2a.rows, a2a.contract -> eval (the
@@ -282,7 +281,7 @@ class RunPlan:
 
 def make_plan(versions, selector: str = "tests", world_size: Optional[int] = None, backend: Optional[str] = None,
               seed: Optional[int] = None, timeout_s: Optional[float] = None, task_path: Path = TASK_YML,
-              gpu_only: str = "error", distinct: bool = False) -> RunPlan:
+              gpu_only: str = "error", distinct: bool = False, machine_only: bool = False) -> RunPlan:
     """Resolves and checks the versions, picks world size and backend for this machine (all GPUs up to 8 on NCCL,
     else 2 ranks on gloo), selects and validates the cases. A version that builds GPU code on a gloo run is an error
     (`gpu_only="error"`), a `skipped` line ("skip"), or left for the tool to report ("keep"). More ranks than GPUs
@@ -290,7 +289,7 @@ def make_plan(versions, selector: str = "tests", world_size: Optional[int] = Non
     missing."""
     use_bundle_modules()
     names = [versions] if isinstance(versions, (str, Path)) else list(versions)
-    if not names:
+    if not names and not machine_only:  # machine_only: a run of the machine, no version (a2a.sol)
         raise UserError("no version named")
     paths = [checked_version(str(name)) for name in names]
     if distinct and len(set(paths)) < len(paths):

@@ -29,6 +29,7 @@ from typing import Optional
 
 from a2a import cli
 from a2a import plan as planning
+from eval import UserError
 
 SOL_FILE = "sol.json"
 STORE_BYTES_PER_RANK = 64 << 20
@@ -222,9 +223,12 @@ def main(argv=None) -> int:
     if gpus < 2:
         print(f"skipped: the speed-of-light probes need at least 2 GPUs (this machine has {gpus})")
         return 0
-    world_size = args.world_size or min(gpus, 8)
-    meta = planning.run_meta("nccl", world_size, "sol")
-    figures = measure(world_size, meta)
+    if args.world_size is not None and args.world_size > gpus:
+        raise UserError(f"--world-size {args.world_size}: the speed of light needs a GPU per rank (this machine has "
+                        f"{gpus})")
+    plan = planning.make_plan((), "benchmarks", args.world_size, "nccl", machine_only=True)
+    meta = plan.meta_for("sol")
+    figures = measure(plan.world_size, meta)
     print(summary(figures))
     cli.save_run(args.out, meta, lambda folder: save(figures, folder))
     return 0
