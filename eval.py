@@ -939,6 +939,12 @@ def _worker_loop(conn, phase_slot, parent_pid: int) -> None:
         result = _rank_entry(*message)
         _set_phase("idle")
         conn.send(result)
+    # Out now: a normal interpreter exit would wait for any thread a submission left running (seen: 10 s per worker
+    # of the pool's grace, then a kill), and the pool's owner has already ended what the submission forked.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 @contextlib.contextmanager
@@ -1077,8 +1083,9 @@ class RankPool:
             kill_tree(process.pid, include_root=False)
             with contextlib.suppress(OSError):
                 conn.send(None)
+        deadline = time.monotonic() + 10  # one grace for the whole pool, not one per worker
         for process, conn, _ in live:
-            process.join(timeout=10)
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
             if process.is_alive():
                 kill_tree(process.pid)
                 process.join()

@@ -312,3 +312,25 @@ def _names(pids: list) -> list:
         except OSError:
             continue
     return names
+
+
+def test_a_thread_left_running_does_not_stall_the_end_of_the_run(tmp_path):
+    """A correct submission that starts a thread sleeping for an hour: the run ends as fast as v1's own (the workers
+    used to wait 10 s each for it, then be killed)."""
+    import time
+
+    body = v1_kernel_source() + '''
+import threading
+import time
+
+def custom_kernel(data):
+    threading.Thread(target=time.sleep, args=(3600,)).start()
+    return _v1_kernel(data)
+'''
+    timings = {}
+    for name, version in (("v1", "v1"), ("thread", _submission(tmp_path, body))):
+        started = time.monotonic()
+        result = run_eval("test", version, *CASE, timeout=300)
+        timings[name] = time.monotonic() - started
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert timings["thread"] < timings["v1"] + 8, timings  # the stall was 20 s with 2 ranks
