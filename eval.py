@@ -141,13 +141,18 @@ def become_subreaper() -> None:
     _prctl(36, 1)
 
 
+def process_stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, ... start time at 19); OSError if gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def descendants(pid: int) -> list[int]:
     """Every live process below `pid`, from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                ppid = int(process_stat(int(entry))[1])
             except OSError:
                 continue
             children.setdefault(ppid, []).append(int(entry))
@@ -164,7 +169,7 @@ RUN_OWNER = "A2A_RUN_OWNER"  # pid:start time of the command that owns a process
 
 def _start_time(pid: int) -> Optional[str]:
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        return process_stat(pid)[19]
     except (OSError, IndexError):
         return None
 
@@ -183,20 +188,25 @@ def sweep_orphans() -> list[int]:
     took its owner before the owner could end it (a submission's forked children re-parented to init, a rank whose
     parent died). A live owner's processes are left alone. Returns the pids killed."""
     killed = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
+    for pid, environ in other_processes():
         matched = re.search(rb"(?:^|\0)" + RUN_OWNER.encode() + rb"=(\d+):(\d+)", environ)
         if not matched or _start_time(int(matched[1])) == matched[2].decode():
             continue
         with contextlib.suppress(ProcessLookupError):
-            os.kill(int(entry), signal.SIGKILL)
-            killed.append(int(entry))
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
     return killed
+
+
+def other_processes():
+    """(pid, environment as bytes) of every other process this one may read, from /proc (the one scan that finds
+    processes by what their environment carries: the orphan sweep, the tests' leftover checks)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                yield int(entry), Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
 
 
 def kill_tree(pid: int, include_root: bool = True) -> None:

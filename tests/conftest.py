@@ -63,17 +63,18 @@ def process_token():
 
 def processes_with(token: str) -> list[int]:
     """Live (not zombie) processes whose environment holds `token`."""
+    import eval as core
+
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+    for pid, environ in core.other_processes():
+        if token.encode() not in environ:
             continue
         try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            state = core.process_stat(pid)[0]
         except OSError:
             continue
-        if token.encode() in environ and state != "Z":
-            found.append(int(entry))
+        if state != "Z":
+            found.append(pid)
     return found
 
 

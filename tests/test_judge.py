@@ -223,8 +223,7 @@ def test_the_sweep_ends_only_what_a_gone_owner_left():
 
     import eval as core
 
-    started = open(f"/proc/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()[19]  # start time, clock ticks
-    mine = f"{os.getpid()}:{started}"
+    mine = f"{os.getpid()}:{core.process_stat(os.getpid())[19]}"  # pid and start time: this live process
     alive = subprocess.Popen(["sleep", "60"], env={**os.environ, core.RUN_OWNER: mine})
     orphan = subprocess.Popen(["sleep", "60"], env={**os.environ, core.RUN_OWNER: f"{os.getpid()}:1"})  # pid reused
     try:

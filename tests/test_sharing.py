@@ -176,15 +176,7 @@ def fake_mps(tmp_path, monkeypatch):
 
 
 def _carrying(text: str) -> list:
-    return [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != os.getpid()
-            and _environ_has(int(e), text)]
-
-
-def _environ_has(pid: int, text: str) -> bool:
-    try:
-        return text.encode() in Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return False
+    return [pid for pid, environ in core.other_processes() if text.encode() in environ]
 
 
 def _gone(pipe: str, seconds: float = 20) -> list:
