@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Versions x benchmark shapes, with anchors and this machine's speed of light, in one run on one machine.
 
-Runs the evaluator on each version; on GPUs also times the anchors (NCCL and NVSHMEM all-to-alls of each case's
-routed volume) and the empty submission (a2a/anchors.py), and measures this machine's speed-of-light figures
-(a2a/sol.py), which the model turns into a per-case "SOL here" from the case's own routing; SOL here plus the empty
-submission's device-side time is the case's mark. Prints markdown tables (per entry: geomeans of mean, p50 and p90,
+Runs the evaluator on each version; on GPUs also times the two floors at every world size (the empty submission
+and the handshake: one launch, a flag to and from every peer), and with peers on their own GPUs the anchors (NCCL
+and NVSHMEM all-to-alls of each case's routed volume; a2a/anchors.py) and this machine's speed-of-light figures
+(a2a/sol.py), which the model turns into a per-case "SOL here" from the case's own routing; SOL here plus the
+handshake's device-side time is the case's mark (SOL here plus the empty submission's, the mark before it, stays
+beside it for one release). Prints markdown tables (per entry: geomeans of mean, p50 and p90,
 device-side and leaderboard-style, floor, device / SOL here, device / mark, the published MI300X figure of each blog
 step; per shape: means with floor, SOL here, mark and the MI300X speed of light given with the task, then mean / p50 /
 p90) and saves them with CSV, JSON, sol.json and two PNGs (leaderboard.png at a glance, leaderboard_shapes.png per
@@ -41,7 +43,8 @@ PUBLISHED = ROOT / "reference" / "published.yml"
 TIMING = ("leaderboard-style: rank-0 host clock around clone+custom_kernel+sync+barrier, L2 cleared before each run; "
           "device: max over ranks of per-rank CUDA events around custom_kernel; floor: the same step with no "
           "custom_kernel; SOL here: a2a/sol.py's model on the case's routing with this machine's measured figures; "
-          "mark: SOL here (dedup) + the empty submission's device-side mean; p50/p90: quantiles of the per-run times")
+          "mark: SOL here (dedup) + the handshake's device-side mean (old mark: + the empty submission's); "
+          "p50/p90: quantiles of the per-run times")
 
 
 def speed_of_light_mi300x(task: dict) -> dict:
@@ -77,19 +80,22 @@ def run(plan: planning.RunPlan, mode: str, anchors: bool = True, sol_path: Path 
             rows.append({"version": planning.label(path), "kind": "version", **{k: args[k] for k in core.SPEC_KEYS},
                          **{k: case.get(k) for k in result_rows.ROW_FIELDS}, "error": case.get("error", "")})
     figures = None
-    if plan.meta["shared_gpus"]:
-        meta["skipped"].append("skipped the anchors and the SOL-here model: the ranks share GPUs, so no time here is "
-                               "the problem's and there is nothing to hold a version to")
+    if plan.backend != "nccl":
+        meta["skipped"].append("skipped the anchors, the floors (empty submission, handshake) and the SOL-here "
+                               f"model: they time GPUs (this run is {plan.backend}, world size {plan.world_size})")
         progress(meta["skipped"][-1])
-    elif plan.backend == "nccl" and plan.world_size >= 2:
-        if anchors:
-            rows += anchor_runs.run(plan.case_args, plan.world_size, progress=progress)
+    elif plan.meta["shared_gpus"] or plan.world_size < 2:
+        # The floors need no peer on its own GPU: they run at every world size (apart, like the run, when shared).
+        rows += anchor_runs.run(plan.case_args, plan.world_size, progress=progress, entries=anchor_runs.FLOORS)
+        why = ("the ranks share GPUs, so no time here is the problem's and there is nothing to hold a version to"
+               if plan.meta["shared_gpus"] else f"they need peers on their own GPUs (world size {plan.world_size})")
+        meta["skipped"].append(f"skipped the all-to-all anchors and the SOL-here model: {why}")
+        progress(meta["skipped"][-1])
+    else:
+        entries = tuple(anchor_runs.ANCHORS) if anchors else anchor_runs.FLOORS
+        rows += anchor_runs.run(plan.case_args, plan.world_size, progress=progress, entries=entries)
         progress("speed of light of this machine: " + (f"from {sol_path}" if sol_path else "measuring"))
         figures = sol.load(sol_path) if sol_path else sol.measure(plan.world_size, plan.meta_for("sol"))
-    else:
-        meta["skipped"].append("skipped the anchors and the SOL-here model: they need at least 2 GPUs "
-                               f"(this run is {plan.backend}, world size {plan.world_size})")
-        progress(meta["skipped"][-1])
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame, meta, figures
@@ -105,10 +111,13 @@ def run(plan: planning.RunPlan, mode: str, anchors: bool = True, sol_path: Path 
             frame.loc[same, "sol_routed_us"] = modelled["routed"]["total_us"]
             frame.loc[same, "sol_dedup_us"] = modelled["dedup"]["total_us"]
         frame["device_over_sol"] = frame["device_mean_us"] / frame["sol_dedup_us"]
-        empty = frame[(frame["kind"] == "empty") & (frame["status"] == "pass")].set_index("shape")["device_mean_us"]
-        if not empty.empty:
-            frame["mark_us"] = frame["sol_dedup_us"] + frame["shape"].map(empty)
+        floor = {kind: frame[(frame["kind"] == kind) & (frame["status"] == "pass")].set_index("shape")["device_mean_us"]
+                 for kind in ("handshake", "empty")}
+        if not floor["handshake"].empty:
+            frame["mark_us"] = frame["sol_dedup_us"] + frame["shape"].map(floor["handshake"])
             frame["device_over_mark"] = frame["device_mean_us"] / frame["mark_us"]
+        if not floor["empty"].empty:  # the mark before the handshake row, kept beside it for one release
+            frame["mark_empty_us"] = frame["sol_dedup_us"] + frame["shape"].map(floor["empty"])
     return frame, meta, figures
 
 
@@ -191,6 +200,8 @@ def tables(frame: pd.DataFrame, meta: dict) -> str:
             line["device / SOL here"] = gm["device_mean_us"] / result_rows.geomean(rows.sol_dedup_us)
         if "mark_us" in frame:
             line["device / mark"] = gm["device_mean_us"] / result_rows.geomean(rows.mark_us)
+        if "mark_empty_us" in frame:
+            line["device / old mark"] = gm["device_mean_us"] / result_rows.geomean(rows.mark_empty_us)
         if first:
             line["device speedup vs first"] = first / gm["device_mean_us"]
         line["published MI300X µs (blog step)"] = f"{pub} ({step})" if pub else ""
@@ -199,10 +210,11 @@ def tables(frame: pd.DataFrame, meta: dict) -> str:
     out += ["Per entry, geometric means over the shapes run (mean, p50, p90 of the per-shape statistics):", "",
             tabulate(summary, headers="keys", tablefmt="github", floatfmt=".1f"), ""]
 
-    extra_cols = [c for c in ("floor_mean_us", "sol_routed_us", "sol_dedup_us", "mark_us", "sol_mi300x_us")
-                  if c in frame]
+    extra_cols = [c for c in ("floor_mean_us", "sol_routed_us", "sol_dedup_us", "mark_us", "mark_empty_us",
+                              "sol_mi300x_us") if c in frame]
     names = {"floor_mean_us": "floor µs", "sol_routed_us": "SOL here µs (routed)", "sol_dedup_us": "SOL here µs (dedup)",
-             "mark_us": "mark µs (SOL here + empty)", "sol_mi300x_us": "SOL MI300X µs (given)"}
+             "mark_us": "mark µs (SOL here + handshake)", "mark_empty_us": "old mark µs (SOL here + empty)",
+             "sol_mi300x_us": "SOL MI300X µs (given)"}
     for column, title in (("device_mean_us", f"Device-side mean per shape ({unit})"),
                           ("mean_us", f"Leaderboard-style mean per shape ({unit})")):
         per_shape = frame.pivot_table(index="shape", columns="version", values=column, sort=False)
@@ -219,14 +231,18 @@ def tables(frame: pd.DataFrame, meta: dict) -> str:
     given = frame.groupby("shape", sort=False)["sol_mi300x_us"].median().dropna()
     out += [f"SOL MI300X geomean (given with the task): {result_rows.geomean(given):.1f} µs. Published figures are "
             "8x MI300X leaderboard numbers, not measured here. Anchors move the routed volume twice and nothing else; "
-            "the empty submission returns a preallocated output (the floor of a call)."]
+            "the empty submission returns a preallocated output (the floor of a call); the handshake launches once, "
+            "raises a flag at every peer and waits for every peer's (the floor of a correct call)."]
     if "sol_dedup_us" in frame:
         sol_gm = result_rows.geomean(frame.groupby("shape", sort=False)["sol_dedup_us"].median())
         out += [f"SOL here geomean (dedup): {sol_gm:.1f} µs."]
     if "mark_us" in frame:
         mark_gm = result_rows.geomean(frame.groupby("shape", sort=False)["mark_us"].median())
-        out += [f"Mark geomean (SOL here, dedup, plus the empty submission's device-side time, per shape): "
-                f"{mark_gm:.1f} µs."]
+        out += [f"Mark geomean (SOL here, dedup, plus the handshake's device-side time, per shape): {mark_gm:.1f} µs."]
+    if "mark_empty_us" in frame:
+        old_gm = result_rows.geomean(frame.groupby("shape", sort=False)["mark_empty_us"].median())
+        out += [f"Old mark geomean (SOL here, dedup, plus the empty submission's device-side time; kept beside the "
+                f"mark for one release): {old_gm:.1f} µs."]
     out += meta["skipped"]
     return "\n".join(out)
 

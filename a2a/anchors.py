@@ -11,8 +11,15 @@ number of iterations after eval.WARMUP_CALLS. All cases of one anchor run in one
 - nvshmem_a2a_vdev_x2: two `torch.ops.symm_mem.all_to_all_vdev` (NVSHMEM), where the build has it.
 - empty_submission: a custom_kernel that returns a preallocated output of the right shape and does nothing else
   (never checked). It is the floor of a call as each number is timed: device-side (two events around a call that
-  launches nothing) and leaderboard-style (clone, call, synchronize, barrier). SOL here plus this row is the mark a
-  version can be held to (`mark_us` in the tables).
+  launches nothing) and leaderboard-style (clone, call, synchronize, barrier).
+- handshake: the least a correct multi-rank call does: one launch that raises a flag at every peer and waits for
+  every peer's flag, moving no data (a2a/probes.py, `Handshake`). With peers on their own GPUs, SOL here plus this
+  row is the mark a version is held to (`mark_us`); SOL here plus the empty row, the mark before it
+  (`mark_empty_us`), stays beside it for one release.
+
+The two floors (FLOORS) need no peer to mean something, so they run at every world size on GPUs, 1 included, and
+on shared GPUs (where, like every time there, they are not the problem's); the all-to-all anchors need peers on
+their own GPUs.
 
 Every entry is called on the case's real input (cloned each step, as for a version), so its leaderboard-style time
 includes the same clone.
@@ -27,8 +34,10 @@ ANCHORS = {
     "nccl_a2a_x2": "2x all_to_all_single (NCCL) of the routed volume",
     "nvshmem_a2a_vdev_x2": "2x symm_mem.all_to_all_vdev (NVSHMEM) of the routed volume",
     "empty_submission": "returns a preallocated output: the floor of a call",
+    "handshake": "one launch, a flag to and from every peer, no data: the floor of a correct call",
 }
-KINDS = {"empty_submission": "empty"}  # the row kind of each entry; "anchor" where not named
+KINDS = {"empty_submission": "empty", "handshake": "handshake"}  # the row kind of each entry; "anchor" where not named
+FLOORS = ("empty_submission", "handshake")  # the entries that run at every world size (see above)
 ITERATIONS = 50
 
 
@@ -137,7 +146,17 @@ def _empty_call(exchange: Exchange, device):
     return (lambda _data: out), None
 
 
-_CALLS = {"nccl_a2a_x2": _nccl_call, "nvshmem_a2a_vdev_x2": _nvshmem_call, "empty_submission": _empty_call}
+def _handshake_call(exchange: Exchange, device):
+    import torch.distributed as dist
+
+    from a2a import probes
+
+    call = probes.Handshake(dist.get_rank(), dist.get_world_size(), exchange.num_tokens, exchange.hidden_dim)
+    return call, call
+
+
+_CALLS = {"nccl_a2a_x2": _nccl_call, "nvshmem_a2a_vdev_x2": _nvshmem_call, "empty_submission": _empty_call,
+          "handshake": _handshake_call}
 
 
 def _anchor_rank(rank: int, world_size: int, anchor: str, cases: list, iterations: int) -> Optional[list]:
@@ -155,6 +174,8 @@ def _anchor_rank(rank: int, world_size: int, anchor: str, cases: list, iteration
                 call, keep = _CALLS[anchor](exchange, core.rank_device(rank))
                 timed = core.measure({"anchor": call, "floor": None}, data, rank,
                                      ["anchor"] * iterations + ["floor"] * iterations, device_clock=True)
+                if hasattr(keep, "close"):
+                    keep.close()  # a collective; raises if the entry's own check failed (a handshake gave up)
                 del keep
                 row.update(result_rows.row_from_samples(timed["anchor"].host_ns, timed["anchor"].device_ns,
                                                         timed["floor"].host_ns))
@@ -164,12 +185,12 @@ def _anchor_rank(rank: int, world_size: int, anchor: str, cases: list, iteration
     return rows if rank == 0 else None
 
 
-def run(cases: list, world_size: int, iterations: int = ITERATIONS, progress=print) -> list:
+def run(cases: list, world_size: int, iterations: int = ITERATIONS, progress=print, entries=tuple(ANCHORS)) -> list:
     """One row per (entry, case): the same fields as a version's rows, `kind` from KINDS ("anchor" by default)."""
     from launch import LaunchError, parallel_launch
 
     rows = []
-    for anchor in ANCHORS:
+    for anchor in entries:
         progress(f"anchor {anchor}: {len(cases)} case(s), world size {world_size}")
         try:
             rows += parallel_launch(world_size, _anchor_rank, anchor, cases, iterations, backend="nccl",

@@ -36,6 +36,8 @@ VERSION_PROTOCOL = (
      "configure() re-reads LAUNCH_SHAPE (and USE_GRAPH) for later calls"),
     ("MAX_THREADS", "v5 on (optional)", "tools/sweep_launch.py", "the most threads per block a launch may ask for"),
     ("USE_GRAPH", "v4 (optional)", "tools/sweep_launch.py", "whether calls replay a captured graph"),
+    ("param_count", "v8 on", "tests/test_check_device.py",
+     "param_count(compiled kernel) -> the parameters its driver launch passes (runtime arguments, then Triton's)"),
     ("inspect", "v8 on", "tests (tests/test_gpu.py, through one adapter)",
      "inspect() -> what the last call dispatched to this rank: {'counts', 'meta', 'rows'} (see dispatch_view)"),
     ("_state", "v2-v7 (frozen)", "tests (the same adapter), tools/triton_launch.py", "the per-process state object"),

@@ -1,10 +1,10 @@
 """The leaderboard pictures.
 
-leaderboard.png, read first: one panel, one pair of bars per entry (versions, anchors, the empty submission):
-geometric mean over the shapes, device-side filled and leaderboard-style hatched, the value written on each bar; the
-mark (SOL here + the empty submission, device-side) and the harness floor (leaderboard-style) as lines; the published
-MI300X figure of each version's blog step as a hollow marker. Colours say the kind of entry, not the entry, so the
-legend stays short.
+leaderboard.png, read first: one panel, one pair of bars per entry (versions, anchors, the empty submission, the
+handshake): geometric mean over the shapes, device-side filled and leaderboard-style hatched, the value written on
+each bar; the mark (SOL here + the handshake, device-side) and the harness floor (leaderboard-style) as lines; the
+published MI300X figure of each version's blog step as a hollow marker. Colours say the kind of entry, not the
+entry, so the legend stays short.
 
 leaderboard_shapes.png, the detail: one small panel per shape, device-side bars per entry with that shape's mark,
 SOL here and floor as lines.
@@ -21,8 +21,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-KIND_COLORS = {"version": "tab:blue", "anchor": "tab:gray", "empty": "tab:olive"}
-KIND_NAMES = {"version": "version", "anchor": "anchor (2 library all-to-alls)", "empty": "empty submission"}
+KIND_COLORS = {"version": "tab:blue", "anchor": "tab:gray", "empty": "tab:olive", "handshake": "tab:cyan"}
+KIND_NAMES = {"version": "version", "anchor": "anchor (2 library all-to-alls)", "empty": "empty submission",
+              "handshake": "handshake (one launch, a flag each way)"}
 
 
 def _title(meta: dict) -> str:
@@ -68,7 +69,7 @@ def leaderboard_png(frame: pd.DataFrame, meta: dict, path: Path, published: dict
                 ax.text(x, value * 1.04, f"{value:.0f}", ha="center", va="bottom", fontsize=7)
     per_shape = frame.groupby("shape", sort=False)
     if "mark_us" in frame:
-        _line(ax, geomean(per_shape["mark_us"].median()), "-", "green", "mark: SOL here + empty (device-side)")
+        _line(ax, geomean(per_shape["mark_us"].median()), "-", "green", "mark: SOL here + handshake (device-side)")
     elif "sol_dedup_us" in frame:
         _line(ax, geomean(per_shape["sol_dedup_us"].median()), "-", "green", "SOL here (dedup)")
     _line(ax, geomean(per_shape["floor_mean_us"].median()), "--", "black", "harness floor (leaderboard-style)")
@@ -111,7 +112,7 @@ def shapes_png(frame: pd.DataFrame, meta: dict, path: Path) -> Path:
         for i, (value, kind) in enumerate(zip(values, kinds)):
             if value == value:
                 ax.bar(i, value, 0.7, color=KIND_COLORS.get(kind, "tab:purple"))
-        for col, style, color, label in (("mark_us", "-", "green", "mark (SOL here + empty)"),
+        for col, style, color, label in (("mark_us", "-", "green", "mark (SOL here + handshake)"),
                                          ("sol_dedup_us", ":", "green", "SOL here (dedup)"),
                                          ("floor_mean_us", "--", "black", "harness floor (leaderboard-style)")):
             if col in rows:

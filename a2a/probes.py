@@ -7,6 +7,9 @@ speed-of-light model of this machine is built from.
 - `launch_cost_us`: empty kernels back to back. `one_way_latency_us`: a remote flag store seen by a spinning reader.
 - `peer_store_gbps`: kernel-driven stores into peers' memory, every participant starting together (a barrier
   through peer flags inside the kernel), timed by the device clock from release to the last block's system fence.
+- `handshake`: the least a correct multi-rank call does (the handshake row of the leaderboard tables): one launch
+  that raises a flag at every peer and waits for every peer's flag, moving no data. Its launch takes no argument
+  from Python (the kernel counts its own calls), so the host path is one extension call and one launch.
 
 The device source follows the versions' portable prelude (CUDA dialect, hipified on ROCm); `make check-device`
 compiles it for sm_90, gfx942 and gfx90a too.
@@ -75,6 +78,7 @@ static inline cudaError_t alloc_remote_buffer(void** ptr, size_t bytes) { return
 //   pong      [64] uint64  slot = server rank; written by the server on the client's heap
 //   pong_time [64] uint64  slot = server rank; the server's clock when it answered (written before pong)
 //   arrive    [64] uint64  slot = arriving rank; the in-kernel barrier of peer_store
+//   hand      [64] uint64  slot = the rank whose handshake call this is (its call count)
 //   data      [world][bytes_per_peer]  slot = sending rank
 // NOTES: every flag holds a sequence number that only grows (the host keeps the counters, identical on every rank),
 // so nothing is ever reset.
@@ -82,6 +86,7 @@ static inline cudaError_t alloc_remote_buffer(void** ptr, size_t bytes) { return
 #define OFF_PONG 512
 #define OFF_PONG_TIME 1024
 #define OFF_ARRIVE 1536
+#define OFF_HAND 2048
 #define OFF_DATA 4096
 
 __device__ __forceinline__ uint64_t* heap_word(const int64_t* heap_bases, int rank, int64_t offset, int slot) {
@@ -233,6 +238,36 @@ __global__ void __launch_bounds__(PROBE_THREADS) peer_store(StoreParams p) {
   }
 }
 
+struct HandshakeParams {
+  const int64_t* heap_bases;
+  int rank, world;
+  uint64_t* calls;   // local: this rank's handshake calls so far (the kernel counts them; the same on every rank)
+  int* gave_up;      // local: set once a wait gives up (then every later call gives up at once)
+  int64_t timeout_ns;
+};
+
+// One block, a thread per peer: raise this call's flag at the peer, then wait for the peer's flag here.
+// NOTES: flags hold a call count that only grows, so nothing is reset between calls.
+__global__ void handshake_kernel(HandshakeParams p) {
+  __shared__ uint64_t call;
+  if (threadIdx.x == 0) call = *p.calls + 1;
+  __syncthreads();
+  const int peer = threadIdx.x;
+  if (peer < p.world) {
+    store_release_sys(heap_word(p.heap_bases, peer, OFF_HAND, p.rank), call);
+    const uint64_t* mine = heap_word(p.heap_bases, p.rank, OFF_HAND, peer);
+    const uint64_t begin = realtime_ns();
+    while (load_acquire_sys(mine) < call) {
+      if (*(volatile int*)p.gave_up || realtime_ns() - begin > (uint64_t)p.timeout_ns) {
+        *(volatile int*)p.gave_up = 1;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *p.calls = call;
+}
+
 // Host side: plain runtime calls, no torch. Return 0 or a runtime error code.
 int probe_heap_alloc(void** base, size_t bytes) {
   cudaError_t err = alloc_remote_buffer(base, bytes);
@@ -269,6 +304,10 @@ int launch_ping(const PingParams& p, bool server, cudaStream_t stream) {
 }
 int launch_peer_store(const StoreParams& p, int grid, cudaStream_t stream) {
   peer_store<<<grid, PROBE_THREADS, 0, stream>>>(p);
+  return (int)cudaGetLastError();
+}
+int launch_handshake(const HandshakeParams& p, cudaStream_t stream) {
+  handshake_kernel<<<1, 64, 0, stream>>>(p);
   return (int)cudaGetLastError();
 }
 """
@@ -338,6 +377,21 @@ void peer_stores(torch::Tensor heap_bases, torch::Tensor src, int64_t rank, int6
   p.times = times.data_ptr<int64_t>(); p.timeout_ns = timeout_ns;
   check(launch_peer_store(p, (int)grid, stream()), "launching the peer stores");
 }
+
+// The handshake's arguments, set once per group; the call itself takes none (the least a host path can pass).
+static HandshakeParams handshake_params;
+
+void handshake_setup(torch::Tensor heap_bases, int64_t rank, int64_t world, torch::Tensor calls,
+                     torch::Tensor gave_up, int64_t timeout_ns) {
+  TORCH_CHECK(world <= 64, "a2a probes: the handshake takes at most 64 ranks");
+  handshake_params.heap_bases = heap_bases.data_ptr<int64_t>();
+  handshake_params.rank = (int)rank; handshake_params.world = (int)world;
+  handshake_params.calls = reinterpret_cast<uint64_t*>(calls.data_ptr<int64_t>());
+  handshake_params.gave_up = gave_up.data_ptr<int>();
+  handshake_params.timeout_ns = timeout_ns;
+}
+
+void handshake() { check(launch_handshake(handshake_params, stream()), "launching the handshake"); }
 """
 
 CPP_DECLS = """
@@ -354,6 +408,9 @@ void ping(torch::Tensor heap_bases, int64_t rank, int64_t peer, int64_t seq0, in
 void peer_stores(torch::Tensor heap_bases, torch::Tensor src, int64_t rank, int64_t world, int64_t send_mask,
                  int64_t participants, int64_t bytes_per_peer, int64_t epoch, torch::Tensor scratch,
                  torch::Tensor times, int64_t timeout_ns, int64_t grid);
+void handshake_setup(torch::Tensor heap_bases, int64_t rank, int64_t world, torch::Tensor calls,
+                     torch::Tensor gave_up, int64_t timeout_ns);
+void handshake();
 """
 
 OFF_DATA = 4096
@@ -368,7 +425,8 @@ def extension():
 
     return load_inline(name="a2a_probes", cpp_sources=CPP_DECLS, cuda_sources=[KERNELS, BINDING],
                        functions=["heap_create", "heap_handle", "heap_open", "heap_close", "heap_free",
-                                  "empty_kernels", "stamp", "timer_step", "ping", "peer_stores"],
+                                  "empty_kernels", "stamp", "timer_step", "ping", "peer_stores", "handshake_setup",
+                                  "handshake"],
                        extra_cuda_cflags=["-O3"] + ([] if torch.version.hip else ["-arch=sm_90"]), verbose=False)
 
 
@@ -511,6 +569,35 @@ class Probes:
                     best = rate if best != best else max(best, rate)
             dist.barrier()
         return best
+
+
+class Handshake:
+    """The handshake row's call on one process group's probe heap (a collective to build and to close). Every
+    call raises this rank's flag at every peer and returns once every peer's flag of the same call is in; `out`
+    (the case's output shape) is what a call returns, like the empty submission's."""
+
+    def __init__(self, rank: int, world_size: int, num_tokens: int, hidden_dim: int):
+        import torch
+
+        self.probes = Probes(rank, world_size)
+        device = self.probes.device
+        self.calls = torch.zeros(1, dtype=torch.int64, device=device)
+        self.gave_up = torch.zeros(1, dtype=torch.int32, device=device)
+        self.out = torch.empty(num_tokens, hidden_dim, dtype=torch.float16, device=device)
+        self.probes.ext.handshake_setup(self.probes.heap_bases, rank, world_size, self.calls, self.gave_up,
+                                        SPIN_TIMEOUT_NS)
+        self.launch = self.probes.ext.handshake
+
+    def __call__(self, _data):
+        self.launch()
+        return self.out
+
+    def close(self) -> None:
+        """Frees the heap; raises if any call gave up waiting for a peer (the row is then not a floor)."""
+        gave_up = int(self.gave_up.item())
+        self.probes.close()
+        if gave_up:
+            raise RuntimeError(f"the handshake of rank {self.probes.rank} gave up waiting for a peer")
 
 
 def local_copy_gbps(device, megabytes: int = 1024, repeats: int = 10) -> float:

@@ -84,3 +84,20 @@ def test_planted_nvidia_error_fails(tmp_path):
     assert result.returncode == 112
     assert "planted.py: nvcc sm_90: FAILED" in result.stdout
     assert "planted.py: clang gfx942: ok" in result.stdout
+
+
+def test_driver_launch_counts_the_compiled_kernels_parameters_on_both_targets():
+    """v8 launches through the driver on a kernelParams array sized from the compiled kernel itself (PTX's .param
+    list, AMDGPU's explicit arguments): both readings must agree, and both must equal the runtime arguments plus
+    what the installed Triton's own launcher appends after them."""
+    import inspect as source_of
+
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    path = ROOT / "submissions" / "all2all" / "v8_driver_launch.py"
+    module = check_device.triton_module(path)
+    appended = source_of.getsource(nvidia_driver.make_launcher).count('params.append("&')
+    shape = check_device.benchmark_shapes()[0]
+    counts = {target: module.param_count(check_device.triton_compile(module, "all2all_kernel", target, shape, False))
+              for target in ("sm_90", "gfx942")}
+    assert counts["sm_90"] == counts["gfx942"] == len(module.TRITON_KERNELS["all2all_kernel"]) + appended, counts

@@ -23,7 +23,8 @@ def test_leaderboard_saves_results_with_metadata(tmp_path):
     assert "| v1_torch_sort | 1 of 1" in result.stdout
     assert "published MI300X" in result.stdout and "1311" in result.stdout
     assert "skipped v2_p2p: it builds GPU code" in result.stdout
-    assert "skipped the anchors and the SOL-here model: they need at least 2 GPUs" in result.stdout
+    assert ("skipped the anchors, the floors (empty submission, handshake) and the SOL-here model: they time GPUs "
+            "(this run is gloo, world size 2)") in result.stdout
     (folder,) = tmp_path.iterdir()
     frame = pd.read_csv(folder / "results.csv")
     assert {"version", "kind", "mean_us", "p50_us", "p90_us", "device_mean_us", "device_p90_us", "floor_mean_us",
@@ -45,13 +46,14 @@ def _synthetic_frame() -> pd.DataFrame:
     for shape, scale in (("E=8 k=2 H=6144 T=16", 1.0), ("E=64 k=6 H=2048 T=32", 1.5),
                          ("E=256 k=8 H=7168 T=256", 3.0)):
         for version, kind, device in (("v1_torch_sort", "version", 900), ("v2_p2p", "version", 150),
-                                      ("nccl_a2a_x2", "anchor", 60), ("empty_submission", "empty", 12)):
+                                      ("nccl_a2a_x2", "anchor", 60), ("empty_submission", "empty", 12),
+                                      ("handshake", "handshake", 16)):
             rows.append({"version": version, "kind": kind, "shape": shape, "status": "pass", "error": "",
                          "mean_us": scale * (device + 90), "p50_us": scale * (device + 85),
                          "p90_us": scale * (device + 99), "device_mean_us": scale * device,
                          "device_p50_us": scale * device * 0.95, "device_p90_us": scale * device * 1.2,
                          "floor_mean_us": 80.0, "sol_routed_us": scale * 20, "sol_dedup_us": scale * 12,
-                         "sol_mi300x_us": scale * 6, "mark_us": scale * 24})
+                         "sol_mi300x_us": scale * 6, "mark_us": scale * 28, "mark_empty_us": scale * 24})
     return pd.DataFrame(rows)
 
 
@@ -67,15 +69,48 @@ def test_pictures_at_a_glance_and_per_shape(tmp_path):
     assert shapes.read_bytes()[:8] == PNG and shapes.stat().st_size > 20_000
 
 
-def test_tables_show_quantiles_the_mark_and_the_empty_row():
+def test_tables_show_quantiles_the_mark_and_both_floor_rows():
     import run_leaderboard
 
     text = run_leaderboard.tables(_synthetic_frame(), META)
     summary = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
-    assert "empty_submission" in summary and "| empty " in summary["empty_submission"]
-    # v2: device geomean of 150, 225, 450 with p90 at 1.2x; its mark geomean is that of 24, 36, 72
+    assert "| empty " in summary["empty_submission"] and "| handshake " in summary["handshake"]
+    # v2: device geomean of 150, 225, 450 with p90 at 1.2x; its mark (SOL here + handshake) geomean is that of 28,
+    # 42, 84, and the old mark's (SOL here + empty) that of 24, 36, 72
     assert f"{geomean([150, 225, 450]) * 1.2:.1f}" in summary["v2_p2p"]
+    assert f"{geomean([150, 225, 450]) / geomean([28, 42, 84]):.1f}" in summary["v2_p2p"]
     assert f"{geomean([150, 225, 450]) / geomean([24, 36, 72]):.1f}" in summary["v2_p2p"]
-    assert f"Mark geomean (SOL here, dedup, plus the empty submission's device-side time, per shape): " \
+    assert f"Mark geomean (SOL here, dedup, plus the handshake's device-side time, per shape): " \
+           f"{geomean([28, 42, 84]):.1f} µs." in text
+    assert f"plus the empty submission's device-side time; kept beside the mark for one release): " \
            f"{geomean([24, 36, 72]):.1f} µs." in text
     assert "150.0 / 142.5 / 180.0" in text  # v2's device mean / p50 / p90 on the first shape
+
+
+def _fake_gpu_plan(world_size: int, shared: bool):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(versions=[], skipped=[], backend="nccl", world_size=world_size, case_args=[{}],
+                           task={"description": ""}, meta={"shared_gpus": shared},
+                           meta_for=lambda mode: {"mode": mode, "placement": "test"})
+
+
+def test_floors_run_at_every_world_size_on_gpus_and_anchors_only_with_peers(monkeypatch):
+    """The empty and handshake rows need no peer on its own GPU: world size 1 and shared GPUs get them (and only
+    them); with peers on their own GPUs every entry runs, and the SOL figures are measured."""
+    import run_leaderboard
+    from a2a import anchors, sol
+
+    asked = []
+    monkeypatch.setattr(anchors, "run", lambda cases, ws, progress, entries: asked.append(tuple(entries)) or [])
+    monkeypatch.setattr(sol, "measure", lambda ws, meta: asked.append("sol") or None)
+    for world_size, shared in ((1, False), (8, True)):
+        asked.clear()
+        _, meta, _ = run_leaderboard.run(_fake_gpu_plan(world_size, shared), "benchmark", progress=lambda _: None)
+        assert asked == [anchors.FLOORS] and "skipped the all-to-all anchors and the SOL-here model" in meta["skipped"][-1]
+    asked.clear()
+    run_leaderboard.run(_fake_gpu_plan(2, False), "benchmark", progress=lambda _: None)
+    assert asked == [tuple(anchors.ANCHORS), "sol"]
+    asked.clear()
+    run_leaderboard.run(_fake_gpu_plan(2, False), "benchmark", anchors=False, progress=lambda _: None)
+    assert asked == [anchors.FLOORS, "sol"]
