@@ -16,6 +16,8 @@ to it:
   and route pointers, the rank and the timeout are written once;
 - the entry checks the group's state by identity first (the same cfg object, rank, world size and device index)
   and builds the full key only when that fails;
+- the whole hot path is custom_kernel itself, one Python frame: inside the timed step every further call costs
+  µs (the ideas copy's host probes: the entry and state lookup alone took 9.5 µs of host time there);
 - the device is bound around the launch as in v7 (the runner never sets it).
 No path exists for one rank only: every world size takes this launch.
 
@@ -542,13 +544,6 @@ class DriverLaunch:
         for name, value in values.items():
             self.slots[name].value = value
 
-    def __call__(self, stream: int) -> None:
-        if stream != self.stream:
-            self.stream, self.c_stream = stream, ctypes.c_void_p(stream)
-        err = self.launch(*self.head, self.c_stream, self.params, None)
-        if err:
-            raise RuntimeError(f"v8: launching all2all_kernel failed: {self.error_text(err)}")
-
     def error_text(self, err: int) -> str:
         if HIP:
             self.lib.hipGetErrorString.restype = ctypes.c_char_p
@@ -671,26 +666,6 @@ class P2PState:
         return (self.out, self.heap_bases, self.scratch, abandon, self.expert_meta, route, _report.device, self.trace,
                 self.rank, SPIN_TIMEOUT_NS)
 
-    def run(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        if num_tokens > self.slots:
-            raise ValueError(f"v8: {num_tokens} tokens, more than max_num_tokens={self.slots}")
-        self.epoch += 1
-        self.x_slot.value = x.data_ptr()
-        self.indices_slot.value = indices.data_ptr()
-        self.weights_slot.value = weights.data_ptr()
-        self.tokens_slot.value = num_tokens
-        self.epoch_slot.value = self.epoch
-        previous = torch.cuda._exchange_device(self.index)
-        try:
-            self.launch(torch._C._cuda_getCurrentRawStream(self.index))
-        finally:
-            torch.cuda._maybe_exchange_device(previous)
-        view = self.views[num_tokens]
-        if view is None:
-            view = self.views[num_tokens] = self.out.narrow(0, 0, num_tokens)
-        return view
-
     def expert_counts(self) -> torch.Tensor:
         """Rows the last call laid out per local expert (its counters, by call parity)."""
         start = (self.epoch & 1) * self.num_local_experts
@@ -783,16 +758,51 @@ def inspect() -> dict:
     return {"counts": counts, "meta": meta, "rows": rows}
 
 
+def _state_for(cfg, rank: int, world_size: int, x: torch.Tensor) -> P2PState:
+    """The group's state for this call's shape, built (a collective) when the whole key differs."""
+    if x.get_device() < 0:
+        raise ValueError("v8: the inputs must be on a GPU")
+    key = (rank, world_size, x.get_device(), cfg.num_experts, cfg.experts_per_token, cfg.hidden_dim,
+           cfg.max_num_tokens)
+    state = _state if key == _state_key else _new_state(key, cfg, rank, world_size, x.device)
+    state.cfg = cfg
+    return state
+
+
+_exchange_device, _restore_device = torch.cuda._exchange_device, torch.cuda._maybe_exchange_device
+_raw_stream = torch._C._cuda_getCurrentRawStream
+
+
 def custom_kernel(data: input_t) -> output_t:
+    # NOTES: the whole hot path is this one function (every Python call costs µs inside the timed step): the state
+    # by identity, five argument slots, the launch, a cached view.
     cfg, rank_data, rank, world_size = data
     x = rank_data.x
     state = _state
     if (state is None or cfg is not state.cfg or rank != state.rank or world_size != state.world_size
             or x.get_device() != state.index):  # not the same group's call: compare the whole key
-        key = (rank, world_size, x.get_device(), cfg.num_experts, cfg.experts_per_token, cfg.hidden_dim,
-               cfg.max_num_tokens)
-        if x.get_device() < 0:
-            raise ValueError("v8: the inputs must be on a GPU")
-        state = _state if key == _state_key else _new_state(key, cfg, rank, world_size, x.device)
-        state.cfg = cfg
-    return state.run(x, rank_data.indices, rank_data.weights)
+        state = _state_for(cfg, rank, world_size, x)
+    num_tokens = x.shape[0]
+    if num_tokens > state.slots:
+        raise ValueError(f"v8: {num_tokens} tokens, more than max_num_tokens={state.slots}")
+    state.epoch += 1
+    state.x_slot.value = x.data_ptr()
+    state.indices_slot.value = rank_data.indices.data_ptr()
+    state.weights_slot.value = rank_data.weights.data_ptr()
+    state.tokens_slot.value = num_tokens
+    state.epoch_slot.value = state.epoch
+    launch = state.launch
+    previous = _exchange_device(state.index)
+    try:
+        stream = _raw_stream(state.index)
+        if stream != launch.stream:
+            launch.stream, launch.c_stream = stream, ctypes.c_void_p(stream)
+        err = launch.launch(*launch.head, launch.c_stream, launch.params, None)
+    finally:
+        _restore_device(previous)
+    if err:
+        raise RuntimeError(f"v8: launching all2all_kernel failed: {launch.error_text(err)}")
+    view = state.views[num_tokens]
+    if view is None:
+        view = state.views[num_tokens] = state.out.narrow(0, 0, num_tokens)
+    return view
