@@ -710,8 +710,10 @@ def _close_state() -> None:
 
 
 def _new_state(key: tuple, cfg, rank: int, world_size: int, device: torch.device) -> P2PState:
-    global _state, _state_key, _report, _runtime
+    global _state, _state_key, _report, _runtime, _exchange_device, _restore_device, _raw_stream
     _close_state()
+    _exchange_device, _restore_device = torch.cuda._exchange_device, torch.cuda._maybe_exchange_device
+    _raw_stream = torch._C._cuda_getCurrentRawStream
     if _runtime is None:
         _runtime = Runtime()
     if _report is None:
@@ -769,8 +771,8 @@ def _state_for(cfg, rank: int, world_size: int, x: torch.Tensor) -> P2PState:
     return state
 
 
-_exchange_device, _restore_device = torch.cuda._exchange_device, torch.cuda._maybe_exchange_device
-_raw_stream = torch._C._cuda_getCurrentRawStream
+# The hot path's torch entry points, bound by _new_state (a CPU build of torch has no _cuda_getCurrentRawStream).
+_exchange_device = _restore_device = _raw_stream = None
 
 
 def custom_kernel(data: input_t) -> output_t:
