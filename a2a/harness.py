@@ -82,6 +82,9 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
     with tempfile.TemporaryDirectory(prefix=f"a2a-{path.stem}-") as tmp, sharing.shared_ranks(where) as share_env:
         bundle = stage(path, Path(tmp) / "bundle", plan.task_path, plan.task, test_files=False)
         (bundle / "cases.txt").write_text("\n".join(case.spec for case in plan.cases) + "\n")
+        # POPCORN_GPUS is the pool's size (the runner sets it from its machine); each case line carries its own world
+        # size. Both are the runner's protocol: the child re-reads its cases as the runner's would, and the results
+        # come back joined to the plan's cases by index and spec line (join_cases).
         env = dict(os.environ, POPCORN_GPUS=str(plan.world_size), A2A_BACKEND=plan.backend, A2A_EXTRA="1",
                    A2A_RANK_PREFIX="1", A2A_RENDEZVOUS="private", PYTHONUNBUFFERED="1", **share_env)
         env.pop("POPCORN_SEED", None)
@@ -100,15 +103,45 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
         exit_code, output, stderr = run_protocol(bundle, mode, "cases.txt", env, progress, len(plan.cases))
     keys = result_rows.parse_popcorn(output)
     cases = result_rows.rows_from_keys(keys, mode)
-    for row in cases:  # the protocol output names cases in the plan's order
-        row["args"] = plan.cases[row["index"]].args
-    void = _void(output, exit_code, stderr)
+    void = _void(output, exit_code, stderr) or join_cases(cases, plan.cases)
+    cases = [row for row in cases if "args" in row]  # a row the plan has no case for is dropped (and voids the run)
+    for row in cases:
+        row["error"] = with_named_cause(row["error"], stderr)
     if void:
         for row in cases:  # its numbers too: a forged line may be the first of its key
             row.update({field: None for field in result_rows.TIMING_FIELDS}, status="fail", error=void)
     return EvalResult(mode=mode, backend=plan.backend, exit_code=core.EXIT_CHECK_FAILED if void else exit_code,
                       cases=cases, import_s=float(keys["import_s"]) if "import_s" in keys else None,
                       placement=placement, shared_gpus=where.shared, void=void)
+
+
+# What a rank that died of a signal (no exception to report) may have said on stderr first, worth naming in its case.
+KNOWN_CAUSES = ("Too many open files", "No space left on device", "Cannot allocate memory", "std::bad_alloc",
+                "out of memory")
+
+
+def with_named_cause(error: str, stderr: str) -> str:
+    """A dead rank's error, with the known causes the run's stderr names (a SIGABRT alone hides that the
+    submission ran out of file descriptors, say)."""
+    if "rank process died" not in error:
+        return error
+    found = [cause for cause in KNOWN_CAUSES if cause.lower() in stderr.lower()]
+    return error + (f" (the run's stderr names: {', '.join(found)})" if found else "")
+
+
+def join_cases(rows: list, cases: list) -> str:
+    """Gives each result row its case's arguments: the protocol names cases by index, in the order of the test file
+    the plan wrote, and repeats each case's spec line, which must be the plan's own (else no result of the run
+    stands: returns why; "" when every row joined)."""
+    why = ""
+    for row in rows:
+        index = row["index"]
+        if index < len(cases):
+            row["args"] = cases[index].args
+        if not why and (index >= len(cases) or row["spec"] != cases[index].spec):
+            why = (f"the result channel's case {index} ({row['spec'][:80]!r}) is not the plan's case {index}: "
+                   "something besides the evaluator wrote into it, so no result of this run stands")
+    return why
 
 
 def _void(output: str, exit_code: int, stderr: str) -> str:

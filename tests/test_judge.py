@@ -273,8 +273,18 @@ def test_two_quick_sigints_to_the_protocol_face_print_no_traceback(bundle, tmp_p
     assert b"Traceback" not in stderr, stderr.decode(errors="replace")[-2000:]
 
 
-def test_what_a_sigkill_to_a_tool_leaves_the_next_command_ends(tmp_path, process_token):
-    """diff.py's ranks in a hanging call, then SIGKILL to diff.py alone: its ranks die with it (PR_SET_PDEATHSIG),
+# The tools that run ranks on a CPU (gloo), each with a hanging version: the others (sweep, ideas, triton_launch,
+# trace) stop before any rank starts when there is no GPU, and run under the same run_cli sweep on one.
+TOOLS_WITH_RANKS = {
+    "diff": lambda path: ["diff.py", path, path, "--cases", "tests:0"],
+    "anatomy": lambda path: ["tools/step_anatomy.py", path, "--cases", "tests:0"],
+    "leaderboard": lambda path: ["run_leaderboard.py", "--versions", path, "--cases", "tests:0", "--no-problem-size"],
+}
+
+
+@pytest.mark.parametrize("tool_name", sorted(TOOLS_WITH_RANKS))
+def test_what_a_sigkill_to_a_tool_leaves_the_next_command_ends(tmp_path, process_token, tool_name):
+    """A tool's ranks in a hanging call, then SIGKILL to the tool alone: its ranks die with it (PR_SET_PDEATHSIG),
     the submission's forked `sleep`s are left to init, and the next command ends them."""
     import os
     import signal
@@ -287,9 +297,9 @@ def test_what_a_sigkill_to_a_tool_leaves_the_next_command_ends(tmp_path, process
     marks = tmp_path / "marks"
     marks.mkdir()
     env = {**os.environ, "A2A_TEST_TOKEN": process_token, "A2A_TEST_MARKS": str(marks)}
-    tool = start_hanging([sys.executable, str(ROOT / "diff.py"), str(path), str(path), "--world-size", "2",
-                          "--cases", "tests:0", "--backend", "gloo", "--out", str(tmp_path / "out")], ROOT, env,
-                         marks)
+    command = [sys.executable, *TOOLS_WITH_RANKS[tool_name](str(path)), "--world-size", "2", "--backend", "gloo",
+               "--out", str(tmp_path / "out")]
+    tool = start_hanging(command, ROOT, env, marks)
     os.kill(tool.pid, signal.SIGKILL)
     tool.wait(timeout=30)
     tool.stdout.close()
@@ -297,7 +307,10 @@ def test_what_a_sigkill_to_a_tool_leaves_the_next_command_ends(tmp_path, process
     deadline = time.monotonic() + 20
     while set(_names(processes_with(process_token))) - {"sleep"} and time.monotonic() < deadline:
         time.sleep(0.2)  # the ranks die with their parent; each rank's `sleep` stays
-    assert set(_names(processes_with(process_token))) == {"sleep"}, "nothing was left: this test shows nothing"
+    # diff and anatomy run their ranks themselves: each rank's `sleep` stays for the next command. The leaderboard's
+    # ranks belong to the protocol face it started, which outlives it long enough to end them and what they forked.
+    left = set(_names(processes_with(process_token)))
+    assert left == ({"sleep"} if tool_name != "leaderboard" else set()), left
     assert run_eval("stage", "v1", str(tmp_path / "next")).returncode == 0
     assert not wait_until_gone(process_token, 10), "the next command left the orphans of a killed tool"
 
@@ -333,3 +346,35 @@ def custom_kernel(data):
         timings[name] = time.monotonic() - started
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert timings["thread"] < timings["v1"] + 8, timings  # the stall was 20 s with 2 ranks
+
+
+def test_a_result_joins_its_case_only_through_the_plans_own_spec_line():
+    """The protocol names cases by index; a row whose spec line is not the plan's case of that index (or whose index
+    the plan has no case for) voids the run instead of taking that case's arguments."""
+    from a2a.harness import join_cases
+    from eval import TestCase
+
+    plan = [TestCase(args={"seed": 1}, spec="seed: 1"), TestCase(args={"seed": 2}, spec="seed: 2")]
+    rows = [{"index": 0, "spec": "seed: 1"}, {"index": 1, "spec": "seed: 2"}]
+    assert join_cases(rows, plan) == "" and [r["args"] for r in rows] == [{"seed": 1}, {"seed": 2}]
+    assert "case 1" in join_cases([{"index": 0, "spec": "seed: 1"}, {"index": 1, "spec": "seed: 1"}], plan)
+    stray = [{"index": 0, "spec": "seed: 1"}, {"index": 2, "spec": "seed: 3"}]
+    assert "not the plan's case 2" in join_cases(stray, plan) and "args" not in stray[1]
+
+
+def test_a_rank_that_dies_of_a_signal_has_the_cause_it_printed_named(tmp_path):
+    """fd exhaustion ends a rank in SIGABRT from C++ with the reason only on stderr; the case's error names it."""
+    path = tmp_path / "aborts.py"
+    path.write_text(v1_kernel_source() + '''
+import os
+import sys
+
+
+def custom_kernel(data):
+    print("terminate called after throwing an instance of 'c10::Error': Too many open files", file=sys.stderr,
+          flush=True)
+    os.abort()
+''')
+    result = run_eval("test", str(path), "--cases", "tests:0")
+    assert result.returncode == EXIT_CHECK_FAILED
+    assert "SIGABRT" in result.stdout and "the run's stderr names: Too many open files" in result.stdout, result.stdout
