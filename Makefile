@@ -5,9 +5,10 @@
 SHELL := /bin/bash
 HAVE_DEPS := $(shell python3 -c 'import torch, triton, pandas, tabulate, yaml, scipy, matplotlib, pytest' >/dev/null 2>&1 && echo yes)
 PYTHON := $(if $(HAVE_DEPS),python3,.venv/bin/python)
-# Triton's wheel carries its own compilers for NVIDIA and AMD (make check-device compiles v7 with them, no GPU);
-# 3.6.0 is what the H200 machines run.
-CPU_DEPS := torch==2.13.0 triton==3.6.0 numpy pandas tabulate pyyaml pytest matplotlib scipy
+# Triton's wheel carries its own compilers for NVIDIA and AMD (make check-device compiles v7 on with them, no GPU);
+# 3.6.0 is what the H200 machines run. The ziglang wheel carries clang 20, the first with gfx950 (MI355X), for the
+# C++ versions' gfx950 code objects (Debian bookworm stops at clang-19).
+CPU_DEPS := torch==2.13.0 triton==3.6.0 ziglang==0.15.1 numpy pandas tabulate pyyaml pytest matplotlib scipy
 # The newest version by default (and, for diff, the one before it).
 VERSIONS := $(basename $(notdir $(shell ls submissions/all2all/v*.py | sort -V)))
 V ?= $(lastword $(VERSIONS))
@@ -20,12 +21,13 @@ CASE ?= benchmarks:0
 setup:
 ifeq ($(HAVE_DEPS),)
 	@test -x .venv/bin/python || python3 -m venv .venv
-	@.venv/bin/python -c 'import torch, triton, pandas, tabulate, yaml, scipy, matplotlib, pytest' 2>/dev/null || \
+	@.venv/bin/python -c 'import torch, triton, ziglang, pandas, tabulate, yaml, scipy, matplotlib, pytest' 2>/dev/null || \
 		.venv/bin/python -m pip install --quiet --disable-pip-version-check $(CPU_DEPS)
 endif
 
-# Compile-only check of every version's device code (and the probes'): nvcc sm_90, and after hipify a whole gfx942
-# (MI300X) code object with clang-19 and gfx90a with hipcc; prints each file's gfx942 memory-model sequences.
+# Compile-only check of every version's device code (and the probes'): nvcc sm_90, and after hipify whole gfx942
+# (MI300X, clang-19) and gfx950 (MI355X, clang 20) code objects and gfx90a with hipcc; Triton versions for sm_90,
+# gfx942 and gfx950; prints each file's gfx942 and gfx950 memory-model sequences.
 check-device: setup
 	$(PYTHON) -m a2a.cli check-device
 

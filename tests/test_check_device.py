@@ -30,10 +30,14 @@ def planted(tmp_path, old: str, new: str):
 def test_every_version_compiles_for_nvidia_and_amd():
     result = run_tool()
     assert result.returncode == 0, result.stdout + result.stderr
-    for target in ("nvcc sm_90", "clang gfx942", "hipcc gfx90a", "clang gfx942 trace"):
+    for target in ("nvcc sm_90", "clang gfx942", "clang20 gfx950", "hipcc gfx90a", "clang gfx942 trace",
+                   "clang20 gfx950 trace"):
         assert f"v4_low_overhead.py: {target}: ok" in result.stdout
-    assert "v4_low_overhead.py: gfx942 memory model:" in result.stdout
-    for target in ("triton sm_90", "triton gfx942", "triton sm_90 trace", "triton gfx942 trace"):
+    for target in ("gfx942", "gfx950"):
+        assert f"v4_low_overhead.py: {target} memory model:" in result.stdout
+        assert f"v7_triton.py: {target} memory model:" in result.stdout
+    for target in ("triton sm_90", "triton gfx942", "triton gfx950", "triton sm_90 trace", "triton gfx942 trace",
+                   "triton gfx950 trace"):
         assert f"v7_triton.py: {target}: ok" in result.stdout
 
 
@@ -48,6 +52,7 @@ def test_planted_triton_error_on_one_vendor_fails_that_vendor(tmp_path):
     assert result.returncode == 112
     assert "planted_v7.py: triton sm_90: ok" in result.stdout
     assert "planted_v7.py: triton gfx942: FAILED" in result.stdout and "triton gfx942" in result.stderr
+    assert "planted_v7.py: triton gfx950: FAILED" in result.stdout
 
 
 def test_triton_arguments_that_drift_from_the_kernel_fail(tmp_path):
@@ -65,6 +70,7 @@ def test_planted_amd_error_fails(tmp_path):
     assert result.returncode == 112
     assert "planted.py: nvcc sm_90: ok" in result.stdout
     assert "planted.py: clang gfx942: FAILED" in result.stdout and "clang gfx942" in result.stderr
+    assert "planted.py: clang20 gfx950: FAILED" in result.stdout
 
 
 def test_planted_amd_assembly_error_fails(tmp_path):
@@ -74,7 +80,7 @@ def test_planted_amd_assembly_error_fails(tmp_path):
     result = run_tool(path)
     assert result.returncode == 112
     assert "planted.py: nvcc sm_90: ok" in result.stdout
-    assert "planted.py: clang gfx942: FAILED" in result.stdout
+    assert "planted.py: clang gfx942: FAILED" in result.stdout and "planted.py: clang20 gfx950: FAILED" in result.stdout
 
 
 def test_planted_nvidia_error_fails(tmp_path):
@@ -83,7 +89,7 @@ def test_planted_nvidia_error_fails(tmp_path):
     result = run_tool(path)
     assert result.returncode == 112
     assert "planted.py: nvcc sm_90: FAILED" in result.stdout
-    assert "planted.py: clang gfx942: ok" in result.stdout
+    assert "planted.py: clang gfx942: ok" in result.stdout and "planted.py: clang20 gfx950: ok" in result.stdout
 
 
 def test_driver_launch_counts_the_compiled_kernels_parameters_on_both_targets():

@@ -1,4 +1,5 @@
-"""The memory model on the real AMD target, checked without a GPU: each version's gfx942 assembly holds the
+"""The memory model on the real AMD targets, checked without a GPU: each version's gfx942 (MI300X) and gfx950
+(MI355X) assembly holds the
 system-scope sequences its NOTES promise for publishing a flag and for waiting on one, at least one compiled
 sequence per call site of the prelude's helper: store_release_sys (release store), load_acquire_sys (acquire load),
 and from v6 spin_load (relaxed poll), spin_backoff (s_sleep) and spin_acquired (acquire fence after the loop). A
@@ -36,15 +37,17 @@ def call_sites(path, helper: str) -> int:
     return len(re.findall(rf"\b{helper}\(", body))
 
 
-def sequences(path) -> dict:
-    if check_device.is_triton(path):
-        return check_device.memory_model(check_device.triton_gfx942_assembly(path))
-    return check_device.memory_model(check_device.gfx942_assembly(path))
+def sequences(path, target: str) -> dict:
+    return check_device.memory_model(check_device.amd_assembly(path, target))
 
 
+targets = pytest.mark.parametrize("target", check_device.AMD_TARGETS)
+
+
+@targets
 @pytest.mark.parametrize("path", DEVICE_FILES, ids=lambda p: p.stem)
-def test_flags_are_published_with_release_and_waited_on_with_acquire(path):
-    found = sequences(path)
+def test_flags_are_published_with_release_and_waited_on_with_acquire(path, target):
+    found = sequences(path, target)
     promised = {helper: call_sites(path, helper) for helper in HELPERS}
     assert promised["store_release_sys"] >= 1, "the device code publishes flags"
     assert promised["load_acquire_sys"] + promised["spin_acquired"] >= 1, "the device code waits on flags"
@@ -55,9 +58,10 @@ def test_flags_are_published_with_release_and_waited_on_with_acquire(path):
                                                  f"call sites of {helper}"
 
 
+@targets
 @pytest.mark.parametrize("path", TRITON_FILES, ids=lambda p: p.stem)
-def test_a_triton_version_publishes_after_a_drained_barrier_and_waits_with_acquire(path):
-    found = sequences(path)
+def test_a_triton_version_publishes_after_a_drained_barrier_and_waits_with_acquire(path, target):
+    found = sequences(path, target)
     for helper, fields in TRITON_HELPERS.items():
         sites = call_sites(path, helper)
         assert sites >= 1, f"{path.name} never calls {helper}"
@@ -74,12 +78,13 @@ def test_a_triton_version_publishes_after_a_drained_barrier_and_waits_with_acqui
     ('tl.inline_asm_elementwise("s_sleep 1"', 'tl.inline_asm_elementwise("s_nop 0"', "sleep", "_backoff"),
 ], ids=["triton-relaxed-flag", "triton-undrained-barrier", "triton-relaxed-acquire", "triton-agent-poll",
         "triton-no-backoff"])
-def test_a_weakened_triton_flag_operation_is_caught(tmp_path, old, new, field, helper):
+@targets
+def test_a_weakened_triton_flag_operation_is_caught(tmp_path, old, new, field, helper, target):
     text = V7.read_text()
     assert text.count(old) == 1, old
     planted = tmp_path / "planted_v7.py"
     planted.write_text(text.replace(old, new))
-    assert sequences(V7)[field] - sequences(planted)[field] >= call_sites(V7, helper)
+    assert sequences(V7, target)[field] - sequences(planted, target)[field] >= call_sites(V7, helper)
 
 
 @pytest.mark.parametrize("path, old, new, helper", [
@@ -89,7 +94,8 @@ def test_a_weakened_triton_flag_operation_is_caught(tmp_path, old, new, field, h
     (V6, "__ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM", "__ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT", "spin_load"),
     (V6, "__builtin_amdgcn_s_sleep(1);", "", "spin_backoff"),
 ], ids=["relaxed-store", "relaxed-load", "no-fence", "agent-poll", "no-backoff"])
-def test_a_weakened_flag_operation_is_caught(tmp_path, path, old, new, helper):
+@targets
+def test_a_weakened_flag_operation_is_caught(tmp_path, path, old, new, helper, target):
     """The weakened helper's sequences disappear: at least one per call site (volatile loads of the abandon word
     also read past the caches, so polls need not fall to zero)."""
     text = path.read_text()
@@ -97,4 +103,4 @@ def test_a_weakened_flag_operation_is_caught(tmp_path, path, old, new, helper):
     planted = tmp_path / "planted.py"
     planted.write_text(text.replace(old, new))
     field = HELPERS[helper]
-    assert sequences(path)[field] - sequences(planted)[field] >= max(1, call_sites(path, helper))
+    assert sequences(path, target)[field] - sequences(planted, target)[field] >= max(1, call_sites(path, helper))

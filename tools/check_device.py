@@ -8,19 +8,32 @@ where the file has timeline probes (the trace build):
   - AMD MI300X: PyTorch's hipify (what load_inline does on ROCm), then Debian's clang-19 for gfx942, a whole code
     object (-c, linked with the ROCm device library). Debian's device-library bitcode (5.2) lacks the one file that
     names gfx942's ISA version; it is generated here from its single constant (9402), so nothing else is stood in.
+  - AMD MI355X (gfx950, GPU MODE's AMD runners now): LLVM 20's clang (the first with gfx950; Debian bookworm stops
+    at clang-19), taken from the `ziglang` wheel on PyPI (`zig clang`, clang 20.1.2), with clang-19's HIP wrapper
+    headers (zig ships none), Debian's device library plus a generated oclc_isa_version_950.bc (9500), and Debian's
+    lld-19 as its linker: a whole code object, as for gfx942.
   - AMD MI250 (gfx90a) with Debian's hipcc 5.2: a second, older HIP toolchain.
 Exits non-zero naming each file and target that failed, with the compiler's first error lines.
 
-`gfx942_assembly(path)` returns the gfx942 assembly of a file's device code, and `memory_model(asm)` counts the
-system-scope sequences that publishing and waiting on a flag compile to on the MI300X: release stores
+`amd_assembly(path, target)` returns the gfx942 or gfx950 assembly of a file's device code, and `memory_model(asm)`
+counts the system-scope sequences that publishing and waiting on a flag compile to there: release stores
 (`buffer_wbl2 sc0 sc1`, then a store or atomic with `sc0 sc1`), acquire loads (a load with `sc0 sc1`, then
 `buffer_inv sc0 sc1`), relaxed polls with their back-off (`s_sleep`) and the acquire fence after a poll loop; the
 memory-model test holds each version to what its NOTES promise.
 
 A Triton version (v7 on: `@triton.jit` kernels, listed with their argument types in TRITON_KERNELS, constexprs from
 its `constants()`) is imported without a GPU and compiled by `triton.compile` for sm_90 and gfx942 (Triton's own
-backends: no CUDA or ROCm toolchain involved), once per benchmark shape at world size 8 and once more as the trace
-build, with the argument attributes Triton's launcher gives 16-byte-aligned tensors.
+backends: no CUDA or ROCm toolchain involved) for sm_90, gfx942 and gfx950, once per benchmark shape at world size 8
+and once more as the trace build, with the argument attributes Triton's launcher gives 16-byte-aligned tensors.
+
+The sequences expected are the same on gfx942 and gfx950, and the check holds both targets to them: LLVM's memory
+legalizer picks its cache control by subtarget feature, and gfx950's feature set is gfx94x's plus its own
+instructions (llvm-project, AMDGPU.td `FeatureISAVersion9_5_Common` = `FeatureISAVersion9_4_Common` + ...,
+PR #116307), so `SICacheControl::create` takes the `hasGFX940Insts()` branch (`SIGfx940CacheControl`,
+SIMemoryLegalizer.cpp) for both; AMDGPUUsage's "Memory Model GFX942" tables then give, at system scope, release
+store = `buffer_wbl2 sc0 sc1` + `s_waitcnt` + store `sc0 sc1`, acquire load = load `sc0 sc1` + `s_waitcnt` +
+`buffer_inv sc0 sc1`, relaxed atomic load = load `sc0 sc1`, acquire fence = `buffer_inv sc0 sc1`. The compiled code
+agrees: every version's counts are equal on both targets (README's target table).
 
     python tools/check_device.py [FILES...]    (default: submissions/*/v*.py, the scratch copies in
                                                 submissions/*/ideas/ and the toolkit's a2a/probes.py)
@@ -51,8 +64,12 @@ CLANG, CLANG_C = "clang++-19", "clang-19"
 # optimisation load_inline asks for in every version.
 TORCH_ROCM_FLAGS = ("-D__HIP_PLATFORM_AMD__=1", "-DUSE_ROCM=1", "-O3")
 DEBIAN_DEVICE_LIBS = Path("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode")
-GFX942_ISA_VERSION = 9402
-INSTALL_HINT = "CI installs them from Debian: apt-get install hipcc libamdhip64-dev clang-19 lld-19"
+ISA_VERSIONS = {"gfx942": 9402, "gfx950": 9500}  # oclc_isa_version_<n>.bc's one constant, per AMD target
+AMD_TARGETS = ("gfx942", "gfx950")  # whole code objects and memory-model counts
+LLD_19 = Path("/usr/lib/llvm-19/bin")  # lld and ld.lld, the linker clang 20 finds by name on the PATH
+CLANG_19_HEADERS = Path("/usr/lib/llvm-19/lib/clang/19/include")  # __clang_hip_runtime_wrapper.h and its kin
+INSTALL_HINT = ("CI installs them from Debian: apt-get install hipcc libamdhip64-dev clang-19 lld-19, and from PyPI: "
+                "pip install ziglang==0.15.1 (clang 20, for gfx950)")
 
 
 def is_triton(path: Path) -> bool:
@@ -80,29 +97,43 @@ def hipify(source: Path) -> Path:
 
 
 @functools.lru_cache(maxsize=1)
-def gfx942_device_libs() -> Path:
-    """A device-library folder for gfx942: Debian's bitcode, plus oclc_isa_version_942.bc made from its constant."""
-    folder = Path(tempfile.mkdtemp(prefix="a2a-gfx942-libs-"))
+@functools.lru_cache(maxsize=None)
+def device_libs(target: str) -> Path:
+    """A device-library folder for `target`: Debian's bitcode, plus oclc_isa_version_<n>.bc made from its constant
+    (Debian's 5.2 library predates gfx942 and gfx950)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"a2a-{target}-libs-"))
     for bitcode in DEBIAN_DEVICE_LIBS.glob("*.bc"):
         (folder / bitcode.name).symlink_to(bitcode)
-    (folder / "isa942.ll").write_text(
+    (folder / "isa.ll").write_text(
         'target triple = "amdgcn-amd-amdhsa"\n'
         f"@__oclc_ISA_version = linkonce_odr protected local_unnamed_addr addrspace(4) constant i32 "
-        f"{GFX942_ISA_VERSION}, align 4\n")
-    subprocess.run([CLANG_C, "-target", "amdgcn-amd-amdhsa", "-nogpulib", "-c", "-emit-llvm",
-                    "isa942.ll", "-o", "oclc_isa_version_942.bc"], cwd=folder, check=True, capture_output=True)
+        f"{ISA_VERSIONS[target]}, align 4\n")
+    subprocess.run([CLANG_C, "-target", "amdgcn-amd-amdhsa", "-nogpulib", "-c", "-emit-llvm", "isa.ll", "-o",
+                    f"oclc_isa_version_{target[3:]}.bc"], cwd=folder, check=True, capture_output=True)
     return folder
 
 
-def gfx942_command(source: str, output: str, defines: list, assembly: bool = False) -> list:
-    return [CLANG, "-x", "hip", "--offload-arch=gfx942", f"--rocm-device-lib-path={gfx942_device_libs()}",
+def clang_20() -> list | None:
+    """LLVM 20's clang driver from the ziglang wheel (`zig clang`), or None where the wheel is not installed."""
+    try:
+        import ziglang
+    except ImportError:
+        return None
+    return [str(Path(ziglang.__file__).parent / "zig"), "clang"]
+
+
+def amd_command(target: str, source: str, output: str, defines: list, assembly: bool = False) -> list:
+    """One hipified file compiled for `target` (gfx942: Debian's clang-19; gfx950: clang 20), device code only."""
+    compiler = [CLANG] if target == "gfx942" else [*clang_20(), "--rocm-path=/usr", "-isystem", str(CLANG_19_HEADERS)]
+    return [*compiler, "-x", "hip", f"--offload-arch={target}", f"--rocm-device-lib-path={device_libs(target)}",
             *TORCH_ROCM_FLAGS, *defines, "--cuda-device-only", "--no-gpu-bundle-output", "-S" if assembly else "-c",
             source, "-o", output]
 
 
 def compile_one(command: list[str], cwd: Path) -> str | None:
     """None on success, else the first error lines."""
-    env = dict(os.environ, HIP_PLATFORM="amd")  # Debian's hipcc picks NVIDIA when nvcc is on the PATH
+    # Debian's hipcc picks NVIDIA when nvcc is on the PATH; clang 20 (gfx950) links with lld-19, found by name.
+    env = dict(os.environ, HIP_PLATFORM="amd", PATH=f"{LLD_19}{os.pathsep}{os.environ.get('PATH', '')}")
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env)
     if done.returncode == 0:
         return None
@@ -110,18 +141,23 @@ def compile_one(command: list[str], cwd: Path) -> str | None:
     return "\n    ".join((lines or (done.stderr + done.stdout).splitlines())[:6])
 
 
-def gfx942_assembly(path: Path, trace: bool = False) -> str:
-    """The gfx942 assembly of a file's device code, as load_inline would build it on ROCm (after hipify)."""
+def amd_assembly(path: Path, target: str = "gfx942", trace: bool = False) -> str:
+    """The gfx942 or gfx950 assembly of a file's device code, as load_inline would build it on ROCm (after hipify);
+    for a Triton version, its kernels' assembly from Triton's AMD backend (the largest benchmark shape)."""
+    if is_triton(path):
+        module = triton_module(path)
+        return "\n".join(triton_compile(module, name, target, benchmark_shapes()[-1], trace).asm["amdgcn"]
+                         for name in module.TRITON_KERNELS)
     source = kernels_of(path)
     if source is None:
         raise ValueError(f"{path.name} has no KERNELS")
     with tempfile.TemporaryDirectory(prefix="a2a-asm-") as tmp:
         (Path(tmp) / "kernels.cu").write_text(source)
         hipified = hipify(Path(tmp) / "kernels.cu")
-        error = compile_one(gfx942_command(hipified.name, "kernels.s", ["-DA2A_TRACE"] if trace else [], True),
+        error = compile_one(amd_command(target, hipified.name, "kernels.s", ["-DA2A_TRACE"] if trace else [], True),
                             Path(tmp))
         if error:
-            raise RuntimeError(f"{path.name}: gfx942 assembly failed:\n    {error}")
+            raise RuntimeError(f"{path.name}: {target} assembly failed:\n    {error}")
         return (Path(tmp) / "kernels.s").read_text()
 
 
@@ -177,8 +213,8 @@ def memory_model(assembly: str) -> dict:
     return found
 
 
-def print_memory_model(path: Path, found: dict) -> None:
-    print(f"{path.name}: gfx942 memory model: {found['release']} system-scope releases, {found['acquire']} acquire "
+def print_memory_model(path: Path, found: dict, target: str) -> None:
+    print(f"{path.name}: {target} memory model: {found['release']} system-scope releases, {found['acquire']} acquire "
           f"loads, {found['poll']} relaxed polls, {found['fence']} acquire fences, {found['sleep']} back-offs, "
           f"{found['drain']} drained barriers")
 
@@ -187,7 +223,7 @@ def print_memory_model(path: Path, found: dict) -> None:
 # Triton versions
 # ---------------------------------------------------------------------------------------------------------------
 
-TRITON_TARGETS = {"sm_90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64)}
+TRITON_TARGETS = {"sm_90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64), "gfx950": ("hip", "gfx950", 64)}
 TRITON_WORLD = 8  # the leaderboard's
 
 
@@ -225,13 +261,6 @@ def triton_compile(module, kernel_name: str, target_name: str, shape: dict, trac
                           options={"num_warps": max(1, module.LAUNCH_SHAPE[1] // target.warp_size)})
 
 
-def triton_gfx942_assembly(path: Path, trace: bool = False) -> str:
-    """The gfx942 assembly of a Triton version's kernels, for the largest benchmark shape."""
-    module = triton_module(path)
-    return "\n".join(triton_compile(module, name, "gfx942", benchmark_shapes()[-1], trace).asm["amdgcn"]
-                     for name in module.TRITON_KERNELS)
-
-
 def check_triton(path: Path) -> list[str]:
     """Every kernel of a Triton version, every benchmark shape, both targets; the trace build on the largest."""
     failures = []
@@ -255,7 +284,8 @@ def check_triton(path: Path) -> list[str]:
                   f"({len(module.TRITON_KERNELS)} kernel(s) x {len(cases)} shape(s), world size {TRITON_WORLD})")
             failures += [f"{path.name}: {name}:\n    {error}" for error in errors[:1]]
     if not failures:
-        print_memory_model(path, memory_model(triton_gfx942_assembly(path)))
+        for target in AMD_TARGETS:
+            print_memory_model(path, memory_model(amd_assembly(path, target)), target)
     return failures
 
 
@@ -280,8 +310,10 @@ def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
         for build, defines in builds:
             targets.append((f"nvcc sm_90{build}", [nvcc, "-arch=sm_90", *defines, "-c", "kernels.cu", "-o",
                                                    "kernels.o"], cuda_dir))
-            targets.append((f"clang gfx942{build}", gfx942_command(hipified.name, "kernels_gfx942.o", defines),
-                            hip_dir))
+            targets.append((f"clang gfx942{build}", amd_command("gfx942", hipified.name, "kernels_gfx942.o",
+                                                                 defines), hip_dir))
+            targets.append((f"clang20 gfx950{build}", amd_command("gfx950", hipified.name, "kernels_gfx950.o",
+                                                                   defines), hip_dir))
             targets.append((f"hipcc gfx90a{build}", [hipcc, "-x", "hip", "--offload-arch=gfx90a", *TORCH_ROCM_FLAGS,
                                                      *defines, "-c", hipified.name, "-o", "kernels_gfx90a.o"],
                             hip_dir))
@@ -291,7 +323,8 @@ def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
             if error is not None:
                 failures.append(f"{path.name}: {name}:\n    {error}")
     if not failures:
-        print_memory_model(path, memory_model(gfx942_assembly(path)))
+        for target in AMD_TARGETS:
+            print_memory_model(path, memory_model(amd_assembly(path, target)), target)
     return failures
 
 
@@ -299,6 +332,10 @@ def missing_tools() -> list[str]:
     missing = [name for name in ("nvcc", "hipcc", CLANG) if shutil.which(name) is None]
     if not DEBIAN_DEVICE_LIBS.is_dir():
         missing.append(f"the ROCm device library ({DEBIAN_DEVICE_LIBS})")
+    if not (LLD_19 / "lld").exists() or not CLANG_19_HEADERS.is_dir():
+        missing.append(f"lld-19 and clang-19's headers ({LLD_19}, {CLANG_19_HEADERS})")
+    if clang_20() is None:
+        missing.append("clang 20 (the ziglang wheel)")
     return missing
 
 
