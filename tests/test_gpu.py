@@ -476,6 +476,20 @@ def test_anchors_time_a_case():
         assert by_name[name]["status"] == "pass" and by_name[name]["device_mean_us"] > 0, by_name[name]
 
 
+@at_problem_size
+def test_the_floors_time_a_case_at_one_rank_and_at_the_problems_size():
+    """The empty submission and the handshake need no peer on its own GPU: they time at world size 1 and among 8
+    ranks (sharing the GPUs where there are fewer), every handshake call hearing from every rank."""
+    from a2a import anchors
+
+    for world_size in (1, PROBLEM_WS):
+        rows = anchors.run(make_plan("v1", "benchmarks:1", world_size, "nccl").case_args, world_size, iterations=10,
+                           entries=anchors.FLOORS, **QUIET)
+        assert [row["version"] for row in rows] == list(anchors.FLOORS)
+        for row in rows:
+            assert row["status"] == "pass" and row["device_mean_us"] > 0, (world_size, row)
+
+
 def test_step_anatomy_runs_on_gpus(tmp_path):
     """The tool's own gather goes through each rank's GPU (the current device stays cuda:0, as on the runner)."""
     result = subprocess.run([sys.executable, "tools/step_anatomy.py", "v1", "--cases", "benchmarks:0",
