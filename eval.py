@@ -1172,7 +1172,8 @@ def check_apart(shipped: dict) -> tuple[bool, str]:
 
 
 def _failed_apart(results: list[RankResult]) -> list[RankResult]:
-    """Ranks whose output the check apart rejects, as failures (the check in their own process had passed)."""
+    """Ranks whose output the check apart rejects, as failures (the check in their own process had passed); ranks
+    that shipped nothing (the protocol face: no check apart) pass through."""
     checked = []
     for result in results:
         shipped = result.value.pop("apart", None) if result.ok and isinstance(result.value, dict) else None
@@ -1188,9 +1189,7 @@ def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
     run.logger.log("test-count", len(tests))
     for idx, test in enumerate(tests):
         run.logger.log(f"test.{idx}.spec", test.spec)
-        results = run.case("test", test, "test", {"apart": True} if run.extra else None)
-        if run.extra:
-            results = _failed_apart(results)
+        results = _failed_apart(run.case("test", test, "test", {"apart": True} if run.extra else None))
         if all(r.ok for r in results):
             run.logger.log(f"test.{idx}.status", "pass")
         else:
@@ -1203,9 +1202,7 @@ def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
 
 def _benchmark(run: ProtocolRun, test: TestCase, recheck: bool, max_time_ns: float, mode: str):
     params = dict(recheck=recheck, max_repeats=MAX_REPEATS, max_time_ns=max_time_ns, extra=run.extra)
-    results = run.case("benchmark", test, mode, params)
-    if run.extra:
-        results = _failed_apart(results)
+    results = _failed_apart(run.case("benchmark", test, mode, params))
     return results[0].value if all(r.ok for r in results) else rank_failures(results)
 
 

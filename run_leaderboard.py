@@ -80,22 +80,23 @@ def run(plan: planning.RunPlan, mode: str, anchors: bool = True, sol_path: Path 
             rows.append({"version": planning.label(path), "kind": "version", **{k: args[k] for k in core.SPEC_KEYS},
                          **{k: case.get(k) for k in result_rows.ROW_FIELDS}, "error": case.get("error", "")})
     figures = None
+    with_peers = not plan.meta["shared_gpus"] and plan.world_size >= 2  # each rank on a GPU of its own
     if plan.backend != "nccl":
         meta["skipped"].append("skipped the anchors, the floors (empty submission, handshake) and the SOL-here "
                                f"model: they time GPUs (this run is {plan.backend}, world size {plan.world_size})")
         progress(meta["skipped"][-1])
-    elif plan.meta["shared_gpus"] or plan.world_size < 2:
-        # The floors need no peer on its own GPU: they run at every world size (apart, like the run, when shared).
-        rows += anchor_runs.run(plan.case_args, plan.world_size, progress=progress, entries=anchor_runs.FLOORS)
-        why = ("the ranks share GPUs, so no time here is the problem's and there is nothing to hold a version to"
-               if plan.meta["shared_gpus"] else f"they need peers on their own GPUs (world size {plan.world_size})")
-        meta["skipped"].append(f"skipped the all-to-all anchors and the SOL-here model: {why}")
-        progress(meta["skipped"][-1])
     else:
-        entries = tuple(anchor_runs.ANCHORS) if anchors else anchor_runs.FLOORS
+        # The floors need no peer on its own GPU: they run at every world size (apart, like the run, when shared).
+        entries = tuple(anchor_runs.ANCHORS) if with_peers and anchors else anchor_runs.FLOORS
         rows += anchor_runs.run(plan.case_args, plan.world_size, progress=progress, entries=entries)
-        progress("speed of light of this machine: " + (f"from {sol_path}" if sol_path else "measuring"))
-        figures = sol.load(sol_path) if sol_path else sol.measure(plan.world_size, plan.meta_for("sol"))
+        if with_peers:
+            progress("speed of light of this machine: " + (f"from {sol_path}" if sol_path else "measuring"))
+            figures = sol.load(sol_path) if sol_path else sol.measure(plan.world_size, plan.meta_for("sol"))
+        else:
+            why = ("the ranks share GPUs, so no time here is the problem's and there is nothing to hold a version to"
+                   if plan.meta["shared_gpus"] else f"they need peers on their own GPUs (world size {plan.world_size})")
+            meta["skipped"].append(f"skipped the all-to-all anchors and the SOL-here model: {why}")
+            progress(meta["skipped"][-1])
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame, meta, figures
