@@ -32,6 +32,7 @@ import dataclasses
 import fcntl
 import math
 import multiprocessing
+import multiprocessing.resource_tracker
 import os
 import re
 import select
@@ -1020,6 +1021,10 @@ class RankPool:
         parent_end, child_end = self.context.Pipe()
         phase = self.context.RawValue("i", 0)
         process = self.context.Process(target=_worker_loop, args=(child_end, phase, os.getpid()), daemon=True)
+        # NOTES: multiprocessing's tracker, which the first spawn starts, is this process's helper, not a rank: it
+        # starts here with this process's own environment, since MPS's guardian ends every process that carries the
+        # ranks' pipe folder (a2a/sharing.py).
+        multiprocessing.resource_tracker.ensure_running()
         with environment_with(self.env):  # a spawned worker starts with this process's environment
             process.start()
         child_end.close()

@@ -263,3 +263,30 @@ def test_the_share_sweep_needs_a_gpu():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == core.EXIT_BAD_INPUT, done.stdout + done.stderr
     assert done.stderr.strip() == "error: the SM share is a GPU matter: this machine has no GPU", done.stderr
+
+
+POOL_OWNER = '''
+import sys
+sys.path.insert(0, sys.argv[1])
+import eval as core
+from a2a import sharing
+sharing.nccl_for_sharing = lambda: sharing.Nccl((2, 30, 7), None, preload=False)
+sharing.MpsDaemon.probe = lambda self, percent: [10]
+for _ in range(2):  # the second pool would find a killed tracker and warn
+    with sharing.shared_ranks(sharing.Placement(2, 1, 8)) as env:
+        pool = core.RankPool(2, "gloo", rank_prefix=True, env=env)
+        pool.shutdown()
+from multiprocessing import resource_tracker
+resource_tracker.ensure_running()
+print("tracker", resource_tracker._resource_tracker._pid, flush=True)
+'''
+
+
+def test_the_guardian_spares_the_owners_own_helpers(fake_mps):
+    """Seen on a GPU (2026-11-24): 29 'resource_tracker: process died unexpectedly' warnings in one suite. The
+    owner's multiprocessing tracker, started by the first rank's spawn, carried the ranks' MPS pipe folder, so the
+    guardian's last sweep (every process carrying the folder) ended it with the ranks, shared run after shared run."""
+    done = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", POOL_OWNER, str(core.HERE)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "died unexpectedly" not in done.stderr, done.stderr[-2000:]
+    assert done.stdout.startswith("tracker ")
