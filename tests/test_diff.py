@@ -69,8 +69,15 @@ def _diff(tmp_path, a: str, b: str):
 
 
 def test_a_version_against_itself_shows_no_difference(tmp_path):
-    timing, folder = _diff(tmp_path, "v1", "v1")
-    verdicts = [row["verdict"] for row in timing["rows"]]
+    """The verdicts hold a family-wise error rate of 5% per run (a2a/diffing.py), so one run in 20 may show a
+    difference by chance (seen once in about 45 runs on this CPU, 2026-11-24); a second run decides, and two false
+    verdicts in a row come once in 400 runs."""
+    for attempt in range(2):
+        (tmp_path / str(attempt)).mkdir()
+        timing, folder = _diff(tmp_path / str(attempt), "v1", "v1")
+        verdicts = [row["verdict"] for row in timing["rows"]]
+        if set(verdicts) == {"no difference within noise"}:
+            break
     assert len(verdicts) == 4 and set(verdicts) == {"no difference within noise"}, timing["rows"]
     assert (folder / "ratios.png").is_file() and (folder / "code.diff").read_text() == ""
 
