@@ -125,7 +125,8 @@ def with_named_cause(error: str, stderr: str) -> str:
     submission ran out of file descriptors, say)."""
     if "rank process died" not in error:
         return error
-    found = [cause for cause in KNOWN_CAUSES if cause.lower() in stderr.lower()]
+    said = stderr.lower()
+    found = [cause for cause in KNOWN_CAUSES if cause.lower() in said]
     return error + (f" (the run's stderr names: {', '.join(found)})" if found else "")
 
 

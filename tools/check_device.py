@@ -96,7 +96,6 @@ def hipify(source: Path) -> Path:
     return Path(entry.hipified_path) if entry is not None and entry.hipified_path else source
 
 
-@functools.lru_cache(maxsize=1)
 @functools.lru_cache(maxsize=None)
 def device_libs(target: str) -> Path:
     """A device-library folder for `target`: Debian's bitcode, plus oclc_isa_version_<n>.bc made from its constant
