@@ -70,7 +70,8 @@ FAILED_PEER_GRACE_S = 10.0
 DEFAULT_MASTER_PORT = 12356  # the runner's fixed rendezvous port
 MPS_DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # where MPS clients look when CUDA_MPS_PIPE_DIRECTORY is unset
 MAX_REPEATS = 100
-LEADERBOARD_SEED_STEP = 13  # leaderboard mode: a fresh input per run, seed + 13 each time
+LEADERBOARD_SEED_STEP = 13  # the runner's step between leaderboard mode's seeds (the judge draws its own)
+L2_CLEAR_BYTES = 256 * 1024 * 1024  # the runner's L2 clear (utils.clear_l2_cache)
 MAX_LINE_CHARS = 1000
 MAX_TEST_FILE_BYTES = 1 << 20
 # Largest value of each field a run can take; a larger one is bad input, not a submission's failure.
@@ -223,6 +224,319 @@ def kill_tree(pid: int, include_root: bool = True) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------
+# The boundary the kernel holds. Started as root on Linux, a pool's ranks live in a PID namespace of their own
+# (whose init dies with the pool's owner, and the kernel then ends everything in it: daemons, double forks,
+# setsid), each with a mount namespace and a /proc of its own (no harness process, environment or command line in
+# sight), as an unprivileged uid with no_new_privs (so the kernel refuses them ptrace, /proc/<pid>/mem, pidfd_getfd
+# and signals to every harness process). Whatever a machine cannot do is said in the run's header (Guards).
+# --------------------------------------------------------------------------------------------------------------
+
+CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+PR_SET_NO_NEW_PRIVS = 38
+# One uid per live pool owner (pids are unique among live processes), so two runs never share files or an MPS
+# server, and what a run's ranks left in the shared temporary folders can be found by owner.
+RANK_UID_BASE, RANK_UID_SPAN = 60000, 5000
+# Folders every user may write and that outlive a process: what the ranks left there is removed with the run.
+SHARED_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
+# Extension and Triton caches the ranks can write as their uid, kept between runs (A2A_RANK_CACHE moves it).
+RANK_CACHE = Path(os.environ.get("A2A_RANK_CACHE", "/var/tmp/a2a-rank-cache"))
+# The namespace's init: a child of a tiny parent that dies with the pool's owner; init dies with that parent.
+_NAMESPACE_INIT = r"""
+import ctypes, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]) or libc.unshare(0x20000000):
+    print("error", os.strerror(ctypes.get_errno()), flush=True)
+    sys.exit(1)
+child = os.fork()
+if child == 0:
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            signal.pause()
+print(child, flush=True)
+signal.pause()
+"""
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankSandbox:
+    """What a rank does to itself at start, before it imports torch or a submission (sent to every worker).
+    `expose`: (folder, entry) pairs: in the rank's mount namespace the folder, which other users cannot search (a
+    home like /root), is covered by an empty one holding only the entry the ranks need (the interpreter, the
+    bundle), so the rest of it stays out of their sight too."""
+    private_proc: bool
+    uid: Optional[int]
+    home: str
+    expose: tuple = ()
+
+
+@dataclasses.dataclass
+class Guards:
+    """Which of the kernel's guards a pool's ranks run under, and why any is off."""
+    pid_namespace: bool = False
+    private_proc: bool = False
+    uid: Optional[int] = None
+    off: list = dataclasses.field(default_factory=list)
+
+    def describe(self) -> str:
+        if self.pid_namespace and self.private_proc and self.uid is not None:
+            return f"ranks in their own PID namespace and /proc, as uid {self.uid} with no_new_privs"
+        return "guards off: " + "; ".join(self.off)
+
+
+def _ns_inode(pid: int) -> Optional[int]:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+class Sandbox:
+    """The pool owner's side of the boundary: the PID namespace (its init, and the owner's children spawned into
+    it), the ranks' uid and what they left behind. Without root, or without the kernel's namespaces, it turns the
+    guard off and says why; the process-tree clean-up (subreaper, RUN_OWNER sweep) still applies."""
+
+    def __init__(self, enabled: bool = True):
+        self.guards = Guards()
+        self.parent: Optional[Any] = None
+        self.init_pid: Optional[int] = None
+        self.inode: Optional[int] = None
+        self._theirs = self._own = None
+        self.started_ns = time.time_ns()
+        if not enabled:
+            self.guards.off.append("the sandbox was turned off (A2A_SANDBOX=0)")
+            return
+        if not sys.platform.startswith("linux") or os.geteuid() != 0:
+            self.guards.off.append("not started as root: the ranks run as this user, in this PID namespace, and can "
+                                   "reach this user's processes")
+            return
+        import subprocess
+
+        self.parent = subprocess.Popen([sys.executable, "-c", _NAMESPACE_INIT, str(os.getpid())],
+                                       stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        answer = self.parent.stdout.readline().split()
+        if not answer or answer[0] == "error":
+            self.guards.off.append(f"the kernel refused a PID namespace ({' '.join(answer[1:]) or 'no answer'})")
+            self.close()
+            return
+        self.init_pid = int(answer[0])
+        self.inode = _ns_inode(self.init_pid)
+        self._theirs = os.open(f"/proc/{self.init_pid}/ns/pid", os.O_RDONLY)
+        self._own = os.open("/proc/self/ns/pid", os.O_RDONLY)
+        self.guards.pid_namespace = self.guards.private_proc = True
+        self.expose: tuple = ()
+        _prepare_rank_cache()
+        for name in ("TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR"):  # caches a caller named: the ranks must write them
+            if os.environ.get(name) and not rank_writable(Path(os.environ[name])):
+                self.guards.off.append(f"the ranks keep this user's uid: {name}={os.environ[name]} cannot be made "
+                                       "writable for another uid")
+                return
+        needed = [Path(sys.executable), Path(os.__file__).parent, HERE, Path.cwd(), RANK_CACHE, *map(Path, sys.path),
+                  *(Path(os.environ[n]) for n in ("TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR") if os.environ.get(n))]
+        pairs, unreachable = exposure([p for p in needed if str(p) and p.exists()])
+        if unreachable:
+            self.guards.off.append(f"the ranks keep this user's uid: {unreachable} is not readable by other users")
+            return
+        self.expose = tuple(pairs)
+        self.guards.uid = RANK_UID_BASE + os.getpid() % RANK_UID_SPAN
+
+    def rank_setup(self) -> RankSandbox:
+        return RankSandbox(private_proc=self.guards.private_proc, uid=self.guards.uid,
+                           home=str(RANK_CACHE / "home"), expose=getattr(self, "expose", ()))
+
+    @contextlib.contextmanager
+    def spawning(self):
+        """Processes this thread starts inside the block are born in the ranks' PID namespace."""
+        if self._theirs is None:
+            yield
+            return
+        libc = _libc()
+        if libc.setns(self._theirs, CLONE_NEWPID):
+            raise OSError(ctypes.get_errno(), "setns into the ranks' PID namespace failed")
+        try:
+            yield
+        finally:
+            libc.setns(self._own, CLONE_NEWPID)
+
+    def members(self) -> list[int]:
+        """Every process in the ranks' namespace but its init (pids as this process sees them)."""
+        if self.inode is None:
+            return []
+        return [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != self.init_pid
+                and _ns_inode(int(e)) == self.inode]
+
+    def sweep(self, keep: set) -> list[int]:
+        """SIGKILLs what the submission started in the namespace (everything but `keep`, the live workers): between
+        cases, so nothing a case left (a child holding the rendezvous port, a daemon) reaches the next."""
+        killed = []
+        for pid in self.members():
+            if pid not in keep:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+        return killed
+
+    def close(self) -> None:
+        """Ends the namespace (the kernel kills every process in it with its init) and removes what the ranks'
+        uid left in the shared temporary folders."""
+        if self.parent is not None:
+            with contextlib.suppress(ProcessLookupError):
+                if self.init_pid:
+                    os.kill(self.init_pid, signal.SIGKILL)
+                self.parent.kill()
+            self.parent.wait()
+            self.parent = None
+        deadline = time.monotonic() + 5
+        while self.members() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for fd in (self._theirs, self._own):
+            if fd is not None:
+                os.close(fd)
+        self._theirs = self._own = None
+        self.inode = None
+        if self.guards.uid is not None:
+            remove_owned_by(self.guards.uid, self.started_ns)
+
+
+def exposure(paths: list) -> tuple[list, Optional[str]]:
+    """What makes every path reachable by another uid in a rank's mount namespace: (folder, entry) pairs, one per
+    folder that others cannot search, naming the entry below it on the way to a path; and the first path that
+    stays out of reach (a second such folder deeper down, an entry itself unreadable), or None."""
+    pairs: set = set()
+    for path in paths:
+        path = Path(path).resolve()
+        chain = list(reversed(path.parents)) + [path]
+        blocked = None
+        for above, below in zip(chain, chain[1:]):
+            mode = os.stat(above).st_mode
+            if not mode & stat.S_IXOTH:
+                if blocked is not None:
+                    return [], str(path)
+                blocked = (str(above), below.name)
+        mode = os.stat(path).st_mode
+        if not mode & stat.S_IROTH or (stat.S_ISDIR(mode) and not mode & stat.S_IXOTH):
+            return [], str(path)
+        if blocked:
+            pairs.add(blocked)
+    return sorted(pairs), None
+
+
+def rank_writable(folder: Path) -> bool:
+    """Makes `folder` writable for every uid (sticky, like /tmp); False when a folder above it keeps others out."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.stat(folder).st_mode & 0o7777 != 0o1777:
+            os.chmod(folder, 0o1777)
+    except OSError:
+        return False
+    return not exposure([folder])[1]
+
+
+def _prepare_rank_cache() -> None:
+    """The ranks' caches and home, writable by every run's rank uid (ranks create files with umask 0)."""
+    for sub in ("home", "torch_extensions", "triton"):
+        folder = RANK_CACHE / sub
+        folder.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            os.chmod(folder, 0o1777)
+    with contextlib.suppress(OSError):
+        os.chmod(RANK_CACHE, 0o755)
+
+
+def remove_owned_by(uid: int, since_ns: int) -> list[str]:
+    """Removes what `uid` made in the shared temporary folders since `since_ns` (its own caches excepted)."""
+    import shutil
+
+    removed = []
+    for top in SHARED_SCRATCH:
+        for dirpath, dirnames, filenames in os.walk(top, topdown=True):
+            if Path(dirpath) == RANK_CACHE.parent:
+                dirnames[:] = [d for d in dirnames if Path(dirpath, d) != RANK_CACHE]
+            for name in list(dirnames) + filenames:
+                path = os.path.join(dirpath, name)
+                try:
+                    info = os.lstat(path)
+                except OSError:
+                    continue
+                if info.st_uid == uid and info.st_ctime_ns >= since_ns - 10**9:
+                    if stat.S_ISDIR(info.st_mode):
+                        shutil.rmtree(path, ignore_errors=True)
+                        dirnames.remove(name)
+                    else:
+                        with contextlib.suppress(OSError):
+                            os.unlink(path)
+                    removed.append(path)
+    return removed
+
+
+SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429  # the same on x86-64 and arm64
+OPEN_TREE_CLONE, AT_RECURSIVE, MOVE_MOUNT_F_EMPTY_PATH, AT_FDCWD = 1, 0x8000, 4, -100
+
+
+def _expose(libc, pairs: tuple, check) -> None:
+    """Covers each folder others cannot search with an empty searchable one, holding only the named entries (moved
+    there as detached copies of their mounts: open_tree and move_mount, Linux 5.2 on)."""
+    libc.syscall.restype = ctypes.c_long
+    by_folder: dict = {}
+    for folder, entry in pairs:
+        by_folder.setdefault(folder, []).append(entry)
+    for folder, entries in by_folder.items():
+        trees = []
+        for entry in entries:
+            source = os.path.join(folder, entry)
+            fd = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, source.encode(), OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC)
+            check(0 if fd >= 0 else 1, f"open_tree({source})")
+            trees.append((entry, fd, os.path.isdir(source)))
+        check(libc.mount(b"tmpfs", folder.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755"),
+              f"covering {folder}")
+        for entry, fd, is_dir in trees:
+            target = os.path.join(folder, entry)
+            if is_dir:
+                os.mkdir(target, 0o755)
+            else:
+                open(target, "w").close()
+            check(libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH),
+                  f"move_mount({target})")
+            os.close(fd)
+
+
+def enter_rank_sandbox(sandbox: Optional[RankSandbox]) -> None:
+    """A worker's first act, before torch or a submission: a mount namespace with its own /proc (only the ranks'
+    PID namespace in sight), then the uid drop with no_new_privs. The ranks keep their GPU devices (world-usable
+    device files), the caches (RANK_CACHE) and the MPS pipe."""
+    if sandbox is None:
+        return
+    libc = _libc()
+
+    def check(code: int, what: str) -> None:
+        if code:
+            raise OSError(ctypes.get_errno(), f"rank sandbox: {what}: {os.strerror(ctypes.get_errno())}")
+
+    if sandbox.private_proc:
+        check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making / private")
+        check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mounting /proc")
+        _expose(libc, sandbox.expose, check)
+    if sandbox.uid is not None:
+        check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        os.setgroups([])
+        os.setgid(sandbox.uid)
+        os.setuid(sandbox.uid)
+        os.umask(0)
+        os.environ.update(HOME=sandbox.home, USER=f"a2a-rank-{sandbox.uid}", LOGNAME=f"a2a-rank-{sandbox.uid}")
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(RANK_CACHE / "torch_extensions"))
+        os.environ.setdefault("TRITON_CACHE_DIR", str(RANK_CACHE / "triton"))
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Test files and case values
 # --------------------------------------------------------------------------------------------------------------
 
@@ -326,7 +640,11 @@ def get_test_cases(text: str, seed: Optional[int]) -> list[TestCase]:
 def read_test_file(path: Path, seed: Optional[int]) -> list[TestCase]:
     """The cases of a test file; UserError with one line for a file that cannot be read or parsed."""
     try:
-        with open(path, "rb") as source:  # bounded: a link to /dev/zero must not be read until memory runs out
+        # Opened without blocking and read only when it is a regular file: a FIFO would wait for a writer forever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as source:  # bounded: a link to /dev/zero must not be read until memory runs out
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UserError(f"test file `{path}` is not a regular file (a FIFO, a device or a socket)")
             raw = source.read(MAX_TEST_FILE_BYTES + 1)
         if len(raw) > MAX_TEST_FILE_BYTES:
             raise UserError(f"test file `{path}` is larger than {MAX_TEST_FILE_BYTES >> 20} MiB (1000 lines of the "
@@ -458,12 +776,103 @@ class RankResult(NamedTuple):
     import_s: Optional[float] = None  # seconds this rank spent importing the submission during this case
 
 
+class Tampering(Exception):
+    """The harness's own machinery was changed under it (a no-op barrier, a re-registered operator, a mode that
+    intercepts its calls): the case is void."""
+
+
+# Operators the harness's own steps run (L2 clear, clone, barrier, check, copies): a submission that re-registers any
+# of them with the dispatcher (torch.library) is caught by comparing their registrations with those taken at start.
+HARNESS_OPS = ("aten::fill_.Scalar", "aten::clone", "aten::_to_copy", "aten::copy_", "aten::isclose",
+               "aten::logical_not", "aten::sum", "aten::sum.dim_IntList", "aten::add.Tensor", "aten::mul.Tensor",
+               "aten::floor_divide", "aten::unsqueeze", "aten::empty.memory_format", "aten::_local_scalar_dense",
+               "aten::max", "c10d::allreduce_")
+
+
+class Bound(NamedTuple):
+    """The harness's primitives, taken in the worker before any submission is imported: a submission that replaces
+    `time.perf_counter_ns`, `torch.cuda.Event.elapsed_time`, `torch.distributed.barrier`, `utils.clear_l2_cache`,
+    `torch.cuda.synchronize`, `torch.allclose` or the reference's functions, in their modules or classes, changes
+    nothing the harness calls. It is a tuple, handed from the worker's loop to each job, never a global the
+    submission could swap. What binding cannot see (the dispatcher, modes) `tampering` looks for."""
+    clock_ns: Callable
+    reference: tuple  # (generate_input, check_implementation), or () where no bundle is importable
+    on_cuda: bool
+    tensor: Any  # torch.Tensor, the class a plain output must be
+    ops: dict  # name -> torch callable, taken from their classes and modules at start
+    registrations: dict  # HARNESS_OPS -> the dispatcher's registrations at start
+    harness: tuple  # (name, object) of every function and class of this module at start
+    tampering: Callable  # this module's `tampering`, as it was at start
+
+
+def _bind() -> Bound:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.Tensor
+    ops = {"empty": torch.empty, "zeros": torch.zeros, "tensor": torch.tensor, "fill": t.fill_, "clone": t.clone,
+           "to": t.to, "cpu": t.cpu, "detach": t.detach, "item": t.item, "tolist": t.tolist,
+           "isclose": torch.isclose, "logical_not": torch.logical_not, "sum": torch.sum, "add": torch.add,
+           "mul": torch.mul, "floor_divide": torch.floor_divide, "unsqueeze": torch.unsqueeze, "long": t.long,
+           "all_reduce": dist.all_reduce, "broadcast": dist.broadcast, "world_size": dist.get_world_size,
+           "reduce_max": dist.ReduceOp.MAX, "reduce_sum": dist.ReduceOp.SUM, "device": torch.device,
+           "float16": torch.float16, "float32": torch.float32, "float64": torch.float64, "int32": torch.int32,
+           "int64": torch.int64, "bool": torch.bool,
+           "function_modes": torch._C._len_torch_function_stack, "dispatch_modes": torch._C._len_torch_dispatch_stack,
+           "no_torch_function": torch._C.DisableTorchFunction, "dispatch_dump": torch._C._dispatch_dump}
+    on_cuda = torch.cuda.is_available()
+    if on_cuda:
+        event_type = torch._C._CudaEventBase
+        ops.update(sync=torch._C._cuda_synchronize, new_event=lambda: event_type.__new__(event_type, enable_timing=True),
+                   record=event_type.record, elapsed_ms=event_type.elapsed_time, query=event_type.query,
+                   event_sync=event_type.synchronize, current_stream=torch.cuda.current_stream,
+                   exchange_device=torch._C._cuda_exchangeDevice, sleep=getattr(torch._C, "_cuda_sleep", None))
+    reference = ()
+    with contextlib.suppress(ImportError):  # tools' pools run where no bundle is importable
+        from reference import check_implementation, generate_input
+
+        reference = (generate_input, check_implementation)
+    registrations = {}
+    for name in HARNESS_OPS:
+        with contextlib.suppress(RuntimeError):
+            registrations[name] = torch._C._dispatch_dump(name)
+    harness = tuple((name, value) for name, value in globals().items()
+                    if callable(value) and getattr(value, "__module__", None) == __name__)
+    return Bound(time.perf_counter_ns, reference, on_cuda, t, ops, registrations, harness, tampering)
+
+
+_bound: Optional[Bound] = None  # the worker's, for tools' functions (the official jobs get theirs as an argument)
+
+
+def bound() -> Bound:
+    """The primitives this worker bound at start (a tool's rank function reads them here)."""
+    if _bound is None:
+        raise RuntimeError("not in a rank worker: nothing was bound")
+    return _bound
+
+
+def tampering(b: Bound) -> Optional[str]:
+    """What, if anything, changed under the harness's bound primitives: a torch function or dispatch mode left
+    active, or an operator the harness runs registered anew."""
+    here = globals()
+    for name, value in b.harness:
+        if here.get(name) is not value:
+            return f"the harness's own `{name}` was replaced in its module"
+    if b.ops["function_modes"]():
+        return "a torch function mode is active around the harness's own calls"
+    if b.ops["dispatch_modes"]():
+        return "a torch dispatch mode is active around the harness's own calls"
+    for name, before in b.registrations.items():
+        with contextlib.suppress(RuntimeError):
+            if b.ops["dispatch_dump"](name) != before:
+                return f"the operator {name}, which the harness's own steps run, was registered anew"
+    return None
+
+
 _setup: Optional[RankSetup] = None
-# The reference's functions, bound when the worker starts, before any submission is imported: a submission that
-# replaces reference.check_implementation at import changes nothing here (README says what stays open).
-_reference: tuple = ()
 _kernel: Optional[Callable] = None
 _import_s: Optional[float] = None
+_owner_conn = None  # the worker's pipe to the pool's owner, for a job's questions (ask_owner)
 
 
 def _on_gpu() -> bool:
@@ -510,27 +919,44 @@ def loaded_nccl_version() -> Optional[str]:
         return None
 
 
-def synchronize() -> None:
+def synchronize(b: Optional[Bound] = None) -> None:
     """torch.cuda.synchronize() as the runner calls it: on the current device, which the runner never changes."""
-    import torch
-
+    b = b or bound()
     if _on_gpu():
-        torch.cuda.synchronize()
+        b.ops["sync"]()
 
 
-def clone_data(data, rank: int):
+def clear_l2(b: Bound) -> None:
+    """utils.clear_l2_cache's work (a 256 MiB write on the current device, as the runner's), through bound calls."""
+    if _on_gpu():
+        ops = b.ops
+        buffer = ops["empty"](L2_CLEAR_BYTES // 8, dtype=ops["int64"], device="cuda")
+        ops["fill"](buffer, 42)
+        del buffer
+
+
+def barrier(rank: int, b: Bound) -> None:
+    """dist.barrier's work (an all-reduce every rank waits for), checked: a barrier made a no-op is caught, since
+    the sum it returns must count every rank."""
+    ops = b.ops
+    flag = ops["tensor"]([1], dtype=ops["int32"], device=rank_device(rank))
+    ops["all_reduce"](flag, op=ops["reduce_sum"])
+    if ops["item"](flag) != ops["world_size"]():
+        raise Tampering("the harness's barrier returned without every rank (the collective it runs was replaced)")
+
+
+def clone_data(data, rank: int, b: Optional[Bound] = None):
     """The runner's clone: tensors in tuples, lists and dicts are cloned onto cuda:rank (the CPU on gloo); other
     objects (cfg, rank_data) pass through uncopied, so the timed clone costs what it costs there."""
-    import torch
-
+    b = b or bound()
     if isinstance(data, tuple):
-        return tuple(clone_data(x, rank) for x in data)
+        return tuple(clone_data(x, rank, b) for x in data)
     if isinstance(data, list):
-        return [clone_data(x, rank) for x in data]
+        return [clone_data(x, rank, b) for x in data]
     if isinstance(data, dict):
-        return {k: clone_data(v, rank) for k, v in data.items()}
-    if isinstance(data, torch.Tensor):
-        return data.clone().to(rank_device(rank))
+        return {k: clone_data(v, rank, b) for k, v in data.items()}
+    if isinstance(data, b.tensor):
+        return b.ops["to"](b.ops["clone"](data), rank_device(rank))
     return data
 
 
@@ -540,83 +966,193 @@ def snapshot(data):
     return copy.deepcopy(data)
 
 
-def all_ok(ok: bool, rank: int) -> bool:
+def all_ok(ok: bool, rank: int, b: Optional[Bound] = None) -> bool:
     """True when every rank's `ok` is true (a collective: all ranks must call it)."""
-    import torch
-    import torch.distributed as dist
+    b = b or bound()
+    ops = b.ops
+    flag = ops["tensor"]([0 if ok else 1], dtype=ops["int32"], device=rank_device(rank))
+    ops["all_reduce"](flag)
+    return ops["item"](flag) == 0
 
-    flag = torch.tensor([0 if ok else 1], dtype=torch.int32, device=rank_device(rank))
-    dist.all_reduce(flag)
-    return flag.item() == 0
 
-
-def slowest_rank(values: list, rank: int) -> list:
+def slowest_rank(values: list, rank: int, b: Optional[Bound] = None) -> list:
     """Element by element, the largest value over the ranks (a collective: every rank calls it with the same
     shape). Per-step device times become the slowest rank's, as the device-side number is defined."""
-    import torch
-    import torch.distributed as dist
+    b = b or bound()
+    ops = b.ops
+    merged = ops["tensor"](values, dtype=ops["float64"], device=rank_device(rank))
+    ops["all_reduce"](merged, op=ops["reduce_max"])
+    return ops["tolist"](merged)
 
-    merged = torch.tensor(values, dtype=torch.float64, device=rank_device(rank))
-    dist.all_reduce(merged, op=dist.ReduceOp.MAX)
-    return merged.tolist()
+
+class AbortAsk(NamedTuple):
+    """The owner's answer to a question when a peer has failed: the case is over."""
+    why: str
+
+
+def ask_owner(kind: str, payload: Any = None) -> Any:
+    """A question to the pool's owner, which answers once every rank of the case has asked the same (a
+    collective). The owner never imports the submission: its clock, generator and checks are out of reach."""
+    _owner_conn.send(("ask", kind, payload))
+    answer = _owner_conn.recv()
+    if isinstance(answer, AbortAsk):
+        raise RuntimeError(answer.why)
+    return answer
+
+
+def expected_output(data, b: Bound):
+    """The closed form of the case's output (the reference module's closed_form_output), through bound calls: what
+    every timed output is checked against on the rank's device, right after its end event."""
+    ops = b.ops
+    cfg, rank_data, _, world_size = data
+    owner = ops["floor_divide"](ops["long"](rank_data.indices), cfg.num_experts // world_size)
+    scale = ops["to"](ops["add"](owner, 1), cfg.out_dtype)
+    expert_out = ops["mul"](ops["unsqueeze"](ops["to"](rank_data.x, cfg.out_dtype), 1), ops["unsqueeze"](scale, 2))
+    summed = ops["sum"](ops["mul"](ops["to"](expert_out, ops["float32"]), ops["unsqueeze"](rank_data.weights, 2)),
+                        dim=1)
+    return ops["to"](summed, cfg.out_dtype)
+
+
+class OutputCheck:
+    """Every timed output, checked on its device right after the end event (queued there, read once at the end):
+    its type, shape, dtype and device on the host, its values against the closed form on the GPU. A copy of each is
+    kept for the check apart, which the owner samples after the loop."""
+    RTOL, ATOL = 1e-2, 5e-3
+
+    def __init__(self, b: Bound, device, keep_copies: bool = True):
+        self.b, self.keep = b, keep_copies
+        self.bad = b.ops["zeros"](1, dtype=b.ops["int64"], device=device)
+        self.host_problem: Optional[str] = None
+        self.copies: list = []
+
+    def add(self, step: int, output, expected) -> None:
+        ops = self.b.ops
+        if type(output) is not self.b.tensor:
+            problem = f"returned a {type(output).__name__}, not a plain torch.Tensor"
+        elif output.device != expected.device or output.shape != expected.shape or output.dtype != expected.dtype:
+            problem = (f"returned {tuple(output.shape)} {output.dtype} on {output.device}, expected "
+                       f"{tuple(expected.shape)} {expected.dtype} on {expected.device}")
+        else:
+            problem = None
+            with ops["no_torch_function"]():
+                close = ops["isclose"](output, expected, rtol=self.RTOL, atol=self.ATOL)
+                ops["add"](self.bad, ops["sum"](ops["logical_not"](close)), out=self.bad)
+                if self.keep:
+                    self.copies.append(ops["clone"](ops["detach"](output)))
+        if problem:
+            self.host_problem = self.host_problem or f"timed call {step} {problem}"
+            if self.keep:
+                self.copies.append(None)
+
+    def verdict(self) -> Optional[str]:
+        """Why the timed outputs fail, or None (reads the device's count: one synchronization, after the loop)."""
+        if self.host_problem:
+            return self.host_problem
+        wrong = int(self.b.ops["item"](self.bad))
+        return (f"{wrong} elements of the timed calls' outputs differ from the expected values (rtol={self.RTOL}, "
+                f"atol={self.ATOL}): a timed call returned a wrong output") if wrong else None
+
+
+# Holding the stream (nvbench's blocking kernel): a sleep kernel queued before the start event keeps the GPU from
+# starting the call's work until the host has queued all of it, so the events time the GPU's work alone. Its
+# length adapts: a step whose start event had already passed when the call returned was not held (the sleep was too
+# short for this host path); after HOLD_GIVE_UP such steps at the longest sleep the call is taken to synchronize
+# inside (it waits for its own work, so no sleep can outlast its queueing) and is timed on an idle stream instead,
+# as nvbench's exec_tag::sync does.
+HOLD_START_CYCLES = 200_000  # about 100 µs at 2 GHz
+HOLD_MAX_CYCLES = 64_000_000  # about 32 ms
+HOLD_GIVE_UP = 3
+
+
+@dataclasses.dataclass
+class Hold:
+    cycles: int = HOLD_START_CYCLES
+    misses_at_max: int = 0
+    sync_inside: bool = False
+    held: int = 0
+    not_held: int = 0
+
+    def after(self, was_held: bool) -> None:
+        if was_held:
+            self.held += 1
+            return
+        self.not_held += 1
+        if self.cycles >= HOLD_MAX_CYCLES:
+            self.misses_at_max += 1
+            self.sync_inside = self.misses_at_max >= HOLD_GIVE_UP and not self.held
+        self.cycles = min(2 * self.cycles, HOLD_MAX_CYCLES)
 
 
 STEP_BOUNDARIES = ("start", "cloned", "returned", "synchronized", "barrier passed")
 _events: dict = {}
 
 
-def _timing_events(device):
+def _timing_events(device, b: Bound):
     """Two timing events for this device, made once: making them inside the timed window cost ~20 µs of every
     leaderboard-style step that the floor step did not pay (measured with tools/step_anatomy.py, H200 x2)."""
-    import torch
-
     if device.index not in _events:
-        _events[device.index] = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _events[device.index] = b.ops["new_event"](), b.ops["new_event"]()
     return _events[device.index]
 
 
+class StepTimes(NamedTuple):
+    host_ns: int
+    output: Any
+    device_ns: Optional[float]  # around the call on an idle stream (the call time), or held (the GPU's work)
+    held: Optional[bool]  # with a hold: whether the stream was still held when the call returned
+
+
 def timed_step(call: Optional[Callable], data, rank: int, device_clock: bool = False,
-               probe: Optional[Callable[[str], None]] = None):
+               probe: Optional[Callable[[str], None]] = None, hold: Optional[Hold] = None,
+               b: Optional[Bound] = None) -> StepTimes:
     """One leaderboard-style step in the runner's order, the same code for a case and for the harness floor (`call`
     None): clear the L2, synchronize, barrier, start the host clock, clone the input, call, synchronize, barrier,
-    stop. Returns (host ns, output, device ns). The host time is the official number on rank 0. With
-    `device_clock`, the device time is taken around the call alone: CUDA events on the rank's stream on a GPU run,
-    this rank's host clock on a CPU run. `probe(boundary)` is called at each of STEP_BOUNDARIES (tools: stamps,
-    markers); the call itself runs with the current device the runner leaves."""
-    import torch
-    import torch.distributed as dist
-    from utils import clear_l2_cache
-
+    stop; every one of them a bound primitive. The host time is the official number on rank 0. With
+    `device_clock`, the device time is taken around the call alone: CUDA events on the rank's stream on a GPU run
+    (with `hold`, the stream held until the call has queued its work), this rank's host clock on a CPU run.
+    `probe(boundary)` is called at each of STEP_BOUNDARIES (tools: stamps, markers); the call itself runs with the
+    current device the runner leaves."""
+    b = b or bound()
+    ops = b.ops
     mark = probe or (lambda _boundary: None)
     events = stream = None
-    if call is not None and device_clock and _on_gpu():
-        events, stream = _timing_events(rank_device(rank)), torch.cuda.current_stream(rank_device(rank))
-    clear_l2_cache()
-    synchronize()
-    dist.barrier()
-    start = time.perf_counter_ns()
+    on_gpu = _on_gpu()
+    if call is not None and device_clock and on_gpu:
+        device = rank_device(rank)
+        events, stream = _timing_events(device, b), ops["current_stream"](device)
+    clear_l2(b)
+    synchronize(b)
+    barrier(rank, b)
+    start = b.clock_ns()
     mark("start")
-    cloned = clone_data(data, rank)
+    cloned = clone_data(data, rank, b)
     mark("cloned")
-    output = device_ns = None
+    output = device_ns = held = None
     if events:
-        events[0].record(stream)
+        holding = hold is not None and not hold.sync_inside and ops["sleep"] is not None
+        if holding:
+            previous = ops["exchange_device"](stream.device_index)
+            ops["sleep"](hold.cycles)
+            ops["exchange_device"](previous)
+        ops["record"](events[0], stream)
         output = call(cloned)
-        events[1].record(stream)
+        ops["record"](events[1], stream)
+        if holding:
+            held = not ops["query"](events[0])
     elif call is not None:
-        call_start = time.perf_counter_ns()
+        call_start = b.clock_ns()
         output = call(cloned)
-        device_ns = time.perf_counter_ns() - call_start if device_clock else None
+        device_ns = b.clock_ns() - call_start if device_clock else None
     mark("returned")
-    synchronize()
+    synchronize(b)
     mark("synchronized")
-    dist.barrier()
-    host_ns = time.perf_counter_ns() - start
+    barrier(rank, b)
+    host_ns = b.clock_ns() - start
     mark("barrier passed")
     if events:
-        events[1].synchronize()
-        device_ns = events[0].elapsed_time(events[1]) * 1e6
-    return host_ns, output, device_ns
+        ops["event_sync"](events[1])
+        device_ns = ops["elapsed_ms"](events[0], events[1]) * 1e6
+    return StepTimes(host_ns, output, device_ns, held)
 
 
 # Untimed calls of each callable before a tool measures it. The first calls of a shape pay one-time work (an
@@ -624,6 +1160,7 @@ def timed_step(call: Optional[Callable], data, rank: int, device_clock: bool = F
 # pays; five is what the anchors and traces have always used, more than any version has needed. The official loop
 # takes none: its warm-up is the runner's (a separate first case, and the checked call before timing).
 WARMUP_CALLS = 5
+HELD = "held"  # a schedule entry (label, HELD) is a step with the stream held
 
 
 class Step(NamedTuple):
@@ -633,58 +1170,69 @@ class Step(NamedTuple):
     device_ns: Optional[float]
     call_ns: Optional[float]
     output: Any
+    held: Optional[bool] = None
 
 
 @dataclasses.dataclass
 class Measured:
     """One label's steps in order: `host_ns` this rank's (rank 0's are the official numbers), `device_ns` and
-    `call_ns` the slowest rank's (device clock around the call; host time inside the call), empty where not taken."""
+    `call_ns` the slowest rank's (device clock around the call; host time inside the call), `held_ns` the slowest
+    rank's device time of held steps (NaN where a rank's stream was not held), empty where not taken."""
     host_ns: list
     device_ns: list
     call_ns: list
+    held_ns: list = dataclasses.field(default_factory=list)
 
 
 def measure(calls: dict, data, rank: int, schedule, warmup: int = WARMUP_CALLS, device_clock: bool = False,
             call_clock: bool = False, probe: Optional[Callable[[str], None]] = None,
-            before_step: Optional[Callable] = None, after_step: Optional[Callable[[Step], bool]] = None) -> dict:
+            before_step: Optional[Callable] = None, after_step: Optional[Callable[[Step], bool]] = None,
+            holds: Optional[dict] = None, b: Optional[Bound] = None) -> dict:
     """The one rank-side measuring loop, around timed_step: `warmup` untimed calls of each callable in `calls`
-    ({label: callable, or None for the harness floor}), then one timed step per label in `schedule` (labels in step
-    order: a run of one, variants taking turns, A and B mirrored). `device_clock`: device time around the call;
-    `call_clock`: host time inside the call (two more stamps in the timed window, so off for official numbers).
-    `before_step(label)` may return the next step's input (leaderboard mode's fresh seed); `after_step(step)`
-    returning True stops the loop, and must agree across ranks. A collective: every rank runs the same schedule.
-    Returns {label: Measured}."""
+    ({label: callable, or None for the harness floor}), then one timed step per entry of `schedule` (labels in step
+    order, or (label, HELD) for a step with the stream held: a run of one, variants taking turns, A and B
+    mirrored). `device_clock`: device time around the call; `call_clock`: host time inside the call (two more
+    stamps in the timed window, so off for official numbers); `holds`: {label: Hold}, the adaptive sleep of each
+    label's held steps. `before_step(label)` may return the next step's input (leaderboard mode's fresh seed);
+    `after_step(step)` returning True stops the loop, and must agree across ranks. A collective: every rank runs
+    the same schedule. Returns {label: Measured}."""
+    b = b or bound()
     for call in calls.values():
         for _ in range(warmup if call is not None else 0):
-            call(clone_data(data, rank))
-    synchronize()
+            call(clone_data(data, rank, b))
+    synchronize(b)
     stamps: dict = {}
 
     def boundary(name: str) -> None:
-        stamps[name] = time.perf_counter_ns()
+        stamps[name] = b.clock_ns()
         if probe:
             probe(name)
 
     step_probe = boundary if call_clock else probe
-
+    holds = holds or {}
     taken = {label: Measured([], [], []) for label in calls}
-    for label in schedule:
+    for entry in schedule:
+        label, held_step = (entry[0], True) if isinstance(entry, tuple) else (entry, False)
+        hold = holds.setdefault(label, Hold()) if held_step else None
         data = (before_step(label) if before_step else None) or data
-        host_ns, output, device_ns = timed_step(calls[label], data, rank, device_clock=device_clock, probe=step_probe)
+        times = timed_step(calls[label], data, rank, device_clock=device_clock, probe=step_probe, hold=hold, b=b)
         call_ns = stamps["returned"] - stamps["cloned"] if call_clock and calls[label] is not None else None
-        taken[label].host_ns.append(host_ns)
-        if device_ns is not None:
-            taken[label].device_ns.append(device_ns)
+        if held_step and times.held is not None:
+            hold.after(times.held)
+            taken[label].held_ns.append(times.device_ns if times.held else float("nan"))
+        else:
+            taken[label].host_ns.append(times.host_ns)
+            if times.device_ns is not None:
+                taken[label].device_ns.append(times.device_ns)
         if call_ns is not None:
             taken[label].call_ns.append(call_ns)
-        if after_step and after_step(Step(label, host_ns, device_ns, call_ns, output)):
+        if after_step and after_step(Step(label, times.host_ns, times.device_ns, call_ns, times.output, times.held)):
             break
-        del output
+        del times
     for label in calls:
-        if taken[label].device_ns:
-            taken[label].device_ns = slowest_rank(taken[label].device_ns, rank)
-        if taken[label].call_ns:
-            taken[label].call_ns = slowest_rank(taken[label].call_ns, rank)
+        for field in ("device_ns", "call_ns", "held_ns"):
+            if getattr(taken[label], field):
+                setattr(taken[label], field, slowest_rank(getattr(taken[label], field), rank, b))
     return taken
 
 
@@ -704,122 +1252,151 @@ def _custom_kernel() -> Callable:
     return _kernel
 
 
-def _checked(check_implementation, unchanged, output) -> tuple[bool, str]:
-    """The reference's check, after the rule the reference cannot see: the output is a plain torch.Tensor (a
-    subclass can answer any question the check asks, e.g. `torch.allclose`, with a lie)."""
-    import torch
-
-    if isinstance(output, torch.Tensor) and type(output) is not torch.Tensor:
+def _checked(b: Bound, unchanged, output) -> tuple[bool, str]:
+    """The reference's check (bound before the import), after the rule the reference cannot see: the output is a
+    plain torch.Tensor (a subclass can answer any question the check asks, e.g. `torch.allclose`, with a lie)."""
+    if isinstance(output, b.tensor) and type(output) is not b.tensor:
         return False, (f"custom_kernel returned a {type(output).__name__}, a subclass of torch.Tensor; the output "
                        "must be a plain torch.Tensor")
-    return check_implementation(unchanged, output)
+    with b.ops["no_torch_function"]():
+        return b.reference[1](unchanged, output)
 
 
-def _shipped(unchanged, output) -> dict:
-    """What the check apart needs (human face): the output and the inputs the closed form reads, as plain CPU
-    tensors, taken in the worker before anything else runs there."""
-    import torch
-
+def _shipped(b: Bound, unchanged, output) -> dict:
+    """What the check apart needs: the output and the inputs the closed form reads, as plain CPU tensors."""
+    ops = b.ops
     cfg, rank_data, _, world_size = unchanged
-    plain = output.detach().cpu().clone() if type(output) is torch.Tensor else None
-    return {"output": plain, "returned": type(output).__name__, "x": rank_data.x.cpu(),
-            "indices": rank_data.indices.cpu(), "weights": rank_data.weights.cpu(), "num_experts": cfg.num_experts,
-            "world_size": world_size}
+    plain = ops["clone"](ops["cpu"](ops["detach"](output))) if type(output) is b.tensor else None
+    return {"output": plain, "returned": type(output).__name__, "x": ops["cpu"](rank_data.x),
+            "indices": ops["cpu"](rank_data.indices), "weights": ops["cpu"](rank_data.weights),
+            "num_experts": cfg.num_experts, "world_size": world_size}
 
 
-def _rank_test(test: TestCase, rank: int, apart: bool = False):
-    generate_input, check_implementation = _reference
+def _rank_test(b: Bound, test: TestCase, rank: int, apart: bool = True):
+    generate_input, _ = b.reference
     custom_kernel = _custom_kernel()
     _set_phase("generating input")
     data = generate_input(**test.args, rank=rank)
     unchanged = snapshot(data)
-    synchronize()
+    synchronize(b)
     _set_phase("in custom_kernel")
-    output = custom_kernel(clone_data(data, rank))
-    synchronize()
+    output = custom_kernel(clone_data(data, rank, b))
+    synchronize(b)
     _set_phase("checking the output")
-    good, message = _checked(check_implementation, unchanged, output)
-    return good, ({"apart": _shipped(unchanged, output)} if good and apart else message)
+    good, message = _checked(b, unchanged, output)
+    if good and (why := b.tampering(b)):
+        good, message = False, f"void: {why}"
+    return good, ({"apart": [_shipped(b, unchanged, output)]} if good and apart else message)
 
 
-def _rank_benchmark(test: TestCase, rank: int, recheck: bool, max_repeats: int, max_time_ns: float, extra: bool):
-    import torch
-    import torch.distributed as dist
+# The check apart samples the timed calls after the loop: the ranks cannot know in advance which of their outputs
+# will be checked. At least APART_MIN calls of a case (all of them when fewer ran) and APART_FRACTION of the rest go
+# apart, so a submission whose outputs are wrong in a third of its timed calls is caught with probability at least
+# 1 - (2/3)^12 > 0.99 by the check apart alone, whatever the GPU check in its own process says.
+APART_MIN = 12
+APART_FRACTION = 0.1
+# The owner's clock around a timed loop may run ahead of a rank's by the messages' travel and scheduling, never by
+# more than this: beyond it the rank's clock was slower than real time (README, "What a submission cannot do").
+CLOCK_SLACK_NS = 5_000_000
+CLOCK_SLACK_FRACTION = 0.05
 
-    generate_input, check_implementation = _reference
+
+def apart_count(steps: int) -> int:
+    return min(steps, max(APART_MIN, math.ceil(APART_FRACTION * steps)))
+
+
+def _rank_benchmark(b: Bound, test: TestCase, rank: int, recheck: bool, max_repeats: int, max_time_ns: float,
+                    extra: bool):
+    generate_input, _ = b.reference
+    ops = b.ops
     custom_kernel = _custom_kernel()
     _set_phase("generating input")
     data = generate_input(**test.args, rank=rank)
     unchanged = snapshot(data)
     _set_phase("in custom_kernel")
-    output = custom_kernel(clone_data(data, rank))
+    output = custom_kernel(clone_data(data, rank, b))
     _set_phase("checking the output")
-    good, message = _checked(check_implementation, unchanged, output)
-    if not all_ok(good, rank):
+    good, message = _checked(b, unchanged, output)
+    if not all_ok(good, rank, b):
         return False, RankFailure(message) if not good else RankFailure("another rank failed its check", True)
-    apart = _shipped(unchanged, output) if extra else None
+    first = _shipped(b, unchanged, output)
+    del output
 
     _set_phase("in the timing loop")
-    bm_start = time.perf_counter_ns()
-    current = {"unchanged": unchanged, "failure": None}
+    current = {"unchanged": unchanged, "expected": expected_output(unchanged, b), "failure": None, "inputs": []}
+    checker = OutputCheck(b, rank_device(rank))
     durations: list = []
 
     def fresh_input(_label):
         if not recheck:
             return None
-        test.args["seed"] += LEADERBOARD_SEED_STEP
-        fresh = generate_input(**test.args, rank=rank)
+        # NOTES: the seed of every step is the owner's, drawn when the step is about to run: nothing a rank holds
+        # before then (its frames, its environment, the case's own seed) says what the next input will be.
+        fresh = generate_input(**dict(test.args, seed=ask_owner("seed")), rank=rank)
         current["unchanged"] = snapshot(fresh)
+        current["expected"] = expected_output(current["unchanged"], b)
+        current["inputs"].append(current["unchanged"])
         return fresh
 
     def checked_and_stopping(step: Step) -> bool:
         durations.append(step.host_ns)
+        checker.add(len(durations) - 1, step.output, current["expected"])
         error_message = None
         if recheck:
-            good, message = _checked(check_implementation, current["unchanged"], step.output)
+            good, message = _checked(b, current["unchanged"], step.output)
             error_message = None if good else message
-        if not all_ok(error_message is None, rank):
+        if not all_ok(error_message is None, rank, b):
             current["failure"] = RankFailure(error_message or "another rank failed its check", not error_message)
             return True
         should_stop = False
         if rank == 0 and len(durations) > 2:
             stats = calculate_stats(durations)
             should_stop = (stats.err / stats.mean < 0.001 or stats.mean * stats.runs > max_time_ns
-                           or time.perf_counter_ns() - bm_start > 120e9)
-        stop = torch.tensor([should_stop], dtype=torch.bool, device=rank_device(rank))
-        dist.broadcast(stop, 0)
-        return bool(stop.item())
+                           or b.clock_ns() - loop_start > 120e9)
+        stop = ops["tensor"]([should_stop], dtype=ops["bool"], device=rank_device(rank))
+        ops["broadcast"](stop, 0)
+        return bool(ops["item"](stop))
 
+    ask_owner("clock-start")
+    loop_start = b.clock_ns()
     timed = measure({"call": custom_kernel}, data, rank, ["call"] * max_repeats, warmup=0, device_clock=extra,
-                    before_step=fresh_input, after_step=checked_and_stopping)["call"]
+                    before_step=fresh_input, after_step=checked_and_stopping, b=b)["call"]
+    loop_ns = b.clock_ns() - loop_start
+    ask_owner("clock-end", {"loop_ns": loop_ns, "steps_ns": sum(timed.host_ns)})
     if current["failure"]:
         return False, current["failure"]
+    why = checker.verdict() or b.tampering(b)
+    if not all_ok(why is None, rank, b):
+        return False, RankFailure(f"void: {why}") if why else RankFailure("another rank failed its check", True)
+    picks = ask_owner("apart", len(durations))
+    apart = [first] + [_shipped(b, current["inputs"][i] if recheck else unchanged, checker.copies[i])
+                       for i in picks]
     result = {"stats": calculate_stats(durations) if rank == 0 else None, "apart": apart}
     if extra:
         result["host"] = calculate_extra_stats(durations) if rank == 0 else None
         result["device"] = calculate_extra_stats(timed.device_ns)
-        floor = measure({"floor": None}, data, rank, ["floor"] * max(len(durations), 10), warmup=0)["floor"]
+        floor = measure({"floor": None}, data, rank, ["floor"] * max(len(durations), 10), warmup=0, b=b)["floor"]
         result["floor"] = calculate_extra_stats(floor.host_ns) if rank == 0 else None
     return True, result
 
 
-def _rank_profile(test: TestCase, rank: int):
+def _rank_profile(b: Bound, test: TestCase, rank: int):
     from torch.profiler import ProfilerActivity, profile
 
-    generate_input, _ = _reference
+    generate_input, _ = b.reference
     custom_kernel = _custom_kernel()
     _set_phase("generating input")
-    data = clone_data(generate_input(**test.args, rank=rank), rank)
-    synchronize()
+    data = clone_data(generate_input(**test.args, rank=rank), rank, b)
+    synchronize(b)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _on_gpu() else [])
     _set_phase("profiling")
     with profile(activities=activities) as prof:
         custom_kernel(data)
-        synchronize()
+        synchronize(b)
     return True, prof.events()
 
 
-def _rank_call(test: TestCase, rank: int, fn, args: tuple):
+def _rank_call(b: Bound, test: TestCase, rank: int, fn, args: tuple):
     """Any picklable fn(rank, world_size, *args): what launch.parallel_launch runs."""
     _set_phase("in the launched function")
     return True, fn(rank, test.args["world_size"], *args)
@@ -897,10 +1474,12 @@ def _failure_from_exception(exc: BaseException) -> RankFailure:
         text = " | ".join(errors[:BUILD_ERROR_LINES]) or text.splitlines()[0]
     message = " ".join(text.split())
     follow_on = isinstance(exc, getattr(dist, "DistError", ())) or bool(_FOLLOW_ON.search(message))
-    return RankFailure(f"{type(exc).__name__}: {message}{location}", follow_on=follow_on)
+    prefix = "void: " if isinstance(exc, Tampering) else ""
+    return RankFailure(f"{prefix}{type(exc).__name__}: {message}{location}", follow_on=follow_on)
 
 
-def _rank_entry(job: str, test: TestCase, rank: int, params: dict, setup: RankSetup, case_id: int) -> RankResult:
+def _rank_entry(b: Bound, job: str, test: TestCase, rank: int, params: dict, setup: RankSetup,
+                case_id: int) -> RankResult:
     """Runs one rank of one case in a pool worker."""
     import torch.distributed as dist
 
@@ -910,7 +1489,7 @@ def _rank_entry(job: str, test: TestCase, rank: int, params: dict, setup: RankSe
         _set_phase("joining the process group")
         _join_group(rank, test.args["world_size"], setup, case_id)
         try:
-            ok, value = _RANK_JOBS[job](test, rank, **params)
+            ok, value = _RANK_JOBS[job](b, test, rank, **params)
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -932,22 +1511,30 @@ def _set_phase(name: str) -> None:
         _phase_slot.value = PHASES.index(name)
 
 
-def _worker_loop(conn, phase_slot, parent_pid: int) -> None:
-    """A pool worker: runs one rank of a case per message until it gets None. Dies with the pool's owner."""
-    global _phase_slot, _reference
+def _worker_loop(conn, phase_slot, parent_pid: int, sandbox: Optional[RankSandbox] = None,
+                 bundle: Optional[str] = None) -> None:
+    """A pool worker: enters its sandbox, binds the harness's primitives, then runs one rank of a case per message
+    until it gets None. Dies with the pool's owner."""
+    global _phase_slot, _bound, _owner_conn
     die_with_parent()
     # Ctrl-C reaches the whole process group: the pool's owner ends the run and its workers; a worker's own
     # KeyboardInterrupt would only add a traceback per rank.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if os.getppid() != parent_pid:  # the owner died before the line above took effect
-        os._exit(1)
-    _phase_slot = phase_slot
-    with contextlib.suppress(ImportError):  # tools' pools run where no bundle is importable
-        from reference import check_implementation, generate_input
-
-        _reference = (generate_input, check_implementation)
+    if os.getppid() not in (parent_pid, 0):  # the owner died before the line above took effect (0: born in the
+        os._exit(1)  # ranks' PID namespace, whose parent is outside it)
+    _phase_slot, _owner_conn = phase_slot, conn
+    failure = None
+    try:
+        enter_rank_sandbox(sandbox)
+        if bundle:
+            sys.path.insert(0, bundle)
+            os.chdir(bundle)
+        b = _bind()
+        _bound = b
+    except Exception as exc:  # every case this worker gets fails with it
+        failure = RankResult(False, RankFailure(f"{type(exc).__name__}: {exc}"))
     while (message := conn.recv()) is not None:
-        result = _rank_entry(*message)
+        result = failure or _rank_entry(b, *message)
         _set_phase("idle")
         conn.send(result)
     # Out now: a normal interpreter exit would wait for any thread a submission left running (seen: 10 s per worker
@@ -980,6 +1567,121 @@ def _death_message(exitcode: Optional[int]) -> str:
     return f"rank process died (exit code {exitcode})"
 
 
+class Gather(NamedTuple):
+    """Every rank of a case asked the owner the same question (ask_owner): `kind`, and each rank's payload."""
+    kind: str
+    payloads: dict
+
+
+class CaseRun:
+    """One case in flight on a pool: the owner's side of the ranks' questions and results. `next_event()` returns a
+    Gather when every rank has asked the same question (answer it with `reply`), or the ranks' results when the
+    case is over (failed, timed out, or done). Every wait has the case's deadline."""
+
+    def __init__(self, pool: "RankPool", job: str, test: TestCase, timeout_s: float, params: Optional[dict]):
+        self.pool, self.test = pool, test
+        world_size = test.args["world_size"]
+        self.slots = [(rank + pool.cases_run) % len(pool.workers) for rank in range(world_size)]
+        for slot in self.slots:
+            if pool.workers[slot] is None:
+                pool.workers[slot] = pool._start()
+        self.case_id, pool.cases_run = pool.cases_run, pool.cases_run + 1
+        setup = pool._setup()
+        # The ranks get the case's arguments, never the secret seed (TestCase.secret_seed and the spec line stay
+        # here): the seed they get is the one their inputs are made from.
+        sent = TestCase(args=dict(test.args), spec="")
+        for rank, slot in enumerate(self.slots):
+            pool.workers[slot][1].send((job, sent, rank, params or {}, setup, self.case_id))
+        self.results: dict = {}
+        self.asks: dict = {}
+        self.deadline = time.monotonic() + timeout_s
+        self.timeout_s = timeout_s
+        self.violation: Optional[str] = None
+        self.done: Optional[list] = None
+
+    def extend(self, seconds: float) -> None:
+        """A new deadline, `seconds` from now (a long-lived job's next phase)."""
+        self.deadline = time.monotonic() + seconds
+
+    def _receive(self, rank: int, conn) -> None:
+        process = self.pool.workers[self.slots[rank]][0]
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the pipe closes before the dying process is reaped: wait for its code
+            process.join(timeout=5)
+            self.results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode)))
+            return
+        if isinstance(message, RankResult):
+            self.results[rank] = message
+        elif isinstance(message, tuple) and len(message) == 3 and message[0] == "ask" and rank not in self.asks:
+            self.asks[rank] = (message[1], message[2])
+        else:  # NOTES: the harness sends exactly one result per case and asks one question at a time
+            self.violation = self.violation or (f"rank {rank} sent the evaluator a message it did not expect: its "
+                                                "channel carried something besides the harness's own")
+
+    def next_event(self):
+        world_size = len(self.slots)
+        while True:
+            if self.violation:
+                return self._end_with(RankFailure(f"void: {self.violation}"))
+            if len(self.results) == world_size:
+                return self._end()
+            failed = [rank for rank, result in self.results.items() if not result.ok]
+            if failed:
+                self.deadline = min(self.deadline, time.monotonic() + FAILED_PEER_GRACE_S)
+                if self.asks:  # peers waiting on the owner hear at once that the case is over
+                    self.reply(AbortAsk(f"another rank failed (rank {failed[0]}); the evaluator ended the case"))
+            waiting = [rank for rank in range(world_size) if rank not in self.results]
+            if not failed and self.asks and set(self.asks) == set(range(world_size)):
+                kinds = {kind for kind, _ in self.asks.values()}
+                if len(kinds) > 1:
+                    self.violation = f"the ranks asked different questions at once ({', '.join(sorted(kinds))})"
+                    continue
+                event = Gather(kinds.pop(), {rank: payload for rank, (_, payload) in self.asks.items()})
+                return event
+            if not failed and self.results and self.asks:
+                self.violation = "a rank finished while its peers were still asking the evaluator"
+                continue
+            now = time.monotonic()
+            if now > self.deadline:
+                return self._watchdog(failed, waiting)
+            conns = {self.pool.workers[self.slots[rank]][1]: rank for rank in waiting if rank not in self.asks}
+            ready = multiprocessing.connection.wait(list(conns), timeout=min(0.5, self.deadline - now))
+            for conn in ready:
+                self._receive(conns[conn], conn)
+
+    def reply(self, answer: Any = None, per_rank: Optional[dict] = None) -> None:
+        """Answers the gathered question: the same `answer` to every rank, or `per_rank[rank]`."""
+        for rank in sorted(self.asks):
+            with contextlib.suppress(OSError):
+                self.pool.workers[self.slots[rank]][1].send(per_rank[rank] if per_rank is not None else answer)
+        self.asks = {}
+
+    def _watchdog(self, failed: list, waiting: list) -> list:
+        where = ", ".join(f"rank {rank} {self.pool._where(self.slots[rank], self.test)}" for rank in waiting)
+        if failed:
+            failure = RankFailure(f"did not return within {FAILED_PEER_GRACE_S:g} s after rank(s) "
+                                  f"{', '.join(map(str, failed))} failed; killed ({where})", follow_on=True)
+        else:
+            failure = RankFailure(f"watchdog: case '{self.test.spec}' did not finish in {self.timeout_s:g} s; "
+                                  f"rank(s) {', '.join(map(str, waiting))} did not return and were killed ({where})")
+            print(failure.message, file=sys.stderr, flush=True)
+        return self._end_with(failure)
+
+    def _end_with(self, failure: RankFailure) -> list:
+        self.pool._retire(self.slots)
+        self.done = [self.results.get(rank, RankResult(False, failure)) if not self.violation
+                     else RankResult(False, failure) for rank in range(len(self.slots))]
+        self.pool.sweep()
+        return self.done
+
+    def _end(self) -> list:
+        self.pool._retire([slot for slot in self.slots if not self.pool.workers[slot][0].is_alive()])
+        self.done = [self.results[rank] for rank in range(len(self.slots))]
+        self.pool.sweep()
+        return self.done
+
+
 class RankPool:
     """Processes reused across cases, like the official runner's spawn pool, with a watchdog.
 
@@ -987,7 +1689,9 @@ class RankPool:
     per-process GPU state must be rebuilt for every process group. A case that runs past its timeout has its
     workers killed (SIGKILL, with whatever they started) and the ranks that did not return are named; a fresh worker
     takes a killed one's place when a later case needs it. Each worker talks over its own pipe, so a killed worker
-    leaves no lock held.
+    leaves no lock held. Workers are born inside the pool's Sandbox (its PID namespace, their own /proc, the ranks'
+    uid, where the machine allows; `guards` says which), and between cases everything but the workers is ended
+    there, so nothing a case started (a child holding the rendezvous port) reaches the next.
 
     `master_port` None: this process holds a TCP store on a port the OS gave it for the pool's whole life and the
     ranks of case n join it as clients under the prefix `case<n>/`, so no port is ever bound twice. A port number:
@@ -995,20 +1699,29 @@ class RankPool:
     used, since the killed rank 0 may leave it in TIME_WAIT.
 
     `env`: variables every worker starts with on top of this process's own (ranks sharing GPUs: the MPS pipe
-    folder, the SM share, NCCL's multi-rank switch and library; a2a/sharing.py)."""
+    folder, the SM share, NCCL's multi-rank switch and library; a2a/sharing.py). `bundle`: a folder whose
+    `submission`, `reference`, `utils` and `task` the workers import (a staged version)."""
 
     def __init__(self, size: int, backend: str, master_port: Optional[int] = None, rank_prefix: bool = False,
-                 env: Optional[dict] = None):
+                 env: Optional[dict] = None, bundle: Optional[Path] = None):
         self.context = multiprocessing.get_context("spawn")
         self.backend, self.rank_prefix, self.env = backend, rank_prefix, dict(env or {})
+        self.bundle = str(bundle) if bundle else None
         self.nccl_version = self.env.get("A2A_NCCL_VERSION", os.environ.get("A2A_NCCL_VERSION"))
         self.store, self.master_port = None, master_port
         if master_port is None:
             import torch.distributed as dist
 
             self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        self.workers = [self._start() for _ in range(size)]
+        self.sandbox = Sandbox(enabled=os.environ.get("A2A_SANDBOX", "1") != "0")
+        self.guards = self.sandbox.guards
+        self.workers: list = []
         self.cases_run = 0
+        try:
+            self.workers = [self._start() for _ in range(size)]
+        except BaseException:
+            self.kill()
+            raise
 
     def _setup(self) -> RankSetup:
         if self.store is not None:
@@ -1020,69 +1733,55 @@ class RankPool:
     def _start(self):
         parent_end, child_end = self.context.Pipe()
         phase = self.context.RawValue("i", 0)
-        process = self.context.Process(target=_worker_loop, args=(child_end, phase, os.getpid()), daemon=True)
+        process = self.context.Process(target=_worker_loop, args=(child_end, phase, os.getpid(),
+                                                                  self.sandbox.rank_setup(), self.bundle),
+                                       daemon=True)
         # NOTES: multiprocessing's tracker, which the first spawn starts, is this process's helper, not a rank: it
-        # starts here with this process's own environment, since MPS's guardian ends every process that carries the
-        # ranks' pipe folder (a2a/sharing.py).
+        # starts here with this process's own environment and outside the ranks' namespace, since MPS's guardian
+        # ends every process that carries the ranks' pipe folder (a2a/sharing.py).
         multiprocessing.resource_tracker.ensure_running()
-        with environment_with(self.env):  # a spawned worker starts with this process's environment
+        with environment_with(self.env), self.sandbox.spawning():
             process.start()
         child_end.close()
         return process, parent_end, phase
 
     def _where(self, slot: int, test: TestCase) -> str:
-        phase = PHASES[self.workers[slot][2].value]
+        phase = PHASES[self.workers[slot][2].value] if 0 <= self.workers[slot][2].value < len(PHASES) else "?"
         return f"in {test.spec}" if phase == "in the launched function" else phase
 
-    def run(self, job: str, test: TestCase, timeout_s: float, params: Optional[dict] = None) -> list[RankResult]:
-        """Runs `job` on every rank of `test`; one RankResult per rank (value a RankFailure when not ok)."""
-        world_size = test.args["world_size"]
-        slots = [(rank + self.cases_run) % len(self.workers) for rank in range(world_size)]
-        for slot in slots:
-            if self.workers[slot] is None:
-                self.workers[slot] = self._start()
-        case_id, self.cases_run = self.cases_run, self.cases_run + 1
-        setup = self._setup()
-        for rank, slot in enumerate(slots):
-            self.workers[slot][1].send((job, test, rank, params or {}, setup, case_id))
-        results: dict = {}
-        deadline = time.monotonic() + timeout_s
-        while len(results) < world_size:
-            for rank, slot in enumerate(slots):
-                process, conn, _ = self.workers[slot]
-                if rank in results:
-                    continue
-                if conn.poll():
-                    try:
-                        results[rank] = conn.recv()
-                    except EOFError:  # the pipe closes before the dying process is reaped: wait for its code
-                        process.join(timeout=5)
-                        results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode)))
-                elif not process.is_alive():
-                    results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode)))
-            failed = [rank for rank, result in results.items() if not result.ok]
-            if failed:
-                deadline = min(deadline, time.monotonic() + FAILED_PEER_GRACE_S)
-            if len(results) < world_size and time.monotonic() > deadline:
-                missing = [rank for rank in range(world_size) if rank not in results]
-                where = ", ".join(f"rank {rank} {self._where(slots[rank], test)}" for rank in missing)
-                if failed:
-                    failure = RankFailure(f"did not return within {FAILED_PEER_GRACE_S:g} s after rank(s) "
-                                          f"{', '.join(map(str, failed))} failed; killed ({where})", follow_on=True)
-                else:
-                    failure = RankFailure(f"watchdog: case '{test.spec}' did not finish in {timeout_s:g} s; "
-                                          f"rank(s) {', '.join(map(str, missing))} did not return and were killed "
-                                          f"({where})")
-                    print(failure.message, file=sys.stderr, flush=True)
-                self._retire(slots)
-                return [results.get(rank, RankResult(False, failure)) for rank in range(world_size)]
-            time.sleep(0.002)
-        self._retire([slot for slot in slots if not self.workers[slot][0].is_alive()])
-        return [results[rank] for rank in range(world_size)]
+    def begin(self, job: str, test: TestCase, timeout_s: float, params: Optional[dict] = None) -> CaseRun:
+        """Starts `job` on every rank of `test`; the owner then drives it with the CaseRun's next_event/reply."""
+        return CaseRun(self, job, test, timeout_s, params)
+
+    def run(self, job: str, test: TestCase, timeout_s: float, params: Optional[dict] = None,
+            answer: Optional[Callable[[Gather], Any]] = None) -> list[RankResult]:
+        """Runs `job` on every rank of `test`; one RankResult per rank (value a RankFailure when not ok). The ranks'
+        questions go to `answer(gather)`, which returns the reply ({"per_rank": {...}} for one per rank); a
+        question nobody answers voids the case."""
+        case = self.begin(job, test, timeout_s, params)
+        while True:
+            event = case.next_event()
+            if isinstance(event, list):
+                return event
+            if answer is None:
+                case.violation = f"the ranks asked '{event.kind}', which this run does not answer"
+                continue
+            reply = answer(event)
+            if isinstance(reply, dict) and "per_rank" in reply:
+                case.reply(per_rank=reply["per_rank"])
+            else:
+                case.reply(reply)
+
+    def sweep(self) -> list[int]:
+        """Ends what the ranks started besides themselves (the sandbox's namespace, when there is one)."""
+        live = {worker[0].pid for worker in self.workers if worker is not None}
+        return self.sandbox.sweep(live)
 
     def _retire(self, slots: list[int]) -> None:
         """Kills the workers in `slots` with everything below them; run() starts fresh ones when needed."""
         for slot in slots:
+            if self.workers[slot] is None:
+                continue
             process, conn, _ = self.workers[slot]
             kill_tree(process.pid, include_root=process.is_alive())
             process.join()
@@ -1094,6 +1793,7 @@ class RankPool:
     def shutdown(self) -> None:
         """Ends what the submission started in each worker, then lets the workers exit (SIGKILL after 10 s)."""
         live = [worker for worker in self.workers if worker is not None]
+        self.sweep()
         for process, conn, _ in live:
             kill_tree(process.pid, include_root=False)
             with contextlib.suppress(OSError):
@@ -1106,11 +1806,13 @@ class RankPool:
                 process.join()
             conn.close()
         self.workers = []
+        self.sandbox.close()
 
     def kill(self) -> None:
         """Ends every worker and everything below it at once (a signal or an error)."""
         self._retire([slot for slot, worker in enumerate(self.workers) if worker is not None])
         self.workers = []
+        self.sandbox.close()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -1141,6 +1843,40 @@ def rank_failures(results: list[RankResult]) -> str:
     return "\n".join(lines)
 
 
+class OwnerAnswers:
+    """The owner's side of a timed case, out of every rank's reach: its own clock around the timed loop, each
+    step's seed (leaderboard mode), and which timed outputs go to the check apart, drawn after the loop."""
+
+    def __init__(self):
+        import random
+
+        self.random = random.SystemRandom()
+        self.started_ns: Optional[int] = None
+        self.void = ""
+
+    def __call__(self, gather: Gather):
+        if gather.kind == "clock-start":
+            self.started_ns = time.perf_counter_ns()
+            return "go"
+        if gather.kind == "clock-end" and self.started_ns is not None:
+            owner_ns = time.perf_counter_ns() - self.started_ns
+            slack_ns = CLOCK_SLACK_NS + CLOCK_SLACK_FRACTION * owner_ns
+            for rank, said in sorted(gather.payloads.items()):
+                loop_ns, steps_ns = said["loop_ns"], said["steps_ns"]
+                if loop_ns < owner_ns - slack_ns or steps_ns > loop_ns:
+                    self.void = self.void or (
+                        f"void: the evaluator's clock read {owner_ns / 1e6:.3f} ms around the timed loop and rank "
+                        f"{rank}'s {loop_ns / 1e6:.3f} ms, its steps {steps_ns / 1e6:.3f} ms: the times reported are "
+                        "not the time that passed (a clock changed in the rank's process)")
+            return "ok"
+        if gather.kind == "seed":
+            return self.random.randrange(SEED_MAX - 2 ** 10)  # room for + rank, as the case's own seeds
+        if gather.kind == "apart":
+            return {"per_rank": {rank: sorted(self.random.sample(range(steps), apart_count(steps)))
+                                 for rank, steps in gather.payloads.items()}}
+        raise ValueError(f"an unexpected question from the ranks: {gather.kind}")
+
+
 @dataclasses.dataclass
 class ProtocolRun:
     """One protocol-face run: the output, the pool and what the human face asked for (A2A_*, read once)."""
@@ -1152,7 +1888,13 @@ class ProtocolRun:
     import_logged: bool = False
 
     def case(self, job: str, test: TestCase, mode: str, params: Optional[dict] = None) -> list[RankResult]:
-        results = self.pool.run(job, test, self.timeout_s or OFFICIAL_TIMEOUT_S[mode], params)
+        answers = OwnerAnswers()
+        try:
+            results = self.pool.run(job, test, self.timeout_s or OFFICIAL_TIMEOUT_S[mode], params, answer=answers)
+        except ValueError as exc:
+            results = [RankResult(False, RankFailure(f"void: {exc}"))] * test.args["world_size"]
+        if answers.void:
+            results = [RankResult(False, RankFailure(answers.void), r.import_s) for r in results]
         imports = [r.import_s for r in results if r.import_s is not None]
         if self.extra and imports and not self.import_logged:  # human face: what the first case spent importing
             self.logger.log("import_s", f"{max(imports):.2f}")
@@ -1161,10 +1903,10 @@ class ProtocolRun:
 
 
 def check_apart(shipped: dict) -> tuple[bool, str]:
-    """The check made where the submission cannot reach (human face): in this process, which never imports the
-    submission, against the closed form (no communication), with this process's own torch and reference, imported
-    before any rank started. What it cannot see: a worker whose own code the submission rewrote to ship something
-    else (README, "What a submission cannot do")."""
+    """The check made where the submission cannot reach: in this process, which never imports the submission,
+    against the closed form (no communication), with this process's own torch and reference, imported before any
+    rank started. What it cannot see: a worker whose own code the submission rewrote to ship something else
+    (README, "What stays open")."""
     import types
 
     from reference import check_output, closed_form_output
@@ -1177,13 +1919,13 @@ def check_apart(shipped: dict) -> tuple[bool, str]:
 
 
 def _failed_apart(results: list[RankResult]) -> list[RankResult]:
-    """Ranks whose output the check apart rejects, as failures (the check in their own process had passed); ranks
-    that shipped nothing (the protocol face: no check apart) pass through."""
+    """Ranks whose outputs the check apart rejects (the checked call, and the timed calls the owner drew), as
+    failures: the checks in their own process had passed."""
     checked = []
     for result in results:
         shipped = result.value.pop("apart", None) if result.ok and isinstance(result.value, dict) else None
-        good, message = check_apart(shipped) if shipped else (True, "")
-        checked.append(result if good else RankResult(False, RankFailure(
+        message = next((why for good, why in map(check_apart, shipped or []) if not good), None)
+        checked.append(result if message is None else RankResult(False, RankFailure(
             "the output failed the check made outside the submission's process, although the check in it passed "
             f"(something in that process changed what the check saw): {message}"), result.import_s))
     return checked
@@ -1194,7 +1936,7 @@ def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
     run.logger.log("test-count", len(tests))
     for idx, test in enumerate(tests):
         run.logger.log(f"test.{idx}.spec", test.spec)
-        results = _failed_apart(run.case("test", test, "test", {"apart": True} if run.extra else None))
+        results = _failed_apart(run.case("test", test, "test"))
         if all(r.ok for r in results):
             run.logger.log(f"test.{idx}.status", "pass")
         else:
@@ -1324,6 +2066,20 @@ def _sharing_asked() -> bool:
     return True
 
 
+def _port_free(port: int) -> None:
+    """The runner's fixed rendezvous port must be free before any rank binds it: another evaluator holding it
+    would make every case fail at its rendezvous."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            raise UserError(f"port {port}, the runner's rendezvous port, is in use (another evaluator on this "
+                            "machine?); wait for it to finish") from None
+
+
 def protocol_main() -> int:
     if len(sys.argv) < 3 or sys.argv[1] not in MODES:
         print(f"usage: POPCORN_FD=N python eval.py {{{'|'.join(MODES)}}} TESTFILE", file=sys.stderr)
@@ -1350,11 +2106,15 @@ def protocol_main() -> int:
         backend = os.environ.get("A2A_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
         validate_cases(tests, n_gpus, backend, torch.cuda.device_count(), shared=_sharing_asked())
         timeout = os.environ.get("A2A_TIMEOUT")
+        if os.environ.get("A2A_RENDEZVOUS") != "private":
+            _port_free(DEFAULT_MASTER_PORT)
         with PopcornOutput(fd) as logger:
             pool = RankPool(n_gpus, backend, None if os.environ.get("A2A_RENDEZVOUS") == "private"
                             else DEFAULT_MASTER_PORT, bool(os.environ.get("A2A_RANK_PREFIX")))
             run = ProtocolRun(logger, pool, backend, bool(os.environ.get("A2A_EXTRA")),
                               float(timeout) if timeout else None)
+            if run.extra:
+                logger.log("guards", pool.guards.describe())
             if mode == "test":
                 code = run_testing(run, tests)
             elif mode == "profile":

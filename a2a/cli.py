@@ -63,13 +63,15 @@ def run_cli(entry, argv=None) -> int:
 def writable(out: Path) -> None:
     """--out checked before any work starts (its folder is made at the end): a folder, or a new path whose nearest
     existing parent is a writable folder."""
-    import os
+    import tempfile
 
     existing = next((p for p in [out, *out.parents] if p.exists()), None)
     if existing is None or not existing.is_dir():
         raise UserError(f"--out {out}: {existing or out} is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"--out {out}: {existing} cannot be written")
+    try:  # the permission bits say yes for root everywhere (/proc, a read-only mount): try it
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as exc:
+        raise UserError(f"--out {out}: {existing} cannot be written ({exc.strerror})") from None
 
 
 def save_run(out: Path, meta: dict, write: Callable[[Path], None]) -> Path:

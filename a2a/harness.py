@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -32,6 +33,8 @@ from a2a.plan import TASK_YML, RunPlan, checked_version, load_task, make_plan
 from eval import UserError
 
 TERMINATE_GRACE_S = 5.0  # what the protocol child gets to end its ranks after SIGTERM, before SIGKILL
+SILENCE_MARGIN_S = 60.0  # beyond two case limits: the evaluator's start and its last case's wrap-up
+STALLED_EXIT = -1000  # run_protocol's exit code for an evaluator that stopped answering (never a process's)
 
 
 def stage(version: Path, folder: Path, task_path: Path = TASK_YML, task: dict | None = None,
@@ -67,6 +70,7 @@ class EvalResult:
     placement: str = ""  # where the ranks ran (sharing.describe_run)
     shared_gpus: bool = False  # ranks shared GPUs: the timings are not the problem's
     void: str = ""  # why no result of this run stands (a key written twice, the evaluator signalled), or ""
+    guards: str = ""  # which of the kernel's guards the ranks ran under (eval.Guards)
 
 
 def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool = False,
@@ -112,7 +116,7 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
             row.update({field: None for field in result_rows.TIMING_FIELDS}, status="fail", error=void)
     return EvalResult(mode=mode, backend=plan.backend, exit_code=core.EXIT_CHECK_FAILED if void else exit_code,
                       cases=cases, import_s=float(keys["import_s"]) if "import_s" in keys else None,
-                      placement=placement, shared_gpus=where.shared, void=void)
+                      placement=placement, shared_gpus=where.shared, void=void, guards=keys.get("guards", ""))
 
 
 # What a rank that died of a signal (no exception to report) may have said on stderr first, worth naming in its case.
@@ -150,6 +154,8 @@ def _void(output: str, exit_code: int, stderr: str) -> str:
     once), or the evaluator ended by a signal this process did not send (it sends one only on its own way out, and
     then never returns here): the submission sent it or caused it (a rank can reach its parent), or someone outside
     the run did."""
+    if exit_code == STALLED_EXIT:
+        return stderr.strip().splitlines()[-1].removeprefix("error: ")
     repeated = result_rows.repeated_keys(output)
     if repeated:
         return (f"the result channel holds {', '.join(repeated[:5])} twice: something besides the evaluator wrote "
@@ -198,15 +204,41 @@ def run_protocol(bundle: Path, mode: str, test_file: str, env: dict, progress=No
     pump.start()
     output = []
     started = time.monotonic()
+    # NOTES: every wait has a deadline. The evaluator writes a line at least once per case, and a case (the warm-up
+    # case of the timed modes before the first) ends within its limit: silence longer than two limits and a margin
+    # means the evaluator was stopped or hangs, and the run is void.
+    case_limit_s = float(env.get("A2A_TIMEOUT") or core.OFFICIAL_TIMEOUT_S.get(mode, 180))
+    silence_s = 2 * case_limit_s + SILENCE_MARGIN_S
+    stalled = ""
     try:
-        with os.fdopen(read_fd, encoding="utf-8", errors="replace") as results:
-            for line in results:
-                output.append(line)
-                matched = re.match(r"^(test|benchmark)\.(\d+)\.(status|mean): ?(.*)$", line)
-                if matched and progress:
-                    status = matched[4] if matched[3] == "status" else f"mean {float(matched[4]) / 1e3:.1f} us"
-                    progress(f"  [{int(matched[2]) + 1}/{n_cases}] {status} "
-                             f"({time.monotonic() - started:.0f} s elapsed)")
+        with os.fdopen(read_fd, "rb", buffering=0) as results:
+            pending, last = b"", time.monotonic()
+            while True:
+                ready, _, _ = select.select([results], [], [], 1.0)
+                if not ready:
+                    if time.monotonic() - last > silence_s:
+                        stalled = (f"the evaluator wrote nothing for {silence_s:.0f} s (it was stopped, or hangs); no "
+                                   "result of this run stands")
+                        break
+                    continue
+                chunk = results.read(65536)
+                if not chunk:
+                    break
+                last = time.monotonic()
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    line = raw.decode("utf-8", errors="replace") + "\n"
+                    output.append(line)
+                    matched = re.match(r"^(test|benchmark)\.(\d+)\.(status|mean): ?(.*)$", line)
+                    if matched and progress:
+                        status = matched[4] if matched[3] == "status" else f"mean {float(matched[4]) / 1e3:.1f} us"
+                        progress(f"  [{int(matched[2]) + 1}/{n_cases}] {status} "
+                                 f"({time.monotonic() - started:.0f} s elapsed)")
+            if pending:
+                output.append(pending.decode("utf-8", errors="replace"))
+        if stalled:
+            os.killpg(child.pid, signal.SIGKILL)
         exit_code = child.wait()
     finally:
         if child.poll() is None:
@@ -221,6 +253,9 @@ def run_protocol(bundle: Path, mode: str, test_file: str, env: dict, progress=No
             pass
         child.wait()
         pump.join(timeout=5)
+    if stalled:
+        stderr_lines.append(f"error: {stalled}\n")
+        exit_code = STALLED_EXIT
     return exit_code, "".join(output), "".join(stderr_lines)
 
 
@@ -256,6 +291,8 @@ def render(result: EvalResult) -> str:
     if result.shared_gpus and result.mode != "test":
         table += (f"\n{result.placement}: these times measure ranks sharing a GPU, not the problem (one GPU per "
                   "rank); compare them with nothing but other shared runs")
+    if result.guards:
+        table += f"\nboundary: {result.guards}"
     if result.import_s is not None:
         window = core.OFFICIAL_TIMEOUT_S["test" if result.mode == "test" else "benchmark"]
         table += (f"\nimporting the submission (and building its extensions) took {result.import_s:.1f} s in the "

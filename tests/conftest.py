@@ -47,6 +47,28 @@ def v1_kernel_source(name: str = "_v1_kernel") -> str:
     return V1.read_text().replace("def custom_kernel(", f"def {name}(")
 
 
+def shared_folder(path: Path) -> Path:
+    """A folder the ranks can write: they run as another uid when the harness is started as root (eval.Sandbox)."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o1777)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _reachable_tmp_path(request):
+    """A test's tmp_path, writable by the ranks' uid, with every folder above it searchable (pytest makes them
+    private to this user)."""
+    if "tmp_path" in request.fixturenames:
+        tmp_path = request.getfixturevalue("tmp_path")
+        shared_folder(tmp_path)
+        base = tmp_path.parent
+        while base != base.parent and base.name != "tmp":
+            if base.stat().st_uid == os.getuid():
+                base.chmod(base.stat().st_mode | 0o055)
+            base = base.parent
+    yield
+
+
 @pytest.fixture
 def bundle(tmp_path):
     """A staged bundle of v1; tests swap in their own submission.py where they need one."""
@@ -111,8 +133,7 @@ def hanging_human_face(folder: Path, token: str, body: str, world_size: int = 2)
     `world_size` ranks, under the process token; returns once ranks 0 and 1 are inside the call."""
     path = folder / "hangs.py"
     path.write_text(body)
-    marks = folder / "marks"
-    marks.mkdir()
+    marks = shared_folder(folder / "marks")
     env = {**os.environ, "A2A_TEST_TOKEN": token, "A2A_TEST_MARKS": str(marks)}
     return start_hanging([sys.executable, str(ROOT / "eval.py"), "test", str(path), "--world-size", str(world_size),
                           "--cases", "tests:0", "--timeout", "600"], ROOT, env, marks)

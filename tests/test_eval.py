@@ -13,7 +13,7 @@ from a2a.harness import evaluate
 from a2a.plan import builds_device_code, make_plan
 from a2a.rows import parse_popcorn
 from tests.conftest import (ROOT, hanging_human_face, hanging_submission, processes_with, run_bundle, run_eval,
-                            start_hanging, v1_kernel_source, wait_until_gone)
+                            shared_folder, start_hanging, v1_kernel_source, wait_until_gone)
 
 SMALL_LINE = "num_experts: 8; experts_per_token: 2; hidden_dim: 256; max_num_tokens: 12; seed: {seed}; world_size: 2"
 OFFICIAL_TEST_KEYS = {"test-count", "check"}
@@ -221,8 +221,7 @@ def test_a_signal_to_the_human_face_ends_the_whole_tree(tmp_path, process_token,
 def test_sigterm_to_the_protocol_face_ends_the_whole_tree(bundle, process_token):
     write_submission(bundle, HANGS_WITH_A_CHILD)
     (bundle / "one.txt").write_text(SMALL_LINE.format(seed=1) + "\n")
-    marks = bundle / "marks"
-    marks.mkdir()
+    marks = shared_folder(bundle / "marks")
     env = {**os.environ, "A2A_TEST_TOKEN": process_token, "A2A_TEST_MARKS": str(marks), "POPCORN_FD": "1",
            "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo"}
     process = start_hanging([sys.executable, "eval.py", "test", "one.txt"], bundle, env, marks)

@@ -9,7 +9,7 @@ import pytest
 
 from a2a import rows as result_rows
 from eval import EXIT_CHECK_FAILED
-from tests.conftest import ROOT, run_eval, v1_kernel_source
+from tests.conftest import ROOT, run_eval, shared_folder, v1_kernel_source
 
 CASE = ("--world-size", "2", "--cases", "tests:0")
 
@@ -257,8 +257,7 @@ def test_two_quick_sigints_to_the_protocol_face_print_no_traceback(bundle, tmp_p
     (bundle / "submission.py").write_text(hanging_submission())
     (bundle / "one.txt").write_text("num_experts: 8; experts_per_token: 2; hidden_dim: 64; max_num_tokens: 4; "
                                     "seed: 1; world_size: 2\n")
-    marks = tmp_path / "marks"
-    marks.mkdir()
+    marks = shared_folder(tmp_path / "marks")
     env = {**os.environ, "POPCORN_FD": "1", "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo", "A2A_TEST_MARKS": str(marks)}
     face = subprocess.Popen([sys.executable, "eval.py", "test", "one.txt"], cwd=bundle, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
@@ -294,8 +293,7 @@ def test_what_a_sigkill_to_a_tool_leaves_the_next_command_ends(tmp_path, process
 
     path = tmp_path / "hangs.py"
     path.write_text(hanging_submission())
-    marks = tmp_path / "marks"
-    marks.mkdir()
+    marks = shared_folder(tmp_path / "marks")
     env = {**os.environ, "A2A_TEST_TOKEN": process_token, "A2A_TEST_MARKS": str(marks)}
     command = [sys.executable, *TOOLS_WITH_RANKS[tool_name](str(path)), "--world-size", "2", "--backend", "gloo",
                "--out", str(tmp_path / "out")]
