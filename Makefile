@@ -16,7 +16,7 @@ A ?= $(word $(words $(wordlist 2,$(words $(VERSIONS)),$(VERSIONS))),$(VERSIONS))
 B ?= $(lastword $(VERSIONS))
 CASE ?= benchmarks:0
 
-.PHONY: setup test check-device leaderboard sol trace diff sweep nccl clean
+.PHONY: setup test check-device leaderboard stability sol trace diff sweep nccl clean
 
 setup:
 ifeq ($(HAVE_DEPS),)
@@ -61,3 +61,8 @@ nccl:
 
 clean:
 	rm -rf .venv .pytest_cache
+
+# How well the clock agrees with itself: RUNS back-to-back leaderboard timings plus one with the entries reversed.
+RUNS ?= 3
+stability: setup
+	$(PYTHON) -m a2a.cli leaderboard --stability $(RUNS) $(ARGS)

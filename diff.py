@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Diff two versions: what changed in the code, what it did to the time, and whether that is more than noise.
 
-    python diff.py A B [--cases benchmarks] [--world-size N] [--backend nccl|gloo] [--rounds 8] [--pairs 8]
+    python diff.py A B [--cases benchmarks] [--world-size N] [--backend nccl|gloo] [--rounds 8] [--steps 8]
                        [--alpha 0.05] [--out results]
 
 A and B are version names as eval.py resolves them (v2, v3_fused_combine) or paths. The code delta is printed and
@@ -28,15 +28,15 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default="benchmarks")
     parser.add_argument("--world-size", type=int)
     parser.add_argument("--backend")
-    parser.add_argument("--rounds", type=int, default=diffing.ROUNDS, help="rounds, each with fresh instances")
-    parser.add_argument("--pairs", type=int, default=diffing.PAIRS, help="A,B step pairs per round")
+    parser.add_argument("--rounds", type=int, default=diffing.ROUNDS, help="rounds, each with fresh processes")
+    parser.add_argument("--steps", type=int, default=diffing.STEPS, help="steps of each kind per visit")
     parser.add_argument("--alpha", type=float, default=diffing.FAMILY_ALPHA,
                         help="family-wise error rate of the verdicts (Bonferroni over the run)")
     parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
     cli.writable(args.out)
-    if args.rounds < 2 or args.pairs < 1:
-        raise core.UserError(f"--rounds must be at least 2 and --pairs at least 1 (got {args.rounds}, {args.pairs})")
+    if args.rounds < 2 or args.steps < 1:
+        raise core.UserError(f"--rounds must be at least 2 and --steps at least 1 (got {args.rounds}, {args.steps})")
     if not 0 < args.alpha < 1:
         raise core.UserError(f"--alpha must be between 0 and 1, not {args.alpha}")
     plan = planning.make_plan([args.a, args.b], args.cases, args.world_size, args.backend, gpu_only="keep")
@@ -46,16 +46,16 @@ def main(argv=None) -> int:
     print(f"code: {path_a.stem} -> {path_b.stem}\n{diffing.code_summary(diffs)}\n")
     meta = {**plan.meta_for(f"diff_{path_a.stem}_vs_{path_b.stem}"), "a": path_a.stem, "b": path_b.stem,
             "commit_a": diffing.last_commit(path_a), "commit_b": diffing.last_commit(path_b),
-            "timing": f"{args.rounds} rounds with fresh instances x {args.pairs} interleaved A,B,B,A pairs of "
-                      "eval.timed_step on the same inputs; B/A = geometric mean over rounds of the ratio of means, "
-                      "Student-t interval over rounds"}
+            "timing": f"the judge's clock: {args.rounds} rounds of fresh processes, A's and B's visits interleaved in a "
+                      f"shuffled order, {args.steps} idle-stream and {args.steps} held steps per visit on the same "
+                      "inputs; B/A = geometric mean over rounds of the per-round ratio, Student-t interval over rounds"}
     rows, skipped = [], ""
     if plan.backend == "gloo" and any(planning.builds_device_code(p) for p in plan.versions):
         skipped = f"timing skipped: {path_a.stem} or {path_b.stem} builds GPU code and this machine runs CPU/gloo"
     else:
         print(f"timing {path_a.stem} and {path_b.stem}: {len(plan.cases)} shape(s), {args.rounds} rounds x "
-              f"{args.pairs} pairs, {plan.meta['placement']}, {plan.backend}")
-        rows = diffing.time_versions(plan, args.rounds, args.pairs, args.alpha)
+              f"{args.steps} steps, {plan.meta['placement']}, {plan.backend}")
+        rows = diffing.time_versions(plan, args.rounds, args.steps, args.alpha)
         meta["alpha"] = args.alpha
     report = render(meta, diffs, rows, skipped)
     print(report)

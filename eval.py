@@ -302,9 +302,10 @@ def _ns_inode(pid: int) -> Optional[int]:
 class Sandbox:
     """The pool owner's side of the boundary: the PID namespace (its init, and the owner's children spawned into
     it), the ranks' uid and what they left behind. Without root, or without the kernel's namespaces, it turns the
-    guard off and says why; the process-tree clean-up (subreaper, RUN_OWNER sweep) still applies."""
+    guard off and says why; the process-tree clean-up (subreaper, RUN_OWNER sweep) still applies. `reach`: paths the
+    ranks must read besides the interpreter, the harness and this process's import path (a staged bundle)."""
 
-    def __init__(self, enabled: bool = True):
+    def __init__(self, enabled: bool = True, reach: tuple = ()):
         self.guards = Guards()
         self.parent: Optional[Any] = None
         self.init_pid: Optional[int] = None
@@ -340,6 +341,7 @@ class Sandbox:
                                        "writable for another uid")
                 return
         needed = [Path(sys.executable), Path(os.__file__).parent, HERE, Path.cwd(), RANK_CACHE, *map(Path, sys.path),
+                  *map(Path, reach),
                   *(Path(os.environ[n]) for n in ("TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR") if os.environ.get(n))]
         pairs, unreachable = exposure([p for p in needed if str(p) and p.exists()])
         if unreachable:
@@ -1301,8 +1303,8 @@ CLOCK_SLACK_NS = 5_000_000
 CLOCK_SLACK_FRACTION = 0.05
 
 
-def apart_count(steps: int) -> int:
-    return min(steps, max(APART_MIN, math.ceil(APART_FRACTION * steps)))
+def apart_count(steps: int, at_least: int = APART_MIN, fraction: float = APART_FRACTION) -> int:
+    return min(steps, max(at_least, math.ceil(fraction * steps)))
 
 
 def _rank_benchmark(b: Bound, test: TestCase, rank: int, recheck: bool, max_repeats: int, max_time_ns: float,
@@ -1713,7 +1715,8 @@ class RankPool:
             import torch.distributed as dist
 
             self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        self.sandbox = Sandbox(enabled=os.environ.get("A2A_SANDBOX", "1") != "0")
+        self.sandbox = Sandbox(enabled=os.environ.get("A2A_SANDBOX", "1") != "0",
+                               reach=(self.bundle,) if self.bundle else ())
         self.guards = self.sandbox.guards
         self.workers: list = []
         self.cases_run = 0
@@ -1847,12 +1850,13 @@ class OwnerAnswers:
     """The owner's side of a timed case, out of every rank's reach: its own clock around the timed loop, each
     step's seed (leaderboard mode), and which timed outputs go to the check apart, drawn after the loop."""
 
-    def __init__(self):
+    def __init__(self, apart_min: int = APART_MIN, apart_fraction: float = APART_FRACTION):
         import random
 
         self.random = random.SystemRandom()
         self.started_ns: Optional[int] = None
         self.void = ""
+        self.apart_rule = (apart_min, apart_fraction)
 
     def __call__(self, gather: Gather):
         if gather.kind == "clock-start":
@@ -1872,7 +1876,7 @@ class OwnerAnswers:
         if gather.kind == "seed":
             return self.random.randrange(SEED_MAX - 2 ** 10)  # room for + rank, as the case's own seeds
         if gather.kind == "apart":
-            return {"per_rank": {rank: sorted(self.random.sample(range(steps), apart_count(steps)))
+            return {"per_rank": {rank: sorted(self.random.sample(range(steps), apart_count(steps, *self.apart_rule)))
                                  for rank, steps in gather.payloads.items()}}
         raise ValueError(f"an unexpected question from the ranks: {gather.kind}")
 

@@ -1,30 +1,31 @@
 #!/usr/bin/env python3
-"""Versions x benchmark shapes, with anchors and this machine's speed of light, in one run on one machine.
+"""Versions x benchmark shapes, judged by the clock: interleaved rounds of fresh processes, every figure with its 95%
+interval, a ranking that names its ties; with anchors and this machine's speed of light where peers exist.
 
-Runs the evaluator on each version; on GPUs also times the two floors at every world size (the empty submission
-and the handshake: one launch, a flag to and from every peer), and with peers on their own GPUs the anchors (NCCL
-and NVSHMEM all-to-alls of each case's routed volume; a2a/anchors.py) and this machine's speed-of-light figures
-(a2a/sol.py), which the model turns into a per-case "SOL here" from the case's own routing; SOL here plus the
-handshake's device-side time is the case's mark (SOL here plus the empty submission's, the mark before it, stays
-beside it for one release). Prints markdown tables (per entry: geomeans of mean, p50 and p90,
-device-side and leaderboard-style, floor, device / SOL here, device / mark, the published MI300X figure of each blog
-step; per shape: means with floor, SOL here, mark and the MI300X speed of light given with the task, then mean / p50 /
-p90) and saves them with CSV, JSON, sol.json and two PNGs (leaderboard.png at a glance, leaderboard_shapes.png per
-shape) under results/<date>_<device>_ws<N>_<mode>_<commit>/.
+Timing is a2a/clock.py's: each round runs every entry (the versions; on GPUs the two floors, the empty submission
+and the handshake; with peers on their own GPUs the NCCL and NVSHMEM anchors) in fresh rank processes on every
+shape once, in an order shuffled with the round's recorded seed, until each entry's intervals meet their targets or
+the time cap comes. Three figures per entry: the call time (events around the call on an idle stream: the GPU
+waiting for the host path, the device-side figure of earlier tables), the device time with the stream held (the
+GPU's work alone), and the leaderboard-style time (rank 0's host clock around clone, call, synchronize and
+barrier, L2 cleared before each step). With peers, SOL here (a2a/sol.py) and the mark (SOL here + the handshake's
+call time) stand beside each shape.
 
 The problem is posed at 8 ranks. Where the timed run has fewer (a machine with fewer GPUs), the same run also passes
 every version through the official tests at world size 8 with the ranks sharing the GPUs through MPS
-(a2a/sharing.py): a check of the algorithm at the problem's size, never a timing. Its table stands apart and its
-rows are saved beside the timed ones (checks.csv).
+(a2a/sharing.py): a check of the algorithm at the problem's size, never a timing (checks.csv).
 
-    python run_leaderboard.py [--versions v1,v2] [--mode benchmark|leaderboard] [--world-size N] [--no-anchors]
-                              [--no-problem-size] [--sol results/.../sol.json] [--out results]
+    python run_leaderboard.py [--versions v1,v2] [--world-size N] [--no-anchors] [--no-problem-size]
+                              [--time-cap S] [--min-rounds N] [--max-rounds N] [--steps N] [--seed S]
+                              [--target held=0.02,call=0.03,host=0.05] [--stability N] [--sol FILE] [--out results]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -33,18 +34,24 @@ import yaml
 from tabulate import tabulate
 
 import eval as core
-from a2a import cli, harness
+from a2a import cli, clock, harness
+from a2a import intervals as iv
 from a2a import plan as planning
 from a2a import rows as result_rows
 from a2a import sharing
 
 ROOT = planning.ROOT
 PUBLISHED = ROOT / "reference" / "published.yml"
-TIMING = ("leaderboard-style: rank-0 host clock around clone+custom_kernel+sync+barrier, L2 cleared before each run; "
-          "device: max over ranks of per-rank CUDA events around custom_kernel; floor: the same step with no "
-          "custom_kernel; SOL here: a2a/sol.py's model on the case's routing with this machine's measured figures; "
-          "mark: SOL here (dedup) + the handshake's device-side mean (old mark: + the empty submission's); "
-          "p50/p90: quantiles of the per-run times")
+TIMING = ("clock: interleaved rounds, fresh processes per entry and round, order shuffled per round (seeds in "
+          "results.json); call time: max over ranks of events around custom_kernel on an idle stream; held: the same "
+          "events with the stream held by a sleep kernel until the call has queued its work; leaderboard-style: rank "
+          "0's host clock around clone+custom_kernel+sync+barrier, L2 cleared before each step; each figure the "
+          "geometric mean over rounds of the round's step mean, 95% Student-t interval on logs over rounds; "
+          "geomeans over shapes per round; SOL here: a2a/sol.py's model; mark: SOL here (dedup) + the handshake's "
+          "call time")
+# A version whose held device time is no more than the empty submission's plus this did no GPU work at all (one
+# kernel of nothing adds 2.3-2.5 µs on an H100, issue #39): its time is void, whatever its origin.
+KERNEL_FLOOR_US = 1.0
 
 
 def speed_of_light_mi300x(task: dict) -> dict:
@@ -63,63 +70,120 @@ def published_by_version() -> dict:
     return {s["version"]: (s["step"], s["us"]) for s in steps if "version" in s}
 
 
-def run(plan: planning.RunPlan, mode: str, anchors: bool = True, sol_path: Path | None = None,
-        progress=print) -> tuple[pd.DataFrame, dict, dict | None]:
-    """Every version of the plan on its cases; on GPUs the anchors and this machine's speed of light as well."""
+def entries_of(plan: planning.RunPlan, anchors: bool) -> tuple[list, list]:
+    """The entries a run times, and the lines saying what it skipped."""
     from a2a import anchors as anchor_runs
-    from a2a import sol
 
-    meta = {**plan.meta_for(mode), "timing": TIMING, "skipped": list(plan.skipped)}
-    for line in plan.skipped:
-        progress(line)
-    rows = []
-    for path in plan.versions:
-        result = harness.evaluate(plan, mode, version=path, progress=progress)
-        for case in result.cases:
-            args = case["args"]
-            rows.append({"version": planning.label(path), "kind": "version", **{k: args[k] for k in core.SPEC_KEYS},
-                         **{k: case.get(k) for k in result_rows.ROW_FIELDS}, "error": case.get("error", "")})
-    figures = None
-    with_peers = not plan.meta["shared_gpus"] and plan.world_size >= 2  # each rank on a GPU of its own
+    entries = [clock.Entry(planning.label(path), "version", str(path)) for path in plan.versions]
+    skipped = []
+    with_peers = not plan.meta["shared_gpus"] and plan.world_size >= 2
     if plan.backend != "nccl":
-        meta["skipped"].append("skipped the anchors, the floors (empty submission, handshake) and the SOL-here "
-                               f"model: they time GPUs (this run is {plan.backend}, world size {plan.world_size})")
-        progress(meta["skipped"][-1])
+        skipped.append("skipped the anchors, the floors (empty submission, handshake) and the SOL-here model: they "
+                       f"time GPUs (this run is {plan.backend}, world size {plan.world_size})")
     else:
-        # The floors need no peer on its own GPU: they run at every world size (apart, like the run, when shared).
-        entries = tuple(anchor_runs.ANCHORS) if with_peers and anchors else anchor_runs.FLOORS
-        rows += anchor_runs.run(plan.case_args, plan.world_size, progress=progress, entries=entries)
-        if with_peers:
-            progress("speed of light of this machine: " + (f"from {sol_path}" if sol_path else "measuring"))
-            figures = sol.load(sol_path) if sol_path else sol.measure(plan.world_size, plan.meta_for("sol"))
-        else:
+        names = tuple(anchor_runs.ANCHORS) if with_peers and anchors else anchor_runs.FLOORS
+        entries += [clock.Entry(name, anchor_runs.KINDS.get(name, "anchor"), call=name) for name in names]
+        if not with_peers:
             why = ("the ranks share GPUs, so no time here is the problem's and there is nothing to hold a version to"
                    if plan.meta["shared_gpus"] else f"they need peers on their own GPUs (world size {plan.world_size})")
-            meta["skipped"].append(f"skipped the all-to-all anchors and the SOL-here model: {why}")
-            progress(meta["skipped"][-1])
-    frame = pd.DataFrame(rows)
-    if frame.empty:
-        return frame, meta, figures
+            skipped.append(f"skipped the all-to-all anchors and the SOL-here model: {why}")
+    return entries, skipped
+
+
+def rows_of(run: clock.Run, plan: planning.RunPlan) -> list:
+    """One row per (entry, case): the case, status, rounds and each metric's figure with its interval."""
+    rows = []
+    for entry in run.entries:
+        for index, args in enumerate(plan.case_args):
+            found = run.case_intervals(entry.name, index)
+            failure = run.failed.get(entry.name, "")
+            row = {"version": entry.name, "kind": entry.kind, **{k: args[k] for k in core.SPEC_KEYS},
+                   "status": "fail" if failure else "pass" if found else "not run", "error": failure,
+                   "rounds": max((i.rounds for i in found.values()), default=0), "stopped": run.stopped.get(entry.name, ""),
+                   "hold": "sync fallback" if entry.name in run.sync_inside else "held"}
+            for metric, columns in clock.COLUMNS.items():
+                interval = found.get(metric)
+                row.update(zip(columns, interval[:3] if interval else (None, None, None)))
+            rows.append(row)
+    return rows
+
+
+def summaries(run: clock.Run) -> dict:
+    """Per entry and metric: the geomean interval; per metric, the ranks with their ties."""
+    out = {entry.name: {"kind": entry.kind, "intervals": run.entry_intervals(entry.name)} for entry in run.entries}
+    for metric in clock.METRICS:
+        found = {name: s["intervals"][metric] for name, s in out.items() if metric in s["intervals"]
+                 and name not in run.failed}
+        for name, (rank, ties) in iv.ranks_with_ties(found).items():
+            out[name].setdefault("ranks", {})[metric] = {"rank": rank, "ties": ties}
+    return out
+
+
+def void_below_floor(frame: pd.DataFrame, run: clock.Run) -> None:
+    """A version row whose held device time is no more than the empty submission's plus one kernel of nothing is
+    void (it did no GPU work): status fail, with the reason."""
+    if "held_mean_us" not in frame or not (frame["kind"] == "empty").any():
+        return
+    empty = frame[frame["kind"] == "empty"].set_index("shape")["held_mean_us"]
+    for i, row in frame.iterrows():
+        floor = empty.get(row["shape"])
+        if row["kind"] == "version" and floor == floor and floor is not None and row["held_mean_us"] is not None \
+                and row["held_mean_us"] <= floor + KERNEL_FLOOR_US:
+            why = (f"void: its held device time {row['held_mean_us']:.2f} µs is within {KERNEL_FLOOR_US} µs of the "
+                   f"empty submission's {floor:.2f} µs: no GPU work could have made its output")
+            frame.loc[i, ["status", "error"]] = ["fail", why]
+            run.failed.setdefault(row["version"], why)
+
+
+def run(plan: planning.RunPlan, settings: clock.Settings, anchors: bool = True, sol_path: Path | None = None,
+        progress=print) -> tuple[pd.DataFrame, dict, dict | None, clock.Run | None]:
+    """Every entry of the plan timed by the clock; on GPUs with peers this machine's speed of light as well."""
+    from a2a import sol
+
+    entries, skipped = entries_of(plan, anchors)
+    meta = {**plan.meta_for("benchmark"), "timing": TIMING, "skipped": list(plan.skipped) + skipped}
+    for line in meta["skipped"]:
+        progress(line)
+    if not entries:
+        return pd.DataFrame(), meta, None, None
+    timed = clock.time_entries(plan, entries, settings, progress)
+    meta.update(clock_seed=timed.seed, round_seeds=timed.round_seeds, rounds=timed.rounds, wall_s=timed.wall_s,
+                throttled_visits=timed.throttled, clocks=clock.clocks_locked(timed.clocks), guards=timed.guards,
+                settings={"steps": settings.steps, "warmup": settings.warmup, "min_rounds": settings.min_rounds,
+                          "max_rounds": settings.max_rounds, "time_cap_s": settings.time_cap_s,
+                          "targets": {t.metric: t.half_width for t in settings.targets}})
+    frame = pd.DataFrame(rows_of(timed, plan))
     frame["shape"] = [result_rows.shape_label(**r) for r in frame[list(core.SPEC_KEYS)].to_dict("records")]
-    frame["placement"] = meta["placement"]  # one placement per timed run: every row says where it ran
+    frame["placement"] = meta["placement"]
+    void_below_floor(frame, timed)
     given = speed_of_light_mi300x(plan.task)
     frame["sol_mi300x_us"] = [given.get((r["num_experts"], r["experts_per_token"], r["hidden_dim"],
                                          r["max_num_tokens"])) for r in frame.to_dict("records")]
-    if figures:
+    figures = None
+    if plan.backend == "nccl" and not plan.meta["shared_gpus"] and plan.world_size >= 2:
+        progress("speed of light of this machine: " + (f"from {sol_path}" if sol_path else "measuring"))
+        figures = sol.load(sol_path) if sol_path else sol.measure(plan.world_size, plan.meta_for("sol"))
         for args in plan.case_args:
             modelled = sol.model(sol.routing_of_case(args), args["hidden_dim"], figures)
             same = frame["shape"] == result_rows.shape_label(**args)
             frame.loc[same, "sol_routed_us"] = modelled["routed"]["total_us"]
             frame.loc[same, "sol_dedup_us"] = modelled["dedup"]["total_us"]
         frame["device_over_sol"] = frame["device_mean_us"] / frame["sol_dedup_us"]
-        floor = {kind: frame[(frame["kind"] == kind) & (frame["status"] == "pass")].set_index("shape")["device_mean_us"]
-                 for kind in ("handshake", "empty")}
-        if not floor["handshake"].empty:
-            frame["mark_us"] = frame["sol_dedup_us"] + frame["shape"].map(floor["handshake"])
+        handshake = frame[(frame["kind"] == "handshake") & (frame["status"] == "pass")].set_index("shape")
+        if not handshake.empty:
+            frame["mark_us"] = frame["sol_dedup_us"] + frame["shape"].map(handshake["device_mean_us"])
             frame["device_over_mark"] = frame["device_mean_us"] / frame["mark_us"]
-        if not floor["empty"].empty:  # the mark before the handshake row, kept beside it for one release
-            frame["mark_empty_us"] = frame["sol_dedup_us"] + frame["shape"].map(floor["empty"])
-    return frame, meta, figures
+    return frame, meta, figures, timed
+
+
+def _cell(center, low, high) -> str:
+    if center is None or center != center:
+        return ""
+    return f"{center:.1f} [{low:.1f}, {high:.1f}]"
+
+
+def _ties(rank: dict, names: dict) -> str:
+    return f"{rank['rank']}" + (f" (tied: {', '.join(names.get(t, t) for t in rank['ties'])})" if rank["ties"] else "")
 
 
 def problem_size_checks(plan: planning.RunPlan, selector: str = "tests", progress=print) -> tuple[pd.DataFrame, list]:
@@ -164,96 +228,173 @@ def checks_table(checks: pd.DataFrame) -> str:
                       "rows above):", "", tabulate(lines, headers="keys", tablefmt="github"), ""])
 
 
-def _quantiles(frame: pd.DataFrame, prefix: str) -> pd.Series:
-    """Per row "mean / p50 / p90" of one timing (prefix "" or "device_"), as text."""
-    def cell(row) -> str:
-        values = [row.get(f"{prefix}{stat}_us") for stat in ("mean", "p50", "p90")]
-        if all(v is None or v != v for v in values):
-            return ""
-        return " / ".join("" if v is None or v != v else f"{v:.1f}" for v in values)
-    return frame.apply(cell, axis=1)
-
-
-def tables(frame: pd.DataFrame, meta: dict) -> str:
+def tables(frame: pd.DataFrame, meta: dict, summary: dict) -> str:
     published = published_by_version()
-    entries = list(dict.fromkeys(frame["version"]))
     cpu = meta["backend"] == "gloo"
     unit = "CPU µs" if cpu else "µs"
-    header = (f"device: {meta['device']}, {meta['placement']}, backend {meta['backend']}, mode {meta['mode']}, "
-              f"{meta['date']}, commit {meta['commit']}")
-    out = [header, ""]
-    summary, first = [], None
-    for entry in entries:
-        rows = frame[frame.version == entry]
-        kind = rows["kind"].iloc[0]
+    out = [f"device: {meta['device']}, {meta['placement']}, backend {meta['backend']}, {meta['date']}, commit "
+           f"{meta['commit']}",
+           f"{meta.get('clocks', '')}; throttled visits left out: {meta.get('throttled_visits', 0)}; "
+           f"{meta.get('rounds', 0)} rounds in {meta.get('wall_s', 0):.0f} s; run seed {meta.get('clock_seed')} "
+           f"(each round's in results.json); boundary: {meta.get('guards', '')}", ""]
+    names = {name: name for name in summary}
+    order = sorted(summary, key=lambda n: (summary[n]["intervals"].get("call", iv.Interval(math.inf, 0, 0, 0)).center
+                                           if summary[n]["intervals"] else math.inf))
+    lines = []
+    for name in order:
+        found = summary[name]["intervals"]
+        rows = frame[frame.version == name]
         ok = (rows.status == "pass").all()
-        gm = {col: result_rows.geomean(rows[col]) if ok and col in rows else float("nan")
-              for col in ("mean_us", "p50_us", "p90_us", "device_mean_us", "device_p50_us", "device_p90_us")}
-        if first is None and kind == "version":
-            first = gm["device_mean_us"]
-        step, pub = published.get(entry.split("_")[0], ("", None)) if kind == "version" else ("", None)
-        line = {"entry": entry, "kind": kind,
-                f"device {unit} mean": gm["device_mean_us"], "device p50": gm["device_p50_us"],
-                "device p90": gm["device_p90_us"], f"leaderboard-style {unit} mean": gm["mean_us"],
-                "leaderboard-style p50": gm["p50_us"], "leaderboard-style p90": gm["p90_us"],
-                f"floor {unit}": result_rows.geomean(rows.floor_mean_us)}
-        if "sol_dedup_us" in frame:
-            line["device / SOL here"] = gm["device_mean_us"] / result_rows.geomean(rows.sol_dedup_us)
-        if "mark_us" in frame:
-            line["device / mark"] = gm["device_mean_us"] / result_rows.geomean(rows.mark_us)
-        if "mark_empty_us" in frame:
-            line["device / old mark"] = gm["device_mean_us"] / result_rows.geomean(rows.mark_empty_us)
-        if first:
-            line["device speedup vs first"] = first / gm["device_mean_us"]
+        line = {"entry": name, "kind": summary[name]["kind"]}
+        for metric, title in (("call", f"call time {unit} [95%]"), ("held", f"held device {unit} [95%]"),
+                              ("host", f"leaderboard-style {unit} [95%]")):
+            interval = found.get(metric)
+            line[title] = _cell(*interval[:3]) if interval else ""
+            rank = summary[name].get("ranks", {}).get(metric)
+            line[f"rank ({metric})"] = _ties(rank, names) if rank and ok else ""
+        line["rounds"] = int(rows["rounds"].max()) if "rounds" in rows else 0
+        line["stopped"] = rows["stopped"].iloc[0] if "stopped" in rows else ""
+        if (rows["hold"] == "sync fallback").any():
+            line[f"held device {unit} [95%]"] += " (sync fallback: call time)"
+        if "mark_us" in frame and found.get("call"):
+            line["call / mark"] = f"{found['call'].center / result_rows.geomean(rows.mark_us):.1f}"
+        step, pub = published.get(name.split("_")[0], ("", None)) if summary[name]["kind"] == "version" else ("", None)
         line["published MI300X µs (blog step)"] = f"{pub} ({step})" if pub else ""
-        line["all pass"] = "yes" if ok else "no: " + "; ".join(sorted(set(rows.error.dropna().astype(str)) - {""}))[:120]
-        summary.append(line)
-    out += ["Per entry, geometric means over the shapes run (mean, p50, p90 of the per-shape statistics):", "",
-            tabulate(summary, headers="keys", tablefmt="github", floatfmt=".1f"), ""]
-
-    extra_cols = [c for c in ("floor_mean_us", "sol_routed_us", "sol_dedup_us", "mark_us", "mark_empty_us",
-                              "sol_mi300x_us") if c in frame]
-    names = {"floor_mean_us": "floor µs", "sol_routed_us": "SOL here µs (routed)", "sol_dedup_us": "SOL here µs (dedup)",
-             "mark_us": "mark µs (SOL here + handshake)", "mark_empty_us": "old mark µs (SOL here + empty)",
-             "sol_mi300x_us": "SOL MI300X µs (given)"}
-    for column, title in (("device_mean_us", f"Device-side mean per shape ({unit})"),
-                          ("mean_us", f"Leaderboard-style mean per shape ({unit})")):
-        per_shape = frame.pivot_table(index="shape", columns="version", values=column, sort=False)
-        per_shape = per_shape.reindex(columns=[e for e in entries if e in per_shape.columns])
-        for col in extra_cols:
-            per_shape[names[col]] = frame.groupby("shape", sort=False)[col].median()
-        out += [f"{title}:", "", tabulate(per_shape.reset_index(), headers="keys", tablefmt="github", floatfmt=".1f",
-                                          showindex=False), ""]
-    for prefix, title in (("device_", "Device-side"), ("", "Leaderboard-style")):
-        detail = frame.assign(cell=_quantiles(frame, prefix)).pivot(index="shape", columns="version", values="cell")
-        detail = detail.reindex(index=list(dict.fromkeys(frame["shape"])), columns=entries)
-        out += [f"{title} mean / p50 / p90 per shape ({unit}):", "",
+        line["all pass"] = "yes" if ok else "no: " + "; ".join(sorted(set(rows.error.dropna().astype(str)) - {""}))[:160]
+        lines.append(line)
+    out += ["Per entry, geometric means over the shapes with 95% intervals over rounds; entries whose intervals "
+            "overlap are tied (rank: 1 + the entries wholly below):", "",
+            tabulate(lines, headers="keys", tablefmt="github"), ""]
+    for metric, (column, low, high) in clock.COLUMNS.items():
+        if column not in frame or frame[column].isna().all():
+            continue
+        cells = frame.assign(cell=[_cell(r[column], r[low], r[high]) for r in frame.to_dict("records")])
+        detail = cells.pivot(index="shape", columns="version", values="cell")
+        detail = detail.reindex(index=list(dict.fromkeys(frame["shape"])), columns=order)
+        for extra, title in (("sol_dedup_us", "SOL here µs (dedup)"), ("mark_us", "mark µs"),
+                             ("sol_mi300x_us", "SOL MI300X µs (given)")):
+            if extra in frame:
+                detail[title] = frame.groupby("shape", sort=False)[extra].median().map(
+                    lambda v: "" if v != v else f"{v:.1f}")
+        out += [f"{clock.METRIC_NAMES[metric]} per shape ({unit}, [95%]):", "",
                 tabulate(detail.reset_index(), headers="keys", tablefmt="github", showindex=False), ""]
     given = frame.groupby("shape", sort=False)["sol_mi300x_us"].median().dropna()
     out += [f"SOL MI300X geomean (given with the task): {result_rows.geomean(given):.1f} µs. Published figures are "
             "8x MI300X leaderboard numbers, not measured here. Anchors move the routed volume twice and nothing else; "
             "the empty submission returns a preallocated output (the floor of a call); the handshake launches once, "
             "raises a flag at every peer and waits for every peer's (the floor of a correct call)."]
-    if "sol_dedup_us" in frame:
-        sol_gm = result_rows.geomean(frame.groupby("shape", sort=False)["sol_dedup_us"].median())
-        out += [f"SOL here geomean (dedup): {sol_gm:.1f} µs."]
     if "mark_us" in frame:
         mark_gm = result_rows.geomean(frame.groupby("shape", sort=False)["mark_us"].median())
-        out += [f"Mark geomean (SOL here, dedup, plus the handshake's device-side time, per shape): {mark_gm:.1f} µs."]
-    if "mark_empty_us" in frame:
-        old_gm = result_rows.geomean(frame.groupby("shape", sort=False)["mark_empty_us"].median())
-        out += [f"Old mark geomean (SOL here, dedup, plus the empty submission's device-side time; kept beside the "
-                f"mark for one release): {old_gm:.1f} µs."]
+        out += [f"Mark geomean (SOL here, dedup, plus the handshake's call time, per shape): {mark_gm:.1f} µs."]
     out += meta["skipped"]
     return "\n".join(out)
 
 
-def main(argv=None) -> int:
+def save(folder: Path, frame: pd.DataFrame, meta: dict, figures, timed, summary: dict, report: str,
+         checks: pd.DataFrame) -> None:
     from a2a import plots, sol
 
+    if not checks.empty:
+        checks.to_csv(folder / "checks.csv", index=False)
+    plain = {k: v for k, v in meta.items() if k not in ("skipped", "settings", "round_seeds")}
+    frame.assign(**{k: str(v) for k, v in plain.items()}).to_csv(folder / "results.csv", index=False)
+    samples = [{"entry": name, "case": index, "round": r, **values}
+               for (name, index), per_round in (timed.samples.items() if timed else []) for r, values in per_round.items()]
+    entries = {name: {"kind": s["kind"], "ranks": s.get("ranks", {}),
+                      **{m: i._asdict() for m, i in s["intervals"].items()}} for name, s in summary.items()}
+    (folder / "results.json").write_text(json.dumps(
+        {"meta": meta, "sol": figures, "entries": entries, "rows": frame.to_dict(orient="records"),
+         "samples": samples, "problem_size_checks": checks.to_dict(orient="records")}, indent=1, default=str))
+    (folder / "table.md").write_text(report + "\n")
+    if figures:
+        sol.save(figures, folder)
+    if not frame.empty:
+        published = {prefix: us for prefix, (_, us) in published_by_version().items()}
+        plots.leaderboard_png(frame, meta, summary, folder / "leaderboard.png", published)
+        plots.shapes_png(frame, meta, folder / "leaderboard_shapes.png")
+
+
+def stability(plan: planning.RunPlan, settings: clock.Settings, runs: int, anchors: bool, out: Path,
+              progress=print) -> int:
+    """`runs` back-to-back clock runs and one more with the entries in reverse order: each entry's spread of
+    geomeans across them, and how well they agree on the order (Kendall's tau per pair of runs, and the pairs more
+    than 10% apart that every run orders alike)."""
+    import dataclasses
+
+    entries, _ = entries_of(plan, anchors)
+    names = [e.name for e in entries]
+    results, table_rows = [], []
+    for number in range(runs + 1):
+        reverse = number == runs
+        order = tuple(reversed(names)) if reverse else tuple(names)
+        progress(f"stability run {number + 1} of {runs + 1}" + (" (entries in reverse order)" if reverse else ""))
+        timed = clock.time_entries(plan, entries, dataclasses.replace(settings, order=order, seed=None), progress)
+        results.append({"reverse": reverse, "seed": timed.seed, "rounds": timed.rounds, "wall_s": timed.wall_s,
+                        "failed": timed.failed, "throttled": timed.throttled,
+                        "clocks": clock.clocks_locked(timed.clocks),
+                        "entries": {n: {m: i._asdict() for m, i in timed.entry_intervals(n).items()} for n in names}})
+    meta = {**plan.meta_for("stability"), "runs": runs, "timing": TIMING}
+    report = [f"device: {meta['device']}, {meta['placement']}, {meta['date']}, commit {meta['commit']}; {runs} "
+              f"back-to-back clock runs and one with the entries in reverse order", ""]
+    for metric in clock.METRICS:
+        per_run = [{n: r["entries"][n][metric]["center"] for n in names if metric in r["entries"].get(n, {})}
+                   for r in results]
+        for name in names:
+            values = [run[name] for run in per_run if name in run]
+            if len(values) < 2:
+                continue
+            median = statistics.median(values)
+            widths = [r["entries"][name][metric] for r in results if metric in r["entries"].get(name, {})]
+            table_rows.append({"metric": clock.METRIC_NAMES[metric], "entry": name,
+                               "geomeans µs": " / ".join(f"{v:.2f}" for v in values),
+                               "spread around median": f"-{100 * (1 - min(values) / median):.1f}% / "
+                                                       f"+{100 * (max(values) / median - 1):.1f}%",
+                               "reverse run vs forward median": f"{100 * (values[-1] / statistics.median(values[:-1]) - 1):+.1f}%",
+                               "widest ±": f"{100 * max((w['high'] - w['low']) / 2 / w['center'] for w in widths):.1f}%"})
+        orders = [sorted(run, key=run.get) for run in per_run]
+        taus = [iv.kendall_tau(orders[i], orders[j]) for i in range(len(orders)) for j in range(i + 1, len(orders))]
+        agree, total = iv.pairwise_agreement([{n: run[n] for n in run if n in names} for run in per_run])
+        report.append(f"{clock.METRIC_NAMES[metric]}: Kendall's tau between runs {min(taus):.2f}-{max(taus):.2f}; "
+                      f"pairs more than 10% apart in the same order in every run: {agree} of {total}")
+    report += ["", tabulate(table_rows, headers="keys", tablefmt="github")]
+    text = "\n".join(report)
+    print(text)
+
+    def write(folder: Path) -> None:
+        (folder / "table.md").write_text(text + "\n")
+        (folder / "results.json").write_text(json.dumps({"meta": meta, "runs": results}, indent=1, default=str))
+
+    cli.save_run(out, meta, write)
+    return cli.verdict(not any(r["failed"] for r in results))
+
+
+def _settings(args) -> clock.Settings:
+    targets = list(clock.DEFAULT_TARGETS)
+    if args.target:
+        asked = {}
+        for part in args.target.split(","):
+            name, _, value = part.partition("=")
+            try:
+                asked[name.strip()] = float(value)
+            except ValueError:
+                raise core.UserError(f"--target '{part}': expected METRIC=FRACTION, e.g. held=0.02") from None
+            if name.strip() not in clock.METRICS or not 0 < asked[name.strip()] < 1:
+                raise core.UserError(f"--target '{part}': the metric is one of {', '.join(clock.METRICS)} and the "
+                                     "fraction between 0 and 1")
+        targets = [iv.Target(t.metric, asked.get(t.metric, t.half_width)) for t in targets]
+    for name, value, low in (("--steps", args.steps, 1), ("--min-rounds", args.min_rounds, 2),
+                             ("--max-rounds", args.max_rounds, args.min_rounds)):
+        if value < low:
+            raise core.UserError(f"{name} must be at least {low}, not {value}")
+    if args.time_cap <= 0:
+        raise core.UserError(f"--time-cap must be positive, not {args.time_cap}")
+    return clock.Settings(steps=args.steps, min_rounds=args.min_rounds, max_rounds=args.max_rounds,
+                          time_cap_s=args.time_cap, targets=tuple(targets), seed=args.seed)
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--versions", help="comma-separated names or files (default: every version)")
-    parser.add_argument("--mode", default="benchmark", choices=("benchmark", "leaderboard"))
     parser.add_argument("--cases", default="benchmarks")
     parser.add_argument("--world-size", type=int)
     parser.add_argument("--backend")
@@ -263,6 +404,15 @@ def main(argv=None) -> int:
                         help="skip the official tests at world size 8 on shared GPUs (run when the timed run has "
                              "fewer ranks)")
     parser.add_argument("--problem-size-cases", default="tests", help=argparse.SUPPRESS)  # tests: a shorter check
+    parser.add_argument("--time-cap", type=float, default=clock.Settings.time_cap_s,
+                        help="seconds of timing, after which every entry still going stops")
+    parser.add_argument("--min-rounds", type=int, default=clock.Settings.min_rounds)
+    parser.add_argument("--max-rounds", type=int, default=clock.Settings.max_rounds)
+    parser.add_argument("--steps", type=int, default=clock.Settings.steps, help="steps per visit and kind")
+    parser.add_argument("--seed", type=int, help="the run's seed for the rounds' orders (default: drawn, recorded)")
+    parser.add_argument("--target", help="relative half-widths at which an entry stops, e.g. held=0.02,host=0.05")
+    parser.add_argument("--stability", type=int, metavar="N",
+                        help="N back-to-back runs plus one in reverse order, and how well they agree")
     parser.add_argument("--sol", type=Path, help="reuse a saved sol.json instead of measuring")
     parser.add_argument("--out", type=Path, default=ROOT / "results")
     args = parser.parse_args(argv)
@@ -272,37 +422,26 @@ def main(argv=None) -> int:
         versions = [name.strip() for name in args.versions.split(",") if name.strip()]
         if not versions:
             raise core.UserError(f"--versions '{args.versions}' names no version")
+    settings = _settings(args)
+    if args.stability is not None and args.stability < 2:
+        raise core.UserError(f"--stability needs at least 2 runs, not {args.stability}")
     plan = planning.make_plan(versions, args.cases, args.world_size, args.backend, timeout_s=args.timeout,
                               gpu_only="skip", distinct=True)
     cli.writable(args.out)
-    frame, meta, figures = run(plan, args.mode, anchors=not args.no_anchors, sol_path=args.sol)
+    if args.stability:
+        return stability(plan, settings, args.stability, not args.no_anchors, args.out)
+    frame, meta, figures, timed = run(plan, settings, anchors=not args.no_anchors, sol_path=args.sol)
     checks, skipped = (pd.DataFrame(), []) if args.no_problem_size else \
         problem_size_checks(plan, args.problem_size_cases)
     meta["skipped"] += skipped
     if frame.empty and checks.empty:
         print("\n".join(["nothing ran on this machine"] + meta["skipped"]))
         return 0
-    report = "\n".join(filter(None, [tables(frame, meta) if not frame.empty else "\n".join(meta["skipped"]),
+    summary = summaries(timed) if timed else {}
+    report = "\n".join(filter(None, [tables(frame, meta, summary) if not frame.empty else "\n".join(meta["skipped"]),
                                      checks_table(checks)]))
     print(report)
-    def write(folder: Path) -> None:
-        if not checks.empty:
-            checks.to_csv(folder / "checks.csv", index=False)
-        frame.assign(**{k: v for k, v in meta.items() if k != "skipped"}).to_csv(folder / "results.csv",
-                                                                                index=False)
-        (folder / "results.json").write_text(json.dumps({"meta": meta, "sol": figures,
-                                                         "rows": frame.to_dict(orient="records"),
-                                                         "problem_size_checks": checks.to_dict(orient="records")},
-                                                        indent=1))
-        (folder / "table.md").write_text(report + "\n")
-        if figures:
-            sol.save(figures, folder)
-        published = {prefix: us for prefix, (_, us) in published_by_version().items()}
-        if not frame.empty:
-            plots.leaderboard_png(frame, meta, folder / "leaderboard.png", published, result_rows.geomean)
-            plots.shapes_png(frame, meta, folder / "leaderboard_shapes.png")
-
-    cli.save_run(args.out, meta, write)
+    cli.save_run(args.out, meta, lambda folder: save(folder, frame, meta, figures, timed, summary, report, checks))
     versions_ok = frame.empty or frame[frame.kind == "version"].status.eq("pass").all()
     checks_ok = checks.empty or checks.status.eq("pass").all()
     return 0 if versions_ok and checks_ok else core.EXIT_CHECK_FAILED

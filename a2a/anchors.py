@@ -1,28 +1,26 @@
-"""Anchors: what a user could run instead of a custom kernel, timed exactly as the versions are.
+"""Anchors and floors: what a user could run instead of a custom kernel, and the least a call can cost, timed by the
+judge's clock exactly as the versions are (a2a/clock.py: fresh processes per round, interleaved with the
+versions, the same steps).
 
 Each anchor moves the case's actual routed volume (one row per (token, k) whose expert lives on another rank, from
 the case's own seed) twice, dispatch then combine, and does nothing else: no permutation, no expert, no weighted
 sum. Split sizes are exchanged once before timing (a real user would pay for that too, so anchors are a floor for
-these libraries, not a rival submission). Timing is the evaluator's own loop (eval.measure around
-eval.timed_step): leaderboard-style host time, device-side time (slowest rank per iteration), harness floor; a fixed
-number of iterations after eval.WARMUP_CALLS. All cases of one anchor run in one process group.
+these libraries, not a rival submission).
 
 - nccl_a2a_x2: two `torch.distributed.all_to_all_single` (NCCL on NVIDIA, RCCL on AMD).
 - nvshmem_a2a_vdev_x2: two `torch.ops.symm_mem.all_to_all_vdev` (NVSHMEM), where the build has it.
 - empty_submission: a custom_kernel that returns a preallocated output of the right shape and does nothing else
-  (never checked). It is the floor of a call as each number is timed: device-side (two events around a call that
-  launches nothing) and leaderboard-style (clone, call, synchronize, barrier).
+  (never checked). It is the floor of a call as each number is timed: the call time of a call that launches
+  nothing, the held device time of an event pair, and the leaderboard-style harness floor (clone, call,
+  synchronize, barrier).
 - handshake: the least a correct multi-rank call does: one launch that raises a flag at every peer and waits for
   every peer's flag, moving no data (a2a/probes.py, `Handshake`). With peers on their own GPUs, SOL here plus this
-  row is the mark a version is held to (`mark_us`); SOL here plus the empty row, the mark before it
-  (`mark_empty_us`), stays beside it for one release.
+  row is the mark a version is held to (`mark_us`).
 
 The two floors (FLOORS) need no peer to mean something, so they run at every world size on GPUs, 1 included, and
 on shared GPUs (where, like every time there, they are not the problem's); the all-to-all anchors need peers on
-their own GPUs.
-
-Every entry is called on the case's real input (cloned each step, as for a version), so its leaderboard-style time
-includes the same clone.
+their own GPUs. Every entry is called on the case's real input (cloned each step, as for a version), so its
+leaderboard-style time includes the same clone.
 """
 from __future__ import annotations
 
@@ -38,7 +36,6 @@ ANCHORS = {
 }
 KINDS = {"empty_submission": "empty", "handshake": "handshake"}  # the row kind of each entry; "anchor" where not named
 FLOORS = ("empty_submission", "handshake")  # the entries that run at every world size (see above)
-ITERATIONS = 50
 
 
 @dataclasses.dataclass
@@ -50,19 +47,17 @@ class Exchange:
     num_tokens: int
 
 
-def _input_and_exchange(args: dict, rank: int) -> tuple:
+def exchange_of(data, rank: int) -> Exchange:
+    """One rank's side of a case's routed volume, its split sizes exchanged with the peers (a collective)."""
     import torch
     import torch.distributed as dist
 
-    from reference import generate_input
-
-    data = generate_input(**args, rank=rank)
     cfg, rank_data, _, world_size = data
     owner = rank_data.indices.long().reshape(-1) // (cfg.num_experts // world_size)
     send = torch.bincount(owner, minlength=world_size)
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send)
-    return data, Exchange(send.tolist(), recv.tolist(), cfg.hidden_dim, rank_data.num_tokens)
+    return Exchange(send.tolist(), recv.tolist(), cfg.hidden_dim, rank_data.num_tokens)
 
 
 def _nccl_call(exchange: Exchange, device):
@@ -159,43 +154,26 @@ _CALLS = {"nccl_a2a_x2": _nccl_call, "nvshmem_a2a_vdev_x2": _nvshmem_call, "empt
           "handshake": _handshake_call}
 
 
-def _anchor_rank(rank: int, world_size: int, anchor: str, cases: list, iterations: int) -> Optional[list]:
-    """Times `anchor` on every case in this one process group; rank 0 returns one row per case. An anchor is this
-    tool's own work, so all of it runs under the rank's device guard (NVSHMEM binds to the current device)."""
-    import eval as core
-    from a2a import rows as result_rows
+class CaseCalls:
+    """An entry's call for several cases in one process: each case's own (its routed volume, its output shape),
+    found by the input's rank_data, which the runner's clone passes through uncopied. `close()` ends them all (a
+    collective; raises if an entry's own check failed, as a handshake that gave up)."""
 
-    rows = []
-    with core.own_device(rank):
-        for args in cases:
-            row = {"version": anchor, "kind": KINDS.get(anchor, "anchor"), **args}
-            try:
-                data, exchange = _input_and_exchange(args, rank)
-                call, keep = _CALLS[anchor](exchange, core.rank_device(rank))
-                timed = core.measure({"anchor": call, "floor": None}, data, rank,
-                                     ["anchor"] * iterations + ["floor"] * iterations, device_clock=True)
-                if hasattr(keep, "close"):
-                    keep.close()  # a collective; raises if the entry's own check failed (a handshake gave up)
-                del keep
-                row.update(result_rows.row_from_samples(timed["anchor"].host_ns, timed["anchor"].device_ns,
-                                                        timed["floor"].host_ns))
-            except Exception as exc:  # an anchor that cannot run here is reported, not fatal
-                row.update(status="unavailable", error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
-            rows.append(row)
-    return rows if rank == 0 else None
+    def __init__(self, name: str, inputs: list, rank: int):
+        import eval as core
 
+        self.by_case, self.keep = {}, []
+        with core.own_device(rank):
+            for data in inputs:
+                call, keep = _CALLS[name](exchange_of(data, rank), core.rank_device(rank))
+                self.by_case[id(data[1])] = call
+                self.keep.append(keep)
 
-def run(cases: list, world_size: int, iterations: int = ITERATIONS, progress=print, entries=tuple(ANCHORS)) -> list:
-    """One row per (entry, case): the same fields as a version's rows, `kind` from KINDS ("anchor" by default)."""
-    from launch import LaunchError, parallel_launch
+    def __call__(self, data):
+        return self.by_case[id(data[1])](data)
 
-    rows = []
-    for anchor in entries:
-        progress(f"anchor {anchor}: {len(cases)} case(s), world size {world_size}")
-        try:
-            rows += parallel_launch(world_size, _anchor_rank, anchor, cases, iterations, backend="nccl",
-                                    timeout_s=600)[0]
-        except LaunchError as exc:
-            rows += [{"version": anchor, "kind": KINDS.get(anchor, "anchor"), **args, "status": "unavailable",
-                      "error": str(exc)[:300]} for args in cases]
-    return rows
+    def close(self) -> None:
+        for keep in self.keep:
+            if hasattr(keep, "close"):
+                keep.close()
+        self.keep = []

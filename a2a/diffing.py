@@ -5,16 +5,16 @@ Code: unified diffs of the device source (the KERNELS and BINDING strings) and o
 added and removed line counts; a function or kernel that disappears from A while one with a similar body (80% or
 more, names aside) appears in B is reported as a rename.
 
-Time: both versions run in one process group on one machine, on the same inputs (same seeds). Each version is
-first checked against the reference on every case (a failing one is reported, not timed). Timing runs in rounds;
-each round has its own freshly loaded instance of each version, and inside a round timed steps (the evaluator's
-own: leaderboard-style host time and device-side time) alternate A, B, B, A, ... so that drift and order effects
-hit both alike. Why rounds: two instances of the same code can differ persistently (buffer placement, state), by up
-to 20% on a CPU; steps within one instance do not show that, rounds do. Per shape, B/A is the geometric mean over
-rounds of the ratio of mean step times, with a Student-t interval on the per-round log ratios (shown at 95%).
-Verdict: "B faster/slower by X% (±Y)" only when the interval at the family-wise level (FAMILY_ALPHA, Bonferroni over
-every verdict of the run) excludes 1 and the change is at least MIN_EFFECT; else "no difference within noise". So a
-version against itself says "no difference" on every shape in at least 95% of runs, not only per shape.
+Time: the judge's clock (a2a/clock.py), the same method as the leaderboard's: in every round each version runs in
+fresh processes of its own, makes its inputs (the same seeds for both), passes its check and is visited once per
+shape, the visits of A and B interleaved in a shuffled order; a visit is `steps` idle-stream and `steps` held steps.
+Why rounds of fresh processes: the process is where the variance lives (two processes of the same code differ by
+up to ±15% in call time on one H100, by 20% on a CPU; steps within one process do not show it). Per shape and
+timing, B/A is the geometric mean over rounds of the ratio of the two versions' values in the same round, with a
+Student-t interval on the per-round log ratios (shown at 95%). Verdict: "B faster/slower by X% (±Y)" only when
+the interval at the family-wise level (FAMILY_ALPHA, Bonferroni over every verdict of the run) excludes 1 and the
+change is at least MIN_EFFECT; else "no difference within noise". So a version against itself says "no difference"
+on every shape in at least 95% of runs, not only per shape.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ RENAME_SIMILARITY = 0.8
 MIN_EFFECT = 0.02
 FAMILY_ALPHA = 0.05
 ROUNDS = 8
-PAIRS = 8  # step pairs per round
+STEPS = 8  # steps of each kind per visit
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -138,49 +138,15 @@ def code_summary(diffs: list) -> str:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _diff_rank(rank: int, world_size: int, path_a: str, path_b: str, cases: list, rounds: int,
-               pairs: int) -> Optional[list]:
-    """In one process group. Each round has its own freshly loaded instance of each version (its own state,
-    buffers and heaps), so what persists inside one instance counts as noise between rounds. Per case: check both
-    versions, then per round alternate timed steps A,B,B,A,... Rank 0 returns per case {"a": ..., "b": ...} with
-    host and device ns per round and step, or the check failure."""
-    import eval as core
-    from a2a.plan import load_version
-    from reference import check_implementation, generate_input
-
-    instances = {key: [load_version(Path(path), f"diff_{key}_{r}") for r in range(rounds)]
-                 for key, path in (("a", path_a), ("b", path_b))}
-    results = []
-    for args in cases:
-        data = generate_input(**args, rank=rank)
-        case = {}
-        for key, modules in instances.items():
-            good, message = check_implementation(core.snapshot(data),
-                                                 modules[0].custom_kernel(core.clone_data(data, rank)))
-            if not core.all_ok(good, rank):
-                case[key] = {"failed": message or "another rank failed its check"}
-        timed = [key for key in instances if key not in case]
-        steps = {key: {"host": [], "device": []} for key in timed}
-        order = timed if len(timed) == 2 else timed * 2
-        mirrored = [key for pair in range(pairs) for key in (order if pair % 2 == 0 else order[::-1])]
-        for r in range(rounds):
-            this_round = core.measure({key: instances[key][r].custom_kernel for key in timed}, data, rank, mirrored,
-                                      device_clock=True)
-            for key in timed:
-                steps[key]["host"].append(this_round[key].host_ns)
-                steps[key]["device"].append(this_round[key].device_ns)
-        for key in timed:
-            case[key] = steps[key]
-        results.append(case)
-    return results if rank == 0 else None
-
-
 def ratio_interval(a_rounds: list, b_rounds: list, confidence: float) -> tuple[float, float, float]:
-    """(B/A, low, high): per round the ratio of mean step times; the geometric mean over rounds with a Student-t
-    interval on the log ratios (rounds are the independent unit)."""
+    """(B/A, low, high): per round the ratio of the two versions' values (the same round, so the same machine
+    state), the geometric mean over rounds with a Student-t interval on the log ratios (rounds are the independent
+    unit)."""
     from scipy import stats
 
-    logs = [math.log(sum(b) / sum(a)) for a, b in zip(a_rounds, b_rounds)]
+    logs = [math.log(b / a) for a, b in zip(a_rounds, b_rounds) if a and b and a == a and b == b]
+    if not logs:
+        return math.nan, math.nan, math.nan
     mean = sum(logs) / len(logs)
     spread = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else float("inf")
     half = stats.t.ppf(0.5 + confidence / 2, len(logs) - 1) * spread if len(logs) > 1 else float("inf")
@@ -197,41 +163,51 @@ def verdict(ratio: float, shown: tuple, decisive: tuple) -> str:
     return "no difference within noise"
 
 
-def compare(case_results: list, cases: list, alpha: float = FAMILY_ALPHA) -> list:
-    """One row per (case, timing): means, B/A with its 95% interval, the verdict at a family-wise error rate of
-    `alpha` over all verdicts of the run (Bonferroni); or the failure that kept a case from being timed."""
+TIMINGS = (("device-side (call time)", "call"), ("device-side (stream held)", "held"), ("leaderboard-style", "host"))
+
+
+def compare(run, cases: list, alpha: float = FAMILY_ALPHA) -> list:
+    """One row per (case, timing) from a clock run of the entries "A" and "B": their figures, B/A per round with its
+    95% interval, the verdict at a family-wise error rate of `alpha` over all verdicts of the run (Bonferroni); or
+    the failure that kept a case from being timed."""
     from a2a.rows import shape_label
 
-    verdicts = sum(2 for case in case_results if all("failed" not in case[key] for key in ("a", "b")))
+    timed = {(i, metric) for i in range(len(cases)) for _, metric in TIMINGS
+             if all(any(metric in v for v in run.samples.get((key, i), {}).values()) for key in "AB")}
+    verdicts = max(1, len(timed))
     rows = []
-    for args, case in zip(cases, case_results):
+    for i, args in enumerate(cases):
         shape = shape_label(**args)
-        failed = {key: case[key]["failed"] for key in ("a", "b") if "failed" in case[key]}
-        for timing, field in (("device-side", "device"), ("leaderboard-style", "host")):
-            if failed:
+        for timing, metric in TIMINGS:
+            if any(key in run.failed for key in "AB"):
                 rows.append({"shape": shape, "timing": timing, "verdict": "not timed: " + "; ".join(
-                    f"{key.upper()} fails its check: {message[:160]}" for key, message in failed.items())})
+                    f"{key} fails: {run.failed[key][:160]}" for key in "AB" if key in run.failed)})
                 continue
-            a, b = case["a"][field], case["b"][field]
-            ratio, low, high = ratio_interval(a, b, 0.95)
-            _, strict_low, strict_high = ratio_interval(a, b, 1 - alpha / verdicts)
-            steps = [x for r in a for x in r], [x for r in b for x in r]
-            rows.append({"shape": shape, "timing": timing, "A µs": sum(steps[0]) / len(steps[0]) / 1e3,
-                         "B µs": sum(steps[1]) / len(steps[1]) / 1e3, "B/A": ratio, "95% low": low, "95% high": high,
-                         "rounds x steps": f"{len(a)} x {len(a[0])}",
+            if (i, metric) not in timed:
+                continue
+            a, b = (run.samples[(key, i)] for key in "AB")
+            common = sorted(r for r in a if r in b and metric in a[r] and metric in b[r])
+            a_rounds, b_rounds = [a[r][metric] for r in common], [b[r][metric] for r in common]
+            ratio, low, high = ratio_interval(a_rounds, b_rounds, 0.95)
+            _, strict_low, strict_high = ratio_interval(a_rounds, b_rounds, 1 - alpha / verdicts)
+            rows.append({"shape": shape, "timing": timing, "A µs": statistics.fmean(a_rounds),
+                         "B µs": statistics.fmean(b_rounds), "B/A": ratio, "95% low": low, "95% high": high,
+                         "rounds": len(common),
                          "verdict": verdict(ratio, (low, high), (strict_low, strict_high))})
     return rows
 
 
-def time_versions(plan, rounds: int, pairs: int, alpha: float = FAMILY_ALPHA) -> list:
-    """Times the plan's two versions (A, B) on its cases; one row per (case, timing)."""
-    from launch import parallel_launch
+def time_versions(plan, rounds: int, steps: int, alpha: float = FAMILY_ALPHA, progress=print) -> list:
+    """Times the plan's two versions (A, B) on its cases by the judge's clock (a2a/clock.py: fresh processes for
+    each in every round, visits interleaved in a shuffled order, `rounds` rounds of `steps` steps of each kind per
+    visit); one row per (case, timing)."""
+    from a2a import clock
 
     path_a, path_b = plan.versions
-    cases = plan.case_args
-    results = parallel_launch(plan.world_size, _diff_rank, str(path_a), str(path_b), cases, rounds, pairs,
-                              backend=plan.backend, timeout_s=1800)[0]
-    return compare(results, cases, alpha)
+    entries = [clock.Entry("A", "version", str(path_a)), clock.Entry("B", "version", str(path_b))]
+    settings = clock.Settings(steps=steps, min_rounds=rounds, max_rounds=rounds, time_cap_s=math.inf,
+                              targets=())
+    return compare(clock.time_entries(plan, entries, settings, progress), plan.case_args, alpha)
 
 
 def ratio_png(rows: list, meta: dict, path: Path) -> Path:
@@ -243,7 +219,7 @@ def ratio_png(rows: list, meta: dict, path: Path) -> Path:
     timed = [r for r in rows if "B/A" in r]
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     fig, ax = plt.subplots(figsize=(1.6 * len(shapes) + 3, 4))
-    for offset, timing, color in ((-0.15, "device-side", "tab:blue"), (0.15, "leaderboard-style", "tab:orange")):
+    for offset, (timing, _), color in zip((-0.2, 0.0, 0.2), TIMINGS, ("tab:blue", "tab:cyan", "tab:orange")):
         points = [(shapes.index(r["shape"]) + offset, r) for r in timed if r["timing"] == timing]
         if points:
             ax.errorbar([x for x, _ in points], [r["B/A"] for _, r in points],

@@ -1,13 +1,14 @@
 """The leaderboard pictures.
 
-leaderboard.png, read first: one panel, one pair of bars per entry (versions, anchors, the empty submission, the
-handshake): geometric mean over the shapes, device-side filled and leaderboard-style hatched, the value written on
-each bar; the mark (SOL here + the handshake, device-side) and the harness floor (leaderboard-style) as lines; the
-published MI300X figure of each version's blog step as a hollow marker. Colours say the kind of entry, not the
-entry, so the legend stays short.
+leaderboard.png, read first: one panel, three bars per entry (versions, anchors, the empty submission, the
+handshake): geometric means over the shapes of the call time (filled), the device time with the stream held
+(light) and the leaderboard-style time (hatched), each with its 95% interval over rounds as an error bar and its
+value written on it; the mark (SOL here + the handshake's call time) and the harness floor (the empty submission's
+leaderboard-style time) as lines; the published MI300X figure of each version's blog step as a hollow marker.
+Colours say the kind of entry, not the entry, so the legend stays short.
 
-leaderboard_shapes.png, the detail: one small panel per shape, device-side bars per entry with that shape's mark,
-SOL here and floor as lines.
+leaderboard_shapes.png, the detail: one small panel per shape, call-time bars per entry with their intervals and
+that shape's mark and SOL here as lines.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+
+from a2a.rows import geomean  # noqa: E402
 
 KIND_COLORS = {"version": "tab:blue", "anchor": "tab:gray", "empty": "tab:olive", "handshake": "tab:cyan"}
 KIND_NAMES = {"version": "version", "anchor": "anchor (2 library all-to-alls)", "empty": "empty submission",
@@ -52,27 +55,37 @@ def _line(ax, value, style: str, color: str, label: str) -> None:
         ax.axhline(value, linestyle=style, color=color, linewidth=1.4, label=label)
 
 
-def leaderboard_png(frame: pd.DataFrame, meta: dict, path: Path, published: dict, geomean) -> Path:
-    """`frame`: one row per (entry, shape) with version, kind, shape, status, mean_us, device_mean_us, floor_mean_us
-    and, where measured, sol_dedup_us and mark_us. `published`: version prefix -> µs."""
-    entries = list(dict.fromkeys(frame["version"]))
+def leaderboard_png(frame: pd.DataFrame, meta: dict, summary: dict, path: Path, published: dict) -> Path:
+    """`summary`: {entry: {"kind", "intervals": {metric: Interval}}} (run_leaderboard.summaries); `frame`: one row
+    per (entry, shape), for the mark and the floor. `published`: version prefix -> µs."""
+    entries = [e for e in dict.fromkeys(frame["version"]) if e in summary]
     kinds = _kinds(frame, entries)
-    device = [geomean(frame[frame.version == e]["device_mean_us"]) for e in entries]
-    leaderboard = [geomean(frame[frame.version == e]["mean_us"]) for e in entries]
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(entries) + 2), 5.2))
-    width = 0.4
-    for i, (kind, dev, lb) in enumerate(zip(kinds, device, leaderboard)):
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.4 * len(entries) + 2), 5.2))
+    width = 0.27
+    drawn = []
+    for i, (entry, kind) in enumerate(zip(entries, kinds)):
         color = KIND_COLORS.get(kind, "tab:purple")
-        for x, value, style in ((i - width / 2, dev, {}), (i + width / 2, lb, {"alpha": 0.4, "hatch": "//"})):
-            if value == value:
-                ax.bar(x, value, width, color=color, edgecolor=color, **style)
-                ax.text(x, value * 1.04, f"{value:.0f}", ha="center", va="bottom", fontsize=7)
+        found = summary[entry]["intervals"]
+        for offset, metric, style in ((-width, "call", {}), (0.0, "held", {"alpha": 0.55}),
+                                      (width, "host", {"alpha": 0.35, "hatch": "//"})):
+            interval = found.get(metric)
+            if interval is None or interval.center != interval.center:
+                continue
+            low = max(interval.low, 0) if interval.low == interval.low else interval.center
+            high = interval.high if interval.high < math.inf else interval.center
+            ax.bar(i + offset, interval.center, width, color=color, edgecolor=color,
+                   yerr=[[interval.center - low], [high - interval.center]], capsize=2, ecolor="black", **style)
+            ax.text(i + offset, high * 1.05, f"{interval.center:.0f}" if interval.center >= 10 else
+                    f"{interval.center:.1f}", ha="center", va="bottom", fontsize=6)
+            drawn.append(interval.center)
     per_shape = frame.groupby("shape", sort=False)
     if "mark_us" in frame:
-        _line(ax, geomean(per_shape["mark_us"].median()), "-", "green", "mark: SOL here + handshake (device-side)")
+        _line(ax, geomean(per_shape["mark_us"].median()), "-", "green", "mark: SOL here + handshake (call time)")
     elif "sol_dedup_us" in frame:
         _line(ax, geomean(per_shape["sol_dedup_us"].median()), "-", "green", "SOL here (dedup)")
-    _line(ax, geomean(per_shape["floor_mean_us"].median()), "--", "black", "harness floor (leaderboard-style)")
+    empty = frame[frame["kind"] == "empty"]
+    if not empty.empty:
+        _line(ax, geomean(empty["mean_us"]), "--", "black", "harness floor (empty submission, leaderboard-style)")
     labelled = False
     for i, entry in enumerate(entries):
         mark = published.get(entry.split("_")[0]) if kinds[i] == "version" else None
@@ -83,10 +96,11 @@ def leaderboard_png(frame: pd.DataFrame, meta: dict, path: Path, published: dict
     handles, _ = ax.get_legend_handles_labels()
     handles += [Patch(color=KIND_COLORS.get(kind, "tab:purple"), label=KIND_NAMES.get(kind, kind))
                 for kind in dict.fromkeys(kinds)]
-    handles.append(Patch(facecolor="white", edgecolor="black", label="device-side (filled) | leaderboard-style (hatched)"))
+    handles.append(Patch(facecolor="white", edgecolor="black",
+                         label="call time (filled) | held device (light) | leaderboard-style (hatched); bars: 95%"))
     ax.set_xticks(range(len(entries)))
     ax.set_xticklabels(entries, rotation=25, ha="right", fontsize=8)
-    _log_scale(ax, device + leaderboard)
+    _log_scale(ax, drawn)
     ax.set_ylabel("µs, geometric mean over the shapes")
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title(_title(meta), fontsize=9)
@@ -98,7 +112,7 @@ def leaderboard_png(frame: pd.DataFrame, meta: dict, path: Path, published: dict
 
 
 def shapes_png(frame: pd.DataFrame, meta: dict, path: Path) -> Path:
-    """Per shape: device-side mean per entry, with the shape's mark, SOL here and floor as lines."""
+    """Per shape: the call time per entry with its interval, and the shape's mark and SOL here as lines."""
     entries = list(dict.fromkeys(frame["version"]))
     kinds = _kinds(frame, entries)
     shapes = list(dict.fromkeys(frame["shape"]))
@@ -109,19 +123,23 @@ def shapes_png(frame: pd.DataFrame, meta: dict, path: Path) -> Path:
         rows = frame[frame["shape"] == shape].set_index("version")
         values = [_number(rows["device_mean_us"].get(entry)) if "device_mean_us" in rows else float("nan")
                   for entry in entries]
-        for i, (value, kind) in enumerate(zip(values, kinds)):
+        for i, (entry, value, kind) in enumerate(zip(entries, values, kinds)):
             if value == value:
-                ax.bar(i, value, 0.7, color=KIND_COLORS.get(kind, "tab:purple"))
+                low = _number(rows["device_low_us"].get(entry)) if "device_low_us" in rows else value
+                high = _number(rows["device_high_us"].get(entry)) if "device_high_us" in rows else value
+                low, high = (low if low == low and low > 0 else value), (high if high == high and high < math.inf
+                                                                          else value)
+                ax.bar(i, value, 0.7, color=KIND_COLORS.get(kind, "tab:purple"),
+                       yerr=[[value - low], [high - value]], capsize=2, ecolor="black")
         for col, style, color, label in (("mark_us", "-", "green", "mark (SOL here + handshake)"),
-                                         ("sol_dedup_us", ":", "green", "SOL here (dedup)"),
-                                         ("floor_mean_us", "--", "black", "harness floor (leaderboard-style)")):
+                                         ("sol_dedup_us", ":", "green", "SOL here (dedup)")):
             if col in rows:
                 _line(ax, rows[col].median(), style, color, label)
         ax.set_xticks(range(len(entries)))
         ax.set_xticklabels(entries, rotation=35, ha="right", fontsize=6)
         _log_scale(ax, values)
         ax.set_title(shape, fontsize=8)
-        ax.set_ylabel("device-side µs", fontsize=7)
+        ax.set_ylabel("call time µs (95%)", fontsize=7)
     for ax in list(axes.flat)[len(shapes):]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()

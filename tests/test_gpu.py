@@ -134,7 +134,7 @@ def test_no_harness_path_sets_the_current_device(tmp_path):
         result = evaluate(make_plan(str(path), cases, PROBLEM_WS, "nccl"), mode, **QUIET)
         assert result.exit_code == 0, [case["error"] for case in result.cases]
     assert timeline.trace_version(make_plan(str(path), "benchmarks:0", 2, "nccl"), 2, tmp_path / "traces")
-    rows = diffing.time_versions(make_plan([str(path), str(path)], "benchmarks:0", 2, "nccl"), rounds=2, pairs=1)
+    rows = diffing.time_versions(make_plan([str(path), str(path)], "benchmarks:0", 2, "nccl"), rounds=2, steps=1)
     assert all("B/A" in row for row in rows), rows
 
 
@@ -503,5 +503,5 @@ def test_step_anatomy_runs_on_gpus(tmp_path):
 def test_diff_of_a_version_against_itself_on_gpus():
     from a2a import diffing
 
-    rows = diffing.time_versions(make_plan(["v3", "v3"], "benchmarks:0,4", 2, "nccl"), rounds=6, pairs=6)
+    rows = diffing.time_versions(make_plan(["v3", "v3"], "benchmarks:0,4", 2, "nccl"), rounds=6, steps=6)
     assert {row["verdict"] for row in rows} == {"no difference within noise"}, rows
