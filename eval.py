@@ -386,9 +386,9 @@ class Sandbox:
                     killed.append(pid)
         return killed
 
-    def close(self) -> None:
-        """Ends the namespace (the kernel kills every process in it with its init) and removes what the ranks'
-        uid left in the shared temporary folders."""
+    def close(self, clean_files: bool = True) -> None:
+        """Ends the namespace (the kernel kills every process in it with its init) and, with `clean_files`, removes
+        what the ranks' uid left in the shared temporary folders (a caller with many pools does it once, last)."""
         if self.parent is not None:
             with contextlib.suppress(ProcessLookupError):
                 if self.init_pid:
@@ -404,7 +404,7 @@ class Sandbox:
                 os.close(fd)
         self._theirs = self._own = None
         self.inode = None
-        if self.guards.uid is not None:
+        if clean_files and self.guards.uid is not None:
             remove_owned_by(self.guards.uid, self.started_ns)
 
 
@@ -1082,7 +1082,7 @@ class Hold:
         if self.cycles >= HOLD_MAX_CYCLES:
             self.misses_at_max += 1
             self.sync_inside = self.misses_at_max >= HOLD_GIVE_UP and not self.held
-        self.cycles = min(2 * self.cycles, HOLD_MAX_CYCLES)
+        self.cycles = min(4 * self.cycles, HOLD_MAX_CYCLES)
 
 
 STEP_BOUNDARIES = ("start", "cloned", "returned", "synchronized", "barrier passed")
@@ -1684,6 +1684,23 @@ class CaseRun:
         return self.done
 
 
+@contextlib.contextmanager
+def _main_not_rerun():
+    """A spawned worker re-runs the owner's main script (as __mp_main__) before its target, unless the target lives
+    in another module: then hiding the script's path skips a whole command's imports (pandas, plots, ...) in every
+    rank process. The protocol face's target is its own main module, which is left as it is."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or _worker_loop.__module__ == "__main__":
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
+
+
 class RankPool:
     """Processes reused across cases, like the official runner's spawn pool, with a watchdog.
 
@@ -1743,7 +1760,7 @@ class RankPool:
         # starts here with this process's own environment and outside the ranks' namespace, since MPS's guardian
         # ends every process that carries the ranks' pipe folder (a2a/sharing.py).
         multiprocessing.resource_tracker.ensure_running()
-        with environment_with(self.env), self.sandbox.spawning():
+        with environment_with(self.env), self.sandbox.spawning(), _main_not_rerun():
             process.start()
         child_end.close()
         return process, parent_end, phase
@@ -1793,7 +1810,7 @@ class RankPool:
         if slots and self.master_port is not None:
             self.master_port += 1
 
-    def shutdown(self) -> None:
+    def shutdown(self, clean_files: bool = True) -> None:
         """Ends what the submission started in each worker, then lets the workers exit (SIGKILL after 10 s)."""
         live = [worker for worker in self.workers if worker is not None]
         self.sweep()
@@ -1809,13 +1826,13 @@ class RankPool:
                 process.join()
             conn.close()
         self.workers = []
-        self.sandbox.close()
+        self.sandbox.close(clean_files)
 
-    def kill(self) -> None:
+    def kill(self, clean_files: bool = True) -> None:
         """Ends every worker and everything below it at once (a signal or an error)."""
         self._retire([slot for slot, worker in enumerate(self.workers) if worker is not None])
         self.workers = []
-        self.sandbox.close()
+        self.sandbox.close(clean_files)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -1919,7 +1936,8 @@ def check_apart(shipped: dict) -> tuple[bool, str]:
         return False, f"custom_kernel returned a {shipped['returned']}, not a plain torch.Tensor"
     cfg = types.SimpleNamespace(num_experts=shipped["num_experts"], out_dtype=shipped["output"].dtype)
     rank_data = types.SimpleNamespace(x=shipped["x"], indices=shipped["indices"], weights=shipped["weights"])
-    return check_output(shipped["output"], closed_form_output((cfg, rank_data, None, shipped["world_size"])))
+    return check_output(shipped["output"], closed_form_output((cfg, rank_data, None, shipped["world_size"]),
+                                                              on_cpu=True))
 
 
 def _failed_apart(results: list[RankResult]) -> list[RankResult]:

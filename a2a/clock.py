@@ -43,7 +43,7 @@ METRIC_NAMES = {"call": "call time (device, idle stream)", "held": "device time 
 DEFAULT_TARGETS = (iv.Target("held", 0.02), iv.Target("call", 0.03), iv.Target("host", 0.05))
 SETUP_TIMEOUT_S = 300.0  # a round's start: imports, the first round's extension builds, checks, warm-up
 VISIT_TIMEOUT_S = 120.0
-APART_PER_VISIT = 2  # outputs of a visit checked apart; over a run's rounds, every shape gets many
+APART_PER_VISIT = 1  # outputs of a visit checked apart, after the round's visits; every round adds one per shape
 THROTTLE_FRACTION = 0.75  # nvbench: a sample taken below 75% of the clock is throttled
 # MPS serves at most 48 clients per GPU: pools alive at once, when ranks share GPUs, stay below that.
 MPS_CLIENTS = 40
@@ -110,7 +110,7 @@ def session_rank(rank: int, world_size: int, entry: Entry, cases: list, settings
             if not core.all_ok(good, rank, b):
                 raise RuntimeError(message or "another rank failed its check")
             first.append(core._shipped(b, unchanged[i], output))
-    holds = [core.Hold(sync_inside=settings["sync_inside"]) for _ in cases]
+    hold = core.Hold(sync_inside=settings["sync_inside"])  # whether a call synchronizes inside is the entry's
     command = core.ask_owner("ready", {"apart": first})
     while command[0] == "visit":
         i = command[1]
@@ -126,7 +126,7 @@ def session_rank(rank: int, world_size: int, entry: Entry, cases: list, settings
         core.ask_owner("clock-start")
         started = b.clock_ns()
         taken = core.measure({"call": call}, inputs[i], rank, _schedule(settings["steps"]), warmup=settings["warmup"],
-                             device_clock=True, after_step=after, holds={"call": holds[i]}, b=b)["call"]
+                             device_clock=True, after_step=after, holds={"call": hold}, b=b)["call"]
         loop_ns = b.clock_ns() - started
         core.ask_owner("clock-end", {"loop_ns": loop_ns, "steps_ns": sum(taken.host_ns)})
         why = (checker.verdict() if checker else None) or b.tampering(b)
@@ -136,7 +136,7 @@ def session_rank(rank: int, world_size: int, entry: Entry, cases: list, settings
         picks = core.ask_owner("apart", count[0]) if checker else []
         command = core.ask_owner("visit-done", {
             "host_ns": taken.host_ns, "device_ns": taken.device_ns, "held_ns": taken.held_ns,
-            "sync_inside": holds[i].sync_inside,
+            "sync_inside": hold.sync_inside,
             "apart": [core._shipped(b, unchanged[i], checker.copies[j]) for j in picks if checker.copies[j] is not None]})
     if hasattr(call, "close"):
         call.close()
@@ -148,6 +148,9 @@ def session_rank(rank: int, world_size: int, entry: Entry, cases: list, settings
 # --------------------------------------------------------------------------------------------------------------
 
 
+_nvml: list = []
+
+
 def gpu_clocks(indices: list) -> Optional[dict]:
     """The SM clock (MHz) of each GPU in `indices`, their maximum, the throttle reasons and the application clocks
     (NVML); None where NVML cannot be read."""
@@ -156,7 +159,9 @@ def gpu_clocks(indices: list) -> Optional[dict]:
     except ImportError:
         return None
     try:
-        pynvml.nvmlInit()
+        if not _nvml:
+            pynvml.nvmlInit()
+            _nvml.append(True)
         out = {"sm_mhz": [], "max_mhz": [], "reasons": 0, "app_mhz": [], "default_app_mhz": []}
         for index in indices:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -189,6 +194,7 @@ class _Live:
     pool: Optional[core.RankPool]
     case: Optional[core.CaseRun]
     failure: str = ""
+    apart: list = dataclasses.field(default_factory=list)  # each visit's shipped outputs, checked after the visits
 
 
 @dataclasses.dataclass
@@ -208,6 +214,7 @@ class Run:
     guards: str
     wall_s: float
     rounds: int
+    phases: list  # per round, the seconds of its phases: pools started, ready, visits, ended
 
     def entry_intervals(self, name: str) -> dict:
         return entry_intervals(self.samples, name, len(self.cases))
@@ -248,7 +255,10 @@ class Clock:
         self.clocks: list = []
         self.throttled = 0
         self.guards = ""
+        self.uid: Optional[int] = None
+        self.started_ns = time.time_ns()
         self.round_seeds: list = []
+        self.phases: list = []
         self.devices = sorted({plan.placement.device_index(r) for r in range(plan.world_size)}) \
             if plan.backend == "nccl" else []
 
@@ -258,7 +268,7 @@ class Clock:
         try:
             pool = core.RankPool(self.plan.world_size, self.plan.backend, rank_prefix=True, env=env,
                                  bundle=self.bundles.get(entry.name))
-            self.guards = pool.guards.describe()
+            self.guards, self.uid = pool.guards.describe(), pool.guards.uid
             test = core.TestCase(args={"world_size": self.plan.world_size}, spec=f"{entry.name} (clock round)")
             params = {"fn": session_rank, "args": (entry, self.plan.case_args, {
                 "steps": self.settings.steps, "warmup": self.settings.warmup,
@@ -309,8 +319,9 @@ class Clock:
         if answers.void:
             live.failure = answers.void
             return
-        if not self._check_apart(live, done.payloads):
-            return
+        # NOTES: the check apart runs after the round's visits (it is CPU work that would compete with the ranks'
+        # host path); a failure then voids the entry's samples of this round.
+        live.apart.append(done.payloads)
         said = done.payloads[0]
         clocks = gpu_clocks(self.devices) if self.plan.backend == "nccl" else None
         self.clocks.append(clocks)
@@ -329,40 +340,60 @@ class Clock:
             sample["held"] = statistics.fmean(held) / 1e3
         self.samples.setdefault((live.entry.name, index), {})[round_index] = sample
 
-    def _end(self, live: _Live) -> None:
-        if live.case is not None and live.case.done is None and not live.failure:
-            live.case.extend(VISIT_TIMEOUT_S)
-            live.case.reply(("done",))
-            results = live.case.next_event()
-            if isinstance(results, list) and not all(r.ok for r in results):
-                live.failure = core.rank_failures(results)
-        if live.pool is not None:
+    def _end(self, lives: list, round_index: int) -> None:
+        """Ends a chunk's sessions (their last answers first, then every pool), then checks apart what the visits
+        shipped."""
+        for live in lives:
+            if live.case is not None and live.case.done is None and not live.failure:
+                live.case.extend(VISIT_TIMEOUT_S)
+                live.case.reply(("done",))
+        for live in lives:
+            if live.case is not None and live.case.done is None and not live.failure:
+                results = live.case.next_event()
+                if isinstance(results, list) and not all(r.ok for r in results):
+                    live.failure = core.rank_failures(results)
+        for live in lives:
+            if live.pool is not None:
+                (live.pool.kill if live.failure else live.pool.shutdown)(clean_files=False)
+            if not live.failure:
+                for payloads in live.apart:
+                    if not self._check_apart(live, payloads):
+                        break
             if live.failure:
-                live.pool.kill()
-            else:
-                live.pool.shutdown()
-        if live.failure:
-            self.failed.setdefault(live.entry.name, live.failure)
+                self.failed.setdefault(live.entry.name, live.failure)
+                for index in range(len(self.plan.case_args)):
+                    self.samples.get((live.entry.name, index), {}).pop(round_index, None)
 
-    def _round(self, round_index: int, active: list, env: dict) -> None:
+    def _round(self, round_index: int, active: list, env: dict) -> dict:
+        """One round; returns the seconds its phases took (start, ready, visits, end)."""
         seed = random.Random(self.seed + round_index).randrange(2 ** 32)
         self.round_seeds.append(seed)
         order = random.Random(seed)
+        phases = dict.fromkeys(("start", "ready", "visits", "end"), 0.0)
         for chunk in _chunks(active, self.plan.placement):
+            mark = time.monotonic()
             lives = [self._start(entry, env) for entry in chunk]
+            phases["start"] += time.monotonic() - mark
+            mark = time.monotonic()
             ready = []
             for live in lives:
                 if not live.failure:
                     gather = self._until(live, "ready", core.OwnerAnswers())
-                    if gather is not None and self._check_apart(live, gather.payloads):
+                    if gather is not None:
+                        live.apart.append(gather.payloads)
                         ready.append(live)
+            phases["ready"] += time.monotonic() - mark
+            mark = time.monotonic()
             visits = [(live, index) for live in ready for index in range(len(self.plan.case_args))]
             order.shuffle(visits)
             for live, index in visits:
                 if not live.failure:
                     self._visit(live, index, round_index)
-            for live in lives:
-                self._end(live)
+            phases["visits"] += time.monotonic() - mark
+            mark = time.monotonic()
+            self._end(lives, round_index)
+            phases["end"] += time.monotonic() - mark
+        return phases
 
     def run(self) -> Run:
         started = time.monotonic()
@@ -381,10 +412,12 @@ class Clock:
                         self.stopped[entry.name] = self._stop_reason(entry, f"time cap ({self.settings.time_cap_s:g} s)")
                     break
                 round_started = time.monotonic()
-                self._round(round_index, active, env)
+                phases = self._round(round_index, active, env)
                 round_s = time.monotonic() - round_started
+                self.phases.append(phases)
                 rounds = round_index + 1
-                self.progress(f"  round {rounds}: {len(active)} entries, {round_s:.1f} s"
+                self.progress(f"  round {rounds}: {len(active)} entries, {round_s:.1f} s ("
+                              + ", ".join(f"{name} {seconds:.1f}" for name, seconds in phases.items()) + ")"
                               + (f", throttled visits so far {self.throttled}" if self.throttled else ""))
                 if rounds >= self.settings.min_rounds:
                     for entry in active:
@@ -396,9 +429,11 @@ class Clock:
             for entry in self.entries:
                 if entry.name not in self.stopped and entry.name not in self.failed:
                     self.stopped[entry.name] = self._stop_reason(entry, f"{self.settings.max_rounds} rounds")
+        if self.uid is not None:
+            core.remove_owned_by(self.uid, self.started_ns)
         return Run(self.entries, self.plan.case_args, self.samples, self.stopped, self.failed, self.sync_inside,
                    self.round_seeds, self.seed, self.clocks, self.throttled, self.guards,
-                   time.monotonic() - started, rounds)
+                   time.monotonic() - started, rounds, self.phases)
 
     def _intervals(self, entry: Entry) -> dict:
         return entry_intervals(self.samples, entry.name, len(self.plan.case_args))

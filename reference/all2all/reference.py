@@ -186,11 +186,22 @@ def ref_kernel(data: input_t) -> output_t:
     return y[: rank_data.num_tokens]
 
 
-def closed_form_output(data: input_t) -> torch.Tensor:
+def closed_form_output(data: input_t, on_cpu: bool = False) -> torch.Tensor:
     """The same result computed locally: y[t] = sum_k w[t,k] * fp16(x[t] * (1 + owner(indices[t,k]))),
-    summed in float32. Differs from `ref_kernel` by float16 rounding of the running sum only."""
+    summed in float32. Differs from `ref_kernel` by float16 rounding of the running sum only. `on_cpu`: the
+    check apart's form on a CPU, which has no float16 arithmetic: the expert's product taken once per owning rank
+    in float32 and rounded to float16 (the same numbers: a float16 times an integer up to 1024 is exact in
+    float32), then weighted by the sum of the token's weights that go to that rank (float32 sums in another order,
+    well inside the check's tolerance)."""
     cfg, rank_data, _, world_size = data
     owner = rank_data.indices.long() // (cfg.num_experts // world_size)
+    if on_cpu:  # one product per owning rank, weighted by the sum of the weights that go to it
+        x = rank_data.x.to(torch.float32)
+        y = torch.zeros(x.shape, dtype=torch.float32)
+        for rank in owner.unique().tolist():
+            weight = torch.where(owner == rank, rank_data.weights, 0.0).sum(dim=1)
+            y += (x * (1 + rank)).to(cfg.out_dtype).to(torch.float32) * weight[:, None]
+        return y.to(cfg.out_dtype)
     scale = (1 + owner).to(cfg.out_dtype)
     expert_out = rank_data.x.to(cfg.out_dtype)[:, None, :] * scale[:, :, None]
     y = (expert_out.to(torch.float32) * rank_data.weights[:, :, None]).sum(dim=1)
