@@ -46,13 +46,14 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
 __all__ = [  # what a2a/, tools/, launch.py, run_leaderboard.py and diff.py use; everything else is the core's own
-    "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED", "EXIT_CRASH", "EXTRA_STATS", "EXTRA_STAT_FIELDS", "HERE",
-    "LEADERBOARD_SEED_STEP", "MODES", "MPS_DEFAULT_PIPE_DIRECTORY", "OFFICIAL_TIMEOUT_S", "RUN_OWNER", "SEED_MAX",
-    "SPEC_KEYS",
-    "WARMUP_CALLS", "RankPool", "Terminated", "TestCase", "UserError", "all_ok", "calculate_extra_stats", "claim_run",
-    "cantor_combine", "case_problem", "clone_data", "die_with_parent", "environment_with", "get_test_cases",
-    "install_signal_handlers", "kill_tree", "measure", "nccl_version_tuple", "own_device", "rank_device",
-    "rank_failures", "snapshot", "spec_line", "validate_cases", "version_text",
+    "CaseRun", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED", "EXIT_CRASH", "EXTRA_STATS", "EXTRA_STAT_FIELDS", "HELD",
+    "HERE", "Hold", "LEADERBOARD_SEED_STEP", "MODES", "MPS_DEFAULT_PIPE_DIRECTORY", "OFFICIAL_TIMEOUT_S",
+    "OutputCheck", "OwnerAnswers", "RUN_OWNER", "RankPool", "SEED_MAX", "SPEC_KEYS", "Step", "Tampering",
+    "Terminated", "TestCase", "UserError", "WARMUP_CALLS", "all_ok", "ask_owner", "bound", "calculate_extra_stats",
+    "cantor_combine", "case_problem", "check_apart", "checked", "claim_run", "clone_data", "die_with_parent",
+    "environment_with", "expected_output", "get_test_cases", "import_submission", "install_signal_handlers",
+    "kill_tree", "measure", "nccl_version_tuple", "own_device", "rank_device", "rank_failures", "remove_owned_by",
+    "shipped", "snapshot", "spec_line", "validate_cases", "version_text",
 ]
 HERE = Path(__file__).resolve().parent
 MODES = ("test", "benchmark", "leaderboard", "profile")
@@ -1238,7 +1239,7 @@ def measure(calls: dict, data, rank: int, schedule, warmup: int = WARMUP_CALLS, 
     return taken
 
 
-def _custom_kernel() -> Callable:
+def import_submission() -> Callable:
     """The submission's custom_kernel, imported on first use inside a case, as the runner does: a load_inline build
     at import time happens here, in every worker at once, within the case's time limit."""
     global _kernel, _import_s
@@ -1254,7 +1255,7 @@ def _custom_kernel() -> Callable:
     return _kernel
 
 
-def _checked(b: Bound, unchanged, output) -> tuple[bool, str]:
+def checked(b: Bound, unchanged, output) -> tuple[bool, str]:
     """The reference's check (bound before the import), after the rule the reference cannot see: the output is a
     plain torch.Tensor (a subclass can answer any question the check asks, e.g. `torch.allclose`, with a lie)."""
     if isinstance(output, b.tensor) and type(output) is not b.tensor:
@@ -1264,7 +1265,7 @@ def _checked(b: Bound, unchanged, output) -> tuple[bool, str]:
         return b.reference[1](unchanged, output)
 
 
-def _shipped(b: Bound, unchanged, output) -> dict:
+def shipped(b: Bound, unchanged, output) -> dict:
     """What the check apart needs: the output and the inputs the closed form reads, as plain CPU tensors."""
     ops = b.ops
     cfg, rank_data, _, world_size = unchanged
@@ -1276,7 +1277,7 @@ def _shipped(b: Bound, unchanged, output) -> dict:
 
 def _rank_test(b: Bound, test: TestCase, rank: int, apart: bool = True):
     generate_input, _ = b.reference
-    custom_kernel = _custom_kernel()
+    custom_kernel = import_submission()
     _set_phase("generating input")
     data = generate_input(**test.args, rank=rank)
     unchanged = snapshot(data)
@@ -1285,10 +1286,10 @@ def _rank_test(b: Bound, test: TestCase, rank: int, apart: bool = True):
     output = custom_kernel(clone_data(data, rank, b))
     synchronize(b)
     _set_phase("checking the output")
-    good, message = _checked(b, unchanged, output)
+    good, message = checked(b, unchanged, output)
     if good and (why := b.tampering(b)):
         good, message = False, f"void: {why}"
-    return good, ({"apart": [_shipped(b, unchanged, output)]} if good and apart else message)
+    return good, ({"apart": [shipped(b, unchanged, output)]} if good and apart else message)
 
 
 # The check apart samples the timed calls after the loop: the ranks cannot know in advance which of their outputs
@@ -1311,17 +1312,17 @@ def _rank_benchmark(b: Bound, test: TestCase, rank: int, recheck: bool, max_repe
                     extra: bool):
     generate_input, _ = b.reference
     ops = b.ops
-    custom_kernel = _custom_kernel()
+    custom_kernel = import_submission()
     _set_phase("generating input")
     data = generate_input(**test.args, rank=rank)
     unchanged = snapshot(data)
     _set_phase("in custom_kernel")
     output = custom_kernel(clone_data(data, rank, b))
     _set_phase("checking the output")
-    good, message = _checked(b, unchanged, output)
+    good, message = checked(b, unchanged, output)
     if not all_ok(good, rank, b):
         return False, RankFailure(message) if not good else RankFailure("another rank failed its check", True)
-    first = _shipped(b, unchanged, output)
+    first = shipped(b, unchanged, output)
     del output
 
     _set_phase("in the timing loop")
@@ -1345,7 +1346,7 @@ def _rank_benchmark(b: Bound, test: TestCase, rank: int, recheck: bool, max_repe
         checker.add(len(durations) - 1, step.output, current["expected"])
         error_message = None
         if recheck:
-            good, message = _checked(b, current["unchanged"], step.output)
+            good, message = checked(b, current["unchanged"], step.output)
             error_message = None if good else message
         if not all_ok(error_message is None, rank, b):
             current["failure"] = RankFailure(error_message or "another rank failed its check", not error_message)
@@ -1371,7 +1372,7 @@ def _rank_benchmark(b: Bound, test: TestCase, rank: int, recheck: bool, max_repe
     if not all_ok(why is None, rank, b):
         return False, RankFailure(f"void: {why}") if why else RankFailure("another rank failed its check", True)
     picks = ask_owner("apart", len(durations))
-    apart = [first] + [_shipped(b, current["inputs"][i] if recheck else unchanged, checker.copies[i])
+    apart = [first] + [shipped(b, current["inputs"][i] if recheck else unchanged, checker.copies[i])
                        for i in picks]
     result = {"stats": calculate_stats(durations) if rank == 0 else None, "apart": apart}
     if extra:
@@ -1386,7 +1387,7 @@ def _rank_profile(b: Bound, test: TestCase, rank: int):
     from torch.profiler import ProfilerActivity, profile
 
     generate_input, _ = b.reference
-    custom_kernel = _custom_kernel()
+    custom_kernel = import_submission()
     _set_phase("generating input")
     data = clone_data(generate_input(**test.args, rank=rank), rank, b)
     synchronize(b)

@@ -33,6 +33,8 @@ COMMANDS = {
     "ideas": ("tools/compare_ideas.py", "a scratch copy's ideas, each alone, against its version"),
     "sm-share": ("tools/sm_share.py", "the SM share at which ranks sharing a GPU run every version cleanly"),
     "triton-launch": ("tools/triton_launch.py", "Triton's launch paths timed"),
+    "launch-floor": ("tools/launch_floor.py", "one trivial kernel launched each way a version could: host µs, call "
+                                              "time, held device time"),
 }
 
 

@@ -40,7 +40,9 @@ COLUMNS = {"call": ("device_mean_us", "device_low_us", "device_high_us"),
            "held": ("held_mean_us", "held_low_us", "held_high_us"), "host": ("mean_us", "low_us", "high_us")}
 METRIC_NAMES = {"call": "call time (device, idle stream)", "held": "device time (stream held)",
                 "host": "leaderboard-style"}
-DEFAULT_TARGETS = (iv.Target("held", 0.02), iv.Target("call", 0.03), iv.Target("host", 0.05))
+# What a round-limited run reaches on one H100 at world size 1 (2026-11-25, WORKLOG "The judge's clock"): the held
+# device time ±0.5-1% after 5 rounds, the call time ±4-9% and the leaderboard-style time ±7-12% after 10.
+DEFAULT_TARGETS = (iv.Target("held", 0.02), iv.Target("call", 0.05), iv.Target("host", 0.08))
 SETUP_TIMEOUT_S = 300.0  # a round's start: imports, the first round's extension builds, checks, warm-up
 VISIT_TIMEOUT_S = 120.0
 APART_PER_VISIT = 1  # outputs of a visit checked apart, after the round's visits; every round adds one per shape
@@ -65,7 +67,7 @@ class Settings:
     warmup: int = 2  # untimed calls at the start of each visit
     min_rounds: int = 5
     max_rounds: int = 60
-    time_cap_s: float = 240.0
+    time_cap_s: float = 240.0  # from the end of the first round, which pays the builds
     targets: tuple = DEFAULT_TARGETS
     seed: Optional[int] = None  # the run's seed for the rounds' orders (drawn and recorded when None)
     order: tuple = ()  # the entries' order in a round before its shuffle (stability runs reverse it)
@@ -80,7 +82,7 @@ def _entry_call(entry: Entry, rank: int, inputs: list):
     """The callable an entry's steps time. A version's custom_kernel is imported here, after its inputs exist, as
     the runner imports it inside the worker; the harness rows build one call per case on the rank's device."""
     if entry.kind == "version":
-        return core._custom_kernel()
+        return core.import_submission()
     from a2a import anchors
 
     return anchors.CaseCalls(entry.call, inputs, rank)
@@ -106,10 +108,10 @@ def session_rank(rank: int, world_size: int, entry: Entry, cases: list, settings
     for i, data in enumerate(inputs):
         output = call(core.clone_data(data, rank, b))
         if version:
-            good, message = core._checked(b, unchanged[i], output)
+            good, message = core.checked(b, unchanged[i], output)
             if not core.all_ok(good, rank, b):
                 raise RuntimeError(message or "another rank failed its check")
-            first.append(core._shipped(b, unchanged[i], output))
+            first.append(core.shipped(b, unchanged[i], output))
     hold = core.Hold(sync_inside=settings["sync_inside"])  # whether a call synchronizes inside is the entry's
     command = core.ask_owner("ready", {"apart": first})
     while command[0] == "visit":
@@ -137,7 +139,7 @@ def session_rank(rank: int, world_size: int, entry: Entry, cases: list, settings
         command = core.ask_owner("visit-done", {
             "host_ns": taken.host_ns, "device_ns": taken.device_ns, "held_ns": taken.held_ns,
             "sync_inside": hold.sync_inside,
-            "apart": [core._shipped(b, unchanged[i], checker.copies[j]) for j in picks if checker.copies[j] is not None]})
+            "apart": [core.shipped(b, unchanged[i], checker.copies[j]) for j in picks if checker.copies[j] is not None]})
     if hasattr(call, "close"):
         call.close()
     return {"rank": rank}
@@ -215,6 +217,8 @@ class Run:
     wall_s: float
     rounds: int
     phases: list  # per round, the seconds of its phases: pools started, ready, visits, ended
+    visits: list  # per round, the (entry name, case index) visited, in order
+    processes: list  # per round, {entry name: the pids of its rank processes}
 
     def entry_intervals(self, name: str) -> dict:
         return entry_intervals(self.samples, name, len(self.cases))
@@ -259,6 +263,8 @@ class Clock:
         self.started_ns = time.time_ns()
         self.round_seeds: list = []
         self.phases: list = []
+        self.visits: list = []
+        self.processes: list = []
         self.devices = sorted({plan.placement.device_index(r) for r in range(plan.world_size)}) \
             if plan.backend == "nccl" else []
 
@@ -368,6 +374,8 @@ class Clock:
         """One round; returns the seconds its phases took (start, ready, visits, end)."""
         seed = random.Random(self.seed + round_index).randrange(2 ** 32)
         self.round_seeds.append(seed)
+        self.visits.append([])
+        self.processes.append({})
         order = random.Random(seed)
         phases = dict.fromkeys(("start", "ready", "visits", "end"), 0.0)
         for chunk in _chunks(active, self.plan.placement):
@@ -386,6 +394,9 @@ class Clock:
             mark = time.monotonic()
             visits = [(live, index) for live in ready for index in range(len(self.plan.case_args))]
             order.shuffle(visits)
+            self.visits[-1] += [(live.entry.name, index) for live, index in visits]
+            self.processes[-1].update({live.entry.name: [w[0].pid for w in live.pool.workers if w is not None]
+                                       for live in ready})
             for live, index in visits:
                 if not live.failure:
                     self._visit(live, index, round_index)
@@ -401,12 +412,14 @@ class Clock:
         by_name = {e.name: e for e in self.entries}
         round_s = 0.0
         rounds = 0
+        timing_from = None
         with sharing.shared_ranks(self.plan.placement) as env:
             for round_index in range(self.settings.max_rounds):
                 active = [by_name[n] for n in names if n not in self.stopped and n not in self.failed]
                 if not active:
                     break
-                elapsed = time.monotonic() - started
+                # The first round pays the builds (extensions, Triton) once; the cap counts from its end.
+                elapsed = time.monotonic() - (timing_from or started)
                 if round_index >= self.settings.min_rounds and elapsed + round_s > self.settings.time_cap_s:
                     for entry in active:
                         self.stopped[entry.name] = self._stop_reason(entry, f"time cap ({self.settings.time_cap_s:g} s)")
@@ -414,6 +427,7 @@ class Clock:
                 round_started = time.monotonic()
                 phases = self._round(round_index, active, env)
                 round_s = time.monotonic() - round_started
+                timing_from = timing_from or time.monotonic()
                 self.phases.append(phases)
                 rounds = round_index + 1
                 self.progress(f"  round {rounds}: {len(active)} entries, {round_s:.1f} s ("
@@ -424,7 +438,7 @@ class Clock:
                         if entry.name in self.failed:
                             continue
                         found = self._intervals(entry)
-                        if found and not iv.unmet(found, self.settings.targets):
+                        if self.settings.targets and found and not iv.unmet(found, self.settings.targets):
                             self.stopped[entry.name] = f"targets met at round {rounds}"
             for entry in self.entries:
                 if entry.name not in self.stopped and entry.name not in self.failed:
@@ -433,7 +447,7 @@ class Clock:
             core.remove_owned_by(self.uid, self.started_ns)
         return Run(self.entries, self.plan.case_args, self.samples, self.stopped, self.failed, self.sync_inside,
                    self.round_seeds, self.seed, self.clocks, self.throttled, self.guards,
-                   time.monotonic() - started, rounds, self.phases)
+                   time.monotonic() - started, rounds, self.phases, self.visits, self.processes)
 
     def _intervals(self, entry: Entry) -> dict:
         return entry_intervals(self.samples, entry.name, len(self.plan.case_args))
@@ -448,13 +462,13 @@ def time_entries(plan, entries: list, settings: Settings, progress=print) -> Run
     """Stages each version as a bundle (what its pool's workers import) and runs the clock."""
     import tempfile
 
-    from a2a import harness
+    from a2a.plan import stage
 
     with tempfile.TemporaryDirectory(prefix="a2a-clock-") as tmp:
         bundles = {}
         for entry in entries:
             if entry.kind == "version":
-                bundles[entry.name] = harness.stage(Path(entry.path), Path(tmp) / f"bundle{len(bundles)}",
+                bundles[entry.name] = stage(Path(entry.path), Path(tmp) / f"bundle{len(bundles)}",
                                                     plan.task_path, plan.task, test_files=False)
         progress(f"clock: {len(entries)} entries x {len(plan.case_args)} shapes, {settings.steps} idle + "
                  f"{settings.steps} held steps per visit, rounds {settings.min_rounds}-{settings.max_rounds}, time cap "

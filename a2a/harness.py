@@ -29,35 +29,12 @@ import eval as core
 from a2a import cli
 from a2a import rows as result_rows
 from a2a import sharing
-from a2a.plan import TASK_YML, RunPlan, checked_version, load_task, make_plan
+from a2a.plan import TASK_YML, RunPlan, checked_version, make_plan, stage
 from eval import UserError
 
 TERMINATE_GRACE_S = 5.0  # what the protocol child gets to end its ranks after SIGTERM, before SIGKILL
 SILENCE_MARGIN_S = 60.0  # beyond two case limits: the evaluator's start and its last case's wrap-up
 STALLED_EXIT = -1000  # run_protocol's exit code for an evaluator that stopped answering (never a process's)
-
-
-def stage(version: Path, folder: Path, task_path: Path = TASK_YML, task: dict | None = None,
-          test_files: bool = True) -> Path:
-    """Writes the leaderboard bundle for `version` into `folder` (new or empty): the files task.yml lists
-    (submission.py, task.py, utils.py, reference.py, eval.py), plus, with `test_files`, tests.txt and benchmarks.txt,
-    the test files the runner makes from task.yml and passes to eval.py (a run of the plan's own cases writes only
-    those). `task`: task.yml already read (a plan's)."""
-    task = task or load_task(task_path)
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise UserError(f"{folder} exists and is not an empty folder; stage into a new or empty one")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        for entry in task["files"]:
-            source = version if entry["source"] == "@SUBMISSION@" else (task_path.parent / entry["source"]).resolve()
-            if not source.is_file():
-                raise UserError(f"{task_path}: file '{entry['source']}' for {entry['name']} does not exist")
-            shutil.copyfile(source, folder / entry["name"])
-        for section in ("tests", "benchmarks") if test_files else ():
-            (folder / f"{section}.txt").write_text("\n".join(core.spec_line(c) for c in task[section]) + "\n")
-    except OSError as exc:
-        raise UserError(f"cannot write the bundle into {folder}: {exc.strerror}")
-    return folder
 
 
 @dataclasses.dataclass

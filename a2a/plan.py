@@ -16,6 +16,7 @@ import importlib.util
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,29 @@ def load_task(path: Path = TASK_YML) -> dict:
         if not isinstance(entry, dict) or not {"name", "source"} <= set(entry):
             raise UserError(f"{path}: files[{i}] must have 'name' and 'source'")
     return task
+
+
+def stage(version: Path, folder: Path, task_path: Path = TASK_YML, task: dict | None = None,
+          test_files: bool = True) -> Path:
+    """Writes the leaderboard bundle for `version` into `folder` (new or empty): the files task.yml lists
+    (submission.py, task.py, utils.py, reference.py, eval.py), plus, with `test_files`, tests.txt and benchmarks.txt,
+    the test files the runner makes from task.yml and passes to eval.py (a run of the plan's own cases writes only
+    those). `task`: task.yml already read (a plan's)."""
+    task = task or load_task(task_path)
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise UserError(f"{folder} exists and is not an empty folder; stage into a new or empty one")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for entry in task["files"]:
+            source = version if entry["source"] == "@SUBMISSION@" else (task_path.parent / entry["source"]).resolve()
+            if not source.is_file():
+                raise UserError(f"{task_path}: file '{entry['source']}' for {entry['name']} does not exist")
+            shutil.copyfile(source, folder / entry["name"])
+        for section in ("tests", "benchmarks") if test_files else ():
+            (folder / f"{section}.txt").write_text("\n".join(core.spec_line(c) for c in task[section]) + "\n")
+    except OSError as exc:
+        raise UserError(f"cannot write the bundle into {folder}: {exc.strerror}")
+    return folder
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -92,15 +92,16 @@ def test_planted_nvidia_error_fails(tmp_path):
     assert "planted.py: clang gfx942: ok" in result.stdout and "planted.py: clang20 gfx950: ok" in result.stdout
 
 
-def test_driver_launch_counts_the_compiled_kernels_parameters_on_both_targets():
-    """v8 launches through the driver on a kernelParams array sized from the compiled kernel itself (PTX's .param
-    list, AMDGPU's explicit arguments): both readings must agree, and both must equal the runtime arguments plus
-    what the installed Triton's own launcher appends after them."""
+@pytest.mark.parametrize("version", ["v8_driver_launch", "v9_native_entry"])
+def test_driver_launch_counts_the_compiled_kernels_parameters_on_both_targets(version):
+    """v8 and v9 launch through the driver on a kernelParams array sized from the compiled kernel itself (PTX's
+    .param list, AMDGPU's explicit arguments): both readings must agree, and both must equal the runtime arguments
+    plus what the installed Triton's own launcher appends after them."""
     import inspect as source_of
 
     from triton.backends.nvidia import driver as nvidia_driver
 
-    path = ROOT / "submissions" / "all2all" / "v8_driver_launch.py"
+    path = ROOT / "submissions" / "all2all" / f"{version}.py"
     module = check_device.triton_module(path)
     appended = source_of.getsource(nvidia_driver.make_launcher).count('params.append("&')
     shape = check_device.benchmark_shapes()[0]

@@ -11,12 +11,12 @@ from tests.conftest import ROOT
 # command entry and may hand over to the human face (eval.py's one line, `python -m a2a.sol`).
 LAYERS = {
     "eval": 0,
-    "a2a.sharing": 1, "a2a.rows": 1, "a2a.contract": 1, "a2a.plots": 1, "a2a.probes": 1,
-    "launch": 2, "a2a.plan": 2,
-    "a2a.cli": 3, "a2a.anchors": 3, "a2a.diffing": 3, "a2a.timeline": 3,
-    "a2a.sol": 4, "a2a.harness": 4,
+    "a2a.sharing": 1, "a2a.rows": 1, "a2a.contract": 1, "a2a.probes": 1, "a2a.intervals": 1,
+    "launch": 2, "a2a.plan": 2, "a2a.anchors": 2, "a2a.plots": 2,
+    "a2a.cli": 3, "a2a.timeline": 3, "a2a.clock": 3,
+    "a2a.sol": 4, "a2a.harness": 4, "a2a.diffing": 4,
     "run_leaderboard": 5, "diff": 5, "tools.check_device": 5, "tools.sweep_launch": 5, "tools.step_anatomy": 5,
-    "tools.compare_ideas": 5, "tools.triton_launch": 5, "tools.sm_share": 5,
+    "tools.compare_ideas": 5, "tools.triton_launch": 5, "tools.sm_share": 5, "tools.launch_floor": 5,
 }
 
 

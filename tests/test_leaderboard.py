@@ -1,22 +1,25 @@
-"""run_leaderboard.py on CPU: tables printed, CSV, JSON and the picture saved with their metadata; the picture with
-anchors and SOL lines from synthetic rows."""
+"""run_leaderboard.py on CPU: tables printed, CSV, JSON and the pictures saved with their metadata and intervals; the
+tables and pictures with anchors, SOL, ties and a fallback from synthetic rows; which entries a GPU run times."""
 import json
+import math
 import subprocess
 import sys
 
 import pandas as pd
 
-from a2a import plots
+from a2a import clock, plots
+from a2a import intervals as iv
 from a2a.rows import geomean
 from tests.conftest import ROOT
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def test_leaderboard_saves_results_with_metadata(tmp_path):
+def test_leaderboard_saves_results_with_metadata_and_intervals(tmp_path):
     result = subprocess.run([sys.executable, "run_leaderboard.py", "--versions", "v1,v2", "--cases", "benchmarks:0",
-                             "--world-size", "2", "--problem-size-cases", "tests:0", "--out", str(tmp_path)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=600)
+                             "--world-size", "2", "--problem-size-cases", "tests:0", "--min-rounds", "3",
+                             "--max-rounds", "3", "--steps", "2", "--out", str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     # the problem's own size in the same run: 8 ranks (gloo processes here), apart from the timed rows
     assert "World size 8, the problem's size: the official tests, 8 ranks on the CPU (gloo)" in result.stdout
@@ -27,64 +30,85 @@ def test_leaderboard_saves_results_with_metadata(tmp_path):
             "(this run is gloo, world size 2)") in result.stdout
     (folder,) = tmp_path.iterdir()
     frame = pd.read_csv(folder / "results.csv")
-    assert {"version", "kind", "mean_us", "p50_us", "p90_us", "device_mean_us", "device_p90_us", "floor_mean_us",
-            "sol_mi300x_us", "device", "world_size", "date", "commit"} <= set(frame.columns)
+    assert {"version", "kind", "mean_us", "low_us", "high_us", "device_mean_us", "device_low_us", "device_high_us",
+            "rounds", "stopped", "sol_mi300x_us", "device", "world_size", "date", "commit"} <= set(frame.columns)
     assert list(frame.version) == ["v1_torch_sort"]
-    assert frame.loc[0, "status"] == "pass" and frame.loc[0, "mean_us"] > 0 and frame.loc[0, "world_size"] == 2
-    assert frame.loc[0, "best_us"] <= frame.loc[0, "p50_us"] <= frame.loc[0, "p90_us"]
-    assert frame.loc[0, "sol_mi300x_us"] == 6.33
-    meta = json.loads((folder / "results.json").read_text())["meta"]
+    row = frame.loc[0]
+    assert row["status"] == "pass" and row["world_size"] == 2 and row["rounds"] == 3
+    assert row["low_us"] < row["mean_us"] < row["high_us"] and row["device_low_us"] < row["device_mean_us"]
+    assert row["stopped"].startswith("3 rounds")
+    saved = json.loads((folder / "results.json").read_text())
+    meta = saved["meta"]
     assert meta["backend"] == "gloo" and meta["commit"] and meta["placement"] == "2 ranks on the CPU (gloo)"
+    assert len(meta["round_seeds"]) == 3 and meta["clock_seed"] is not None and meta["rounds"] == 3
+    assert {s["round"] for s in saved["samples"]} == {0, 1, 2}
+    assert saved["entries"]["v1_torch_sort"]["call"]["rounds"] == 3
     checks = pd.read_csv(folder / "checks.csv")
     assert list(checks.status) == ["pass"] and list(checks.world_size) == [8]
     assert (folder / "leaderboard.png").read_bytes()[:8] == PNG
-    assert "Device-side mean per shape (CPU µs)" in (folder / "table.md").read_text()
+    assert "call time (device, idle stream) per shape (CPU µs, [95%])" in (folder / "table.md").read_text()
 
 
-def _synthetic_frame() -> pd.DataFrame:
+SHAPES = (("E=8 k=2 H=6144 T=16", 1.0), ("E=64 k=6 H=2048 T=32", 1.5), ("E=256 k=8 H=7168 T=256", 3.0))
+ENTRIES = (("v1_torch_sort", "version", 900), ("v2_p2p", "version", 150), ("v3_fused_combine", "version", 155),
+           ("nccl_a2a_x2", "anchor", 60), ("empty_submission", "empty", 12), ("handshake", "handshake", 16))
+
+
+def _synthetic() -> tuple[pd.DataFrame, dict]:
     rows = []
-    for shape, scale in (("E=8 k=2 H=6144 T=16", 1.0), ("E=64 k=6 H=2048 T=32", 1.5),
-                         ("E=256 k=8 H=7168 T=256", 3.0)):
-        for version, kind, device in (("v1_torch_sort", "version", 900), ("v2_p2p", "version", 150),
-                                      ("nccl_a2a_x2", "anchor", 60), ("empty_submission", "empty", 12),
-                                      ("handshake", "handshake", 16)):
+    for shape, scale in SHAPES:
+        for version, kind, device in ENTRIES:
             rows.append({"version": version, "kind": kind, "shape": shape, "status": "pass", "error": "",
-                         "mean_us": scale * (device + 90), "p50_us": scale * (device + 85),
-                         "p90_us": scale * (device + 99), "device_mean_us": scale * device,
-                         "device_p50_us": scale * device * 0.95, "device_p90_us": scale * device * 1.2,
-                         "floor_mean_us": 80.0, "sol_routed_us": scale * 20, "sol_dedup_us": scale * 12,
-                         "sol_mi300x_us": scale * 6, "mark_us": scale * 28, "mark_empty_us": scale * 24})
-    return pd.DataFrame(rows)
+                         "rounds": 8, "stopped": "targets met at round 8",
+                         "hold": "sync fallback" if version == "v1_torch_sort" else "held",
+                         "mean_us": scale * (device + 90), "low_us": scale * (device + 80),
+                         "high_us": scale * (device + 100), "device_mean_us": scale * device,
+                         "device_low_us": scale * device * 0.95, "device_high_us": scale * device * 1.05,
+                         "held_mean_us": scale * device / 2, "held_low_us": scale * device / 2.05,
+                         "held_high_us": scale * device / 1.95, "sol_routed_us": scale * 20,
+                         "sol_dedup_us": scale * 12, "sol_mi300x_us": scale * 6, "mark_us": scale * 28})
+    summary = {}
+    for version, kind, device in ENTRIES:
+        center = geomean([device * scale for _, scale in SHAPES])
+        summary[version] = {"kind": kind, "intervals": {
+            "call": iv.Interval(center, center * 0.95, center * 1.05, 8),
+            "held": iv.Interval(center / 2, center / 2.05, center / 1.95, 8),
+            "host": iv.Interval(center + 90, center + 80, center + 100, 8)}}
+    for metric in clock.METRICS:
+        for name, (rank, ties) in iv.ranks_with_ties({n: s["intervals"][metric] for n, s in summary.items()}).items():
+            summary[name].setdefault("ranks", {})[metric] = {"rank": rank, "ties": ties}
+    return pd.DataFrame(rows), summary
 
 
 META = {"device": "test", "world_size": 2, "placement": "2 ranks on 2 GPUs, one each", "backend": "nccl",
-        "mode": "benchmark", "date": "2026-11-22", "commit": "abc", "skipped": []}
+        "mode": "benchmark", "date": "2026-11-22", "commit": "abc", "skipped": [], "clocks": "GPU clocks not locked",
+        "throttled_visits": 1, "rounds": 8, "wall_s": 100, "clock_seed": 7, "guards": "test"}
 
 
 def test_pictures_at_a_glance_and_per_shape(tmp_path):
-    frame = _synthetic_frame()
-    glance = plots.leaderboard_png(frame, META, tmp_path / "p.png", {"v1": 1311, "v2": 517}, geomean)
+    frame, summary = _synthetic()
+    glance = plots.leaderboard_png(frame, META, summary, tmp_path / "p.png", {"v1": 1311, "v2": 517})
     shapes = plots.shapes_png(frame, META, tmp_path / "s.png")
     assert glance.read_bytes()[:8] == PNG and glance.stat().st_size > 20_000
     assert shapes.read_bytes()[:8] == PNG and shapes.stat().st_size > 20_000
 
 
-def test_tables_show_quantiles_the_mark_and_both_floor_rows():
+def test_tables_show_intervals_ties_the_mark_and_a_sync_fallback():
     import run_leaderboard
 
-    text = run_leaderboard.tables(_synthetic_frame(), META)
-    summary = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
-    assert "| empty " in summary["empty_submission"] and "| handshake " in summary["handshake"]
-    # v2: device geomean of 150, 225, 450 with p90 at 1.2x; its mark (SOL here + handshake) geomean is that of 28,
-    # 42, 84, and the old mark's (SOL here + empty) that of 24, 36, 72
-    assert f"{geomean([150, 225, 450]) * 1.2:.1f}" in summary["v2_p2p"]
-    assert f"{geomean([150, 225, 450]) / geomean([28, 42, 84]):.1f}" in summary["v2_p2p"]
-    assert f"{geomean([150, 225, 450]) / geomean([24, 36, 72]):.1f}" in summary["v2_p2p"]
-    assert f"Mark geomean (SOL here, dedup, plus the handshake's device-side time, per shape): " \
-           f"{geomean([28, 42, 84]):.1f} µs." in text
-    assert f"plus the empty submission's device-side time; kept beside the mark for one release): " \
-           f"{geomean([24, 36, 72]):.1f} µs." in text
-    assert "150.0 / 142.5 / 180.0" in text  # v2's device mean / p50 / p90 on the first shape
+    frame, summary = _synthetic()
+    text = run_leaderboard.tables(frame, META, summary)
+    lines = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    v2 = geomean([150 * s for _, s in SHAPES])
+    assert f"{v2:.1f} [{v2 * 0.95:.1f}, {v2 * 1.05:.1f}]" in lines["v2_p2p"]
+    # v2 (150) and v3 (155) overlap: tied, each naming the other; v1 is alone and last
+    assert "(tied: v3_fused_combine)" in lines["v2_p2p"] and "(tied: v2_p2p)" in lines["v3_fused_combine"]
+    assert "tied" not in lines["v1_torch_sort"] and "(sync fallback: call time)" in lines["v1_torch_sort"]
+    assert f"{v2 / geomean([28 * s for _, s in SHAPES]):.1f}" in lines["v2_p2p"]  # call / mark
+    assert f"Mark geomean (SOL here, dedup, plus the handshake's call time, per shape): " \
+           f"{geomean([28 * s for _, s in SHAPES]):.1f} µs." in text
+    assert "throttled visits left out: 1" in text and "GPU clocks not locked" in text
+    assert "150.0 [142.5, 157.5]" in text  # v2's call time on the first shape, in the per-shape table
 
 
 def _fake_gpu_plan(world_size: int, shared: bool):
@@ -95,22 +119,34 @@ def _fake_gpu_plan(world_size: int, shared: bool):
                            meta_for=lambda mode: {"mode": mode, "placement": "test"})
 
 
-def test_floors_run_at_every_world_size_on_gpus_and_anchors_only_with_peers(monkeypatch):
+def test_floors_run_at_every_world_size_on_gpus_and_anchors_only_with_peers():
     """The empty and handshake rows need no peer on its own GPU: world size 1 and shared GPUs get them (and only
-    them); with peers on their own GPUs every entry runs, and the SOL figures are measured."""
+    them); with peers on their own GPUs every entry runs."""
     import run_leaderboard
-    from a2a import anchors, sol
+    from a2a import anchors
 
-    asked = []
-    monkeypatch.setattr(anchors, "run", lambda cases, ws, progress, entries: asked.append(tuple(entries)) or [])
-    monkeypatch.setattr(sol, "measure", lambda ws, meta: asked.append("sol") or None)
     for world_size, shared in ((1, False), (8, True)):
-        asked.clear()
-        _, meta, _ = run_leaderboard.run(_fake_gpu_plan(world_size, shared), "benchmark", progress=lambda _: None)
-        assert asked == [anchors.FLOORS] and "skipped the all-to-all anchors and the SOL-here model" in meta["skipped"][-1]
-    asked.clear()
-    run_leaderboard.run(_fake_gpu_plan(2, False), "benchmark", progress=lambda _: None)
-    assert asked == [tuple(anchors.ANCHORS), "sol"]
-    asked.clear()
-    run_leaderboard.run(_fake_gpu_plan(2, False), "benchmark", anchors=False, progress=lambda _: None)
-    assert asked == [anchors.FLOORS, "sol"]
+        entries, skipped = run_leaderboard.entries_of(_fake_gpu_plan(world_size, shared), anchors=True)
+        assert [e.name for e in entries] == list(anchors.FLOORS)
+        assert "skipped the all-to-all anchors and the SOL-here model" in skipped[-1]
+    entries, skipped = run_leaderboard.entries_of(_fake_gpu_plan(2, False), anchors=True)
+    assert [e.name for e in entries] == list(anchors.ANCHORS) and not skipped
+    entries, _ = run_leaderboard.entries_of(_fake_gpu_plan(2, False), anchors=False)
+    assert [e.name for e in entries] == list(anchors.FLOORS)
+
+
+def test_a_version_with_no_gpu_work_is_void():
+    """Held device time within a kernel's worth of the empty submission's: no GPU work made the output."""
+    import run_leaderboard
+
+    frame = pd.DataFrame([{"version": "fast", "kind": "version", "shape": "s", "held_mean_us": 1.5, "status": "pass",
+                           "error": ""},
+                          {"version": "empty_submission", "kind": "empty", "shape": "s", "held_mean_us": 1.3,
+                           "status": "pass", "error": ""},
+                          {"version": "real", "kind": "version", "shape": "s", "held_mean_us": 9.0, "status": "pass",
+                           "error": ""}])
+    run = type("R", (), {"failed": {}})()
+    run_leaderboard.void_below_floor(frame, run)
+    assert list(frame.status) == ["fail", "pass", "pass"] and frame.loc[0, "error"].startswith("void: its held")
+    assert list(run.failed) == ["fast"]
+    assert not math.isnan(frame.loc[2, "held_mean_us"])

@@ -1,0 +1,98 @@
+"""The judge's clock on CPU: intervals of the width a known distribution gives, ties, the agreement measures, and
+real rounds (gloo, two ranks): every entry in every round in fresh processes, the order shuffled from a recorded
+seed, the stopping rule."""
+import math
+import random
+
+import pytest
+
+from a2a import clock
+from a2a import intervals as iv
+from a2a.plan import make_plan
+
+SIGMA = 0.10  # the spread of log round values in the simulated runs
+
+
+def test_an_interval_has_the_width_and_coverage_a_known_distribution_gives():
+    """Round values drawn lognormal around 100 with sigma 0.1 on the log scale: the interval's log half-width is
+    t * s / sqrt(n), and over many runs it holds the true geometric mean about 95% of the time."""
+    from scipy import stats
+
+    generator = random.Random(1)
+    rounds = 12
+    held, widths = 0, []
+    for _ in range(2000):
+        values = [100 * math.exp(generator.gauss(0, SIGMA)) for _ in range(rounds)]
+        found = iv.interval(values)
+        held += found.low <= 100 <= found.high
+        widths.append(math.log(found.high / found.center))
+    expected = stats.t.ppf(0.975, rounds - 1) * SIGMA / math.sqrt(rounds)
+    assert 0.93 <= held / 2000 <= 0.97
+    assert abs(sum(widths) / len(widths) / expected - 1) < 0.05
+    one = iv.interval([5.0])
+    assert one.rounds == 1 and one.half_width == math.inf
+    assert math.isnan(iv.interval([]).center)
+
+
+def test_geomean_rounds_takes_only_rounds_every_shape_has():
+    per_shape = {0: {0: 2.0, 1: 4.0, 2: 8.0}, 1: {0: 8.0, 2: 2.0}}
+    assert iv.geomean_rounds(per_shape) == pytest.approx([4.0, 4.0])
+
+
+def test_entries_whose_intervals_overlap_share_their_ties():
+    found = {"a": iv.Interval(10, 9, 11, 5), "b": iv.Interval(10.5, 10.8, 12, 5), "c": iv.Interval(12, 11.5, 13, 5),
+             "d": iv.Interval(30, 29, 31, 5)}
+    ranks = iv.ranks_with_ties(found)
+    assert ranks["a"] == (1, ["b"]) and ranks["b"] == (1, ["a", "c"]) and ranks["c"] == (2, ["b"])
+    assert ranks["d"] == (4, [])
+
+
+def test_agreement_between_runs():
+    assert iv.kendall_tau(["a", "b", "c"], ["a", "b", "c"]) == 1.0
+    assert iv.kendall_tau(["a", "b", "c"], ["c", "b", "a"]) == -1.0
+    runs = [{"a": 1.0, "b": 2.0, "c": 2.05}, {"a": 1.1, "b": 2.1, "c": 2.0}, {"a": 0.9, "b": 2.0, "c": 2.1}]
+    assert iv.pairwise_agreement(runs) == (2, 2)  # a-b and a-c are far apart and ordered alike; b-c is close
+    runs.append({"a": 2.5, "b": 2.0, "c": 2.1})
+    assert iv.pairwise_agreement(runs) == (0, 2)
+
+
+def test_unmet_names_what_is_still_too_wide():
+    found = {"call": iv.Interval(10, 9, 11, 5), "held": iv.Interval(10, 9.9, 10.1, 5)}
+    missed = iv.unmet(found, (iv.Target("call", 0.05), iv.Target("held", 0.02), iv.Target("host", 0.05)))
+    assert [(m, round(w, 3), t) for m, w, t in missed] == [("call", 0.1, 0.05)]
+
+
+def _cases_file(tmp_path):
+    path = tmp_path / "cases.txt"
+    path.write_text("".join(f"num_experts: 8; experts_per_token: 2; hidden_dim: {h}; max_num_tokens: 8; seed: {s}; "
+                            f"world_size: 2\n" for h, s in ((64, 1), (128, 2))))
+    return str(path)
+
+
+def test_rounds_visit_every_entry_on_every_shape_in_fresh_processes_in_a_recorded_order(tmp_path):
+    plan = make_plan(["v1", "v1"], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    entries = [clock.Entry("A", "version", str(plan.versions[0])), clock.Entry("B", "version", str(plan.versions[1]))]
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=3, max_rounds=3, time_cap_s=math.inf, targets=())
+    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    assert run.rounds == 3 and not run.failed
+    for r in range(3):
+        assert sorted(run.visits[r]) == [("A", 0), ("A", 1), ("B", 0), ("B", 1)]
+        replayed = [(e, i) for e in ("A", "B") for i in (0, 1)]
+        random.Random(run.round_seeds[r]).shuffle(replayed)
+        assert run.visits[r] == replayed  # the order is the recorded seed's shuffle
+    assert len({tuple(v) for v in run.visits}) > 1  # shuffled anew each round (4! orders: equal by chance 1 in 576)
+    pids = [pid for per_round in run.processes for per_entry in per_round.values() for pid in per_entry]
+    assert len(pids) == len(set(pids)) == 3 * 2 * 2  # fresh processes: 3 rounds x 2 entries x 2 ranks
+    for key in (("A", 0), ("A", 1), ("B", 0), ("B", 1)):
+        assert sorted(run.samples[key]) == [0, 1, 2] and all(v["host"] > 0 for v in run.samples[key].values())
+    assert run.stopped == {"A": "3 rounds", "B": "3 rounds"}  # no targets: every round asked for runs
+
+
+def test_an_entry_stops_once_its_targets_are_met_and_says_so(tmp_path):
+    plan = make_plan(["v1"], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    entries = [clock.Entry("loose", "version", str(plan.versions[0]))]
+    # targets no three rounds can miss (a factor of e^5.8 between rounds would): the rule, not the machine, is tested
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=3, max_rounds=6, time_cap_s=math.inf,
+                              targets=(iv.Target("call", 1e6), iv.Target("host", 1e6)))
+    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    assert run.rounds == 3 and run.stopped == {"loose": "targets met at round 3"}
