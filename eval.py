@@ -1686,13 +1686,14 @@ class CaseRun:
 
 
 @contextlib.contextmanager
-def _main_not_rerun():
-    """A spawned worker re-runs the owner's main script (as __mp_main__) before its target, unless the target lives
-    in another module: then hiding the script's path skips a whole command's imports (pandas, plots, ...) in every
-    rank process. The protocol face's target is its own main module, which is left as it is."""
+def _main_not_rerun(skip: bool):
+    """A spawned worker re-runs the owner's main script (as __mp_main__) before its target, so that functions the
+    script defines can be sent to it. A pool whose jobs come from elsewhere (`skip`) hides the script's path and
+    spares every rank process a whole command's imports (pandas, plots, ...). The protocol face's worker lives in
+    its own main module, which is always left as it is."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    if main is None or path is None or _worker_loop.__module__ == "__main__":
+    if not skip or main is None or path is None or _worker_loop.__module__ == "__main__":
         yield
         return
     del main.__file__
@@ -1720,11 +1721,13 @@ class RankPool:
 
     `env`: variables every worker starts with on top of this process's own (ranks sharing GPUs: the MPS pipe
     folder, the SM share, NCCL's multi-rank switch and library; a2a/sharing.py). `bundle`: a folder whose
-    `submission`, `reference`, `utils` and `task` the workers import (a staged version)."""
+    `submission`, `reference`, `utils` and `task` the workers import (a staged version). `rerun_main` False: no job
+    comes from the owner's main script, which the workers then skip (_main_not_rerun)."""
 
     def __init__(self, size: int, backend: str, master_port: Optional[int] = None, rank_prefix: bool = False,
-                 env: Optional[dict] = None, bundle: Optional[Path] = None):
+                 env: Optional[dict] = None, bundle: Optional[Path] = None, rerun_main: bool = True):
         self.context = multiprocessing.get_context("spawn")
+        self.rerun_main = rerun_main
         self.backend, self.rank_prefix, self.env = backend, rank_prefix, dict(env or {})
         self.bundle = str(bundle) if bundle else None
         self.nccl_version = self.env.get("A2A_NCCL_VERSION", os.environ.get("A2A_NCCL_VERSION"))
@@ -1761,7 +1764,7 @@ class RankPool:
         # starts here with this process's own environment and outside the ranks' namespace, since MPS's guardian
         # ends every process that carries the ranks' pipe folder (a2a/sharing.py).
         multiprocessing.resource_tracker.ensure_running()
-        with environment_with(self.env), self.sandbox.spawning(), _main_not_rerun():
+        with environment_with(self.env), self.sandbox.spawning(), _main_not_rerun(not self.rerun_main):
             process.start()
         child_end.close()
         return process, parent_end, phase

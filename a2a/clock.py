@@ -273,7 +273,7 @@ class Clock:
         pool = None
         try:
             pool = core.RankPool(self.plan.world_size, self.plan.backend, rank_prefix=True, env=env,
-                                 bundle=self.bundles.get(entry.name))
+                                 bundle=self.bundles.get(entry.name), rerun_main=False)
             self.guards, self.uid = pool.guards.describe(), pool.guards.uid
             test = core.TestCase(args={"world_size": self.plan.world_size}, spec=f"{entry.name} (clock round)")
             params = {"fn": session_rank, "args": (entry, self.plan.case_args, {
