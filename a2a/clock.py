@@ -338,8 +338,12 @@ class Clock:
         if said["device_ns"]:
             sample["call"] = statistics.fmean(said["device_ns"]) / 1e3
         held = [v for v in said["held_ns"] if v == v]
-        if any(p["sync_inside"] for p in done.payloads.values()):
+        if any(p["sync_inside"] for p in done.payloads.values()) and live.entry.name not in self.sync_inside:
             self.sync_inside.add(live.entry.name)
+            for (name, _), per_round in self.samples.items():  # its figure is the call time from the start
+                for value in per_round.values() if name == live.entry.name else ():
+                    if "call" in value:
+                        value["held"] = value["call"]
         if live.entry.name in self.sync_inside:
             sample["held"] = sample.get("call", math.nan)
         elif held and len(held) >= len(said["held_ns"]) // 2:

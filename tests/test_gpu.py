@@ -461,33 +461,69 @@ def test_sol_measures_this_machine():
     assert 100 < figures["local_copy_gbps"] < 20000
 
 
+def _clock(versions: list, cases: str, world_size: int, rounds: int, extra: tuple = (), order: tuple = ()):
+    import math
+
+    from a2a import clock
+
+    plan = make_plan(versions, cases, world_size, "nccl", gpu_only="keep") if versions else \
+        make_plan("v1", cases, world_size, "nccl")
+    entries = [clock.Entry(path.stem.split("_")[0], "version", str(path)) for path in plan.versions[:len(versions)]]
+    entries += list(extra)
+    settings = clock.Settings(steps=6, min_rounds=rounds, max_rounds=rounds, time_cap_s=math.inf, targets=(),
+                              order=order)
+    return clock.time_entries(plan, entries, settings, **QUIET)
+
+
 @gpu_per_rank(2, "a timing, and NVSHMEM's own GPU binding")
 def test_anchors_time_a_case():
     import torch.distributed._symmetric_memory as symm_mem
 
-    from a2a import anchors
+    from a2a import anchors, clock
 
-    rows = anchors.run(make_plan("v1", "benchmarks:1", 2, "nccl").case_args, 2, iterations=10, **QUIET)
-    by_name = {row["version"]: row for row in rows}
-    for name in anchors.ANCHORS:
-        if name.startswith("nvshmem") and hasattr(symm_mem, "is_nvshmem_available") \
-                and not symm_mem.is_nvshmem_available():
-            continue  # this torch has no NVSHMEM: the row must say so instead of timing
-        assert by_name[name]["status"] == "pass" and by_name[name]["device_mean_us"] > 0, by_name[name]
+    names = [n for n in anchors.ANCHORS if not (n.startswith("nvshmem") and hasattr(symm_mem, "is_nvshmem_available")
+                                                and not symm_mem.is_nvshmem_available())]
+    run = _clock([], "benchmarks:1", 2, 2, extra=[clock.Entry(n, anchors.KINDS.get(n, "anchor"), call=n)
+                                                   for n in names])
+    for name in names:
+        assert name not in run.failed and run.entry_intervals(name)["call"].center > 0, (name, run.failed)
 
 
 @at_problem_size
 def test_the_floors_time_a_case_at_one_rank_and_at_the_problems_size():
     """The empty submission and the handshake need no peer on its own GPU: they time at world size 1 and among 8
     ranks (sharing the GPUs where there are fewer), every handshake call hearing from every rank."""
-    from a2a import anchors
+    from a2a import anchors, clock
 
     for world_size in (1, PROBLEM_WS):
-        rows = anchors.run(make_plan("v1", "benchmarks:1", world_size, "nccl").case_args, world_size, iterations=10,
-                           entries=anchors.FLOORS, **QUIET)
-        assert [row["version"] for row in rows] == list(anchors.FLOORS)
-        for row in rows:
-            assert row["status"] == "pass" and row["device_mean_us"] > 0, (world_size, row)
+        run = _clock([], "benchmarks:1", world_size, 2, extra=[clock.Entry(n, anchors.KINDS[n], call=n)
+                                                               for n in anchors.FLOORS])
+        assert not run.failed, run.failed
+        for name in anchors.FLOORS:
+            found = run.entry_intervals(name)
+            assert found["call"].center > 0 and found["held"].center > 0, (world_size, name, found)
+
+
+def test_the_clock_does_not_depend_on_the_entries_order():
+    """A,B against B,A (issue #37): each entry's held device time and call time in one order lies within its
+    interval in the other."""
+    runs = [_clock(["v7", "v8"], "benchmarks:0,4", 1, 6, order=order) for order in (("v7", "v8"), ("v8", "v7"))]
+    for run in runs:
+        assert not run.failed and not run.throttled, (run.failed, run.throttled)
+    for name in ("v7", "v8"):
+        for metric in ("held", "call"):
+            first, second = (run.entry_intervals(name)[metric] for run in runs)
+            assert first.low <= second.center <= first.high or second.low <= first.center <= second.high, \
+                (name, metric, first, second)
+
+
+def test_a_call_that_synchronizes_inside_is_timed_on_an_idle_stream_and_named():
+    """v1 waits for its own work (.tolist()): no sleep can hold its stream, so its held figure is its call time and
+    the run names it; v8 is held."""
+    run = _clock(["v1", "v8"], "benchmarks:0", 1, 2)
+    assert run.sync_inside == {"v1"} and not run.failed
+    v1, v8 = run.entry_intervals("v1"), run.entry_intervals("v8")
+    assert v1["held"].center == v1["call"].center and v8["held"].center < v8["call"].center
 
 
 def test_step_anatomy_runs_on_gpus(tmp_path):
