@@ -1059,12 +1059,13 @@ class OutputCheck:
 # Holding the stream (nvbench's blocking kernel): a sleep kernel queued before the start event keeps the GPU from
 # starting the call's work until the host has queued all of it, so the events time the GPU's work alone. Its
 # length adapts: a step whose start event had already passed when the call returned was not held (the sleep was too
-# short for this host path); after HOLD_GIVE_UP such steps at the longest sleep the call is taken to synchronize
+# short for this host path, and the next is eight times longer); after HOLD_GIVE_UP such steps at the longest
+# sleep (the fifth held step at the latest) the call is taken to synchronize
 # inside (it waits for its own work, so no sleep can outlast its queueing) and is timed on an idle stream instead,
 # as nvbench's exec_tag::sync does.
 HOLD_START_CYCLES = 200_000  # about 100 µs at 2 GHz
 HOLD_MAX_CYCLES = 64_000_000  # about 32 ms
-HOLD_GIVE_UP = 3
+HOLD_GIVE_UP = 2
 
 
 @dataclasses.dataclass
@@ -1083,7 +1084,7 @@ class Hold:
         if self.cycles >= HOLD_MAX_CYCLES:
             self.misses_at_max += 1
             self.sync_inside = self.misses_at_max >= HOLD_GIVE_UP and not self.held
-        self.cycles = min(4 * self.cycles, HOLD_MAX_CYCLES)
+        self.cycles = min(8 * self.cycles, HOLD_MAX_CYCLES)
 
 
 STEP_BOUNDARIES = ("start", "cloned", "returned", "synchronized", "barrier passed")
