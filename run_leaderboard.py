@@ -196,6 +196,8 @@ def problem_size_checks(plan: planning.RunPlan, selector: str = "tests", progres
     world_size = max(case["world_size"] for case in plan.task["tests"])
     if plan.world_size >= world_size or not plan.versions:
         return pd.DataFrame(), []
+    if plan.backend == "nccl" and 0 < planning.machine_gpus() < world_size and (why := sharing.obtain_nccl(progress)):
+        return pd.DataFrame(), [f"skipped the official tests at world size {world_size}: {why}"]
     try:
         shared = planning.make_plan(plan.versions, selector, world_size, plan.backend, timeout_s=plan.timeout_s,
                                     task_path=plan.task_path)

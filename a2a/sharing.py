@@ -38,6 +38,9 @@ MPS_CONTROL = "nvidia-cuda-mps-control"
 NCCL_MULTI_RANK = (2, 30, 0)  # the first NCCL with NCCL_MULTI_RANK_GPU_ENABLE
 # Where `make nccl` puts the NCCL it builds (a user can name another with A2A_NCCL_LIB).
 BUILT_NCCL = core.HERE / "build" / "nccl" / "lib" / "libnccl.so.2"
+# Where obtain_nccl puts the nvidia-nccl wheel when a package registry answers (its library preloaded, as a built one).
+WHEEL_DIR = core.HERE / "build" / "nccl-wheel"
+WHEEL_NCCL = WHEEL_DIR / "nvidia" / "nccl" / "lib" / "libnccl.so.2"
 # Each rank's share of a GPU it shares (WORKLOG, "World size 8 on one GPU" and "the SM share, third part"): together
 # the ranks of one GPU hold SHARED_SM_FRACTION of it, and no rank gets less than MIN_SM_PERCENT. MPS's share is a cap,
 # not a partition (this driver's MPS has no static partitioning), so a rank's blocks can wait behind other ranks'
@@ -172,7 +175,7 @@ def nccl_for_sharing() -> Nccl:
     if own_version and own_version >= NCCL_MULTI_RANK:
         return Nccl(own_version, own, preload=False)
     named = os.environ.get("A2A_NCCL_LIB")
-    candidates = [Path(named)] if named else [BUILT_NCCL]
+    candidates = [Path(named)] if named else [BUILT_NCCL, WHEEL_NCCL]
     for candidate in candidates:
         if not candidate.is_file():
             if named:
@@ -189,6 +192,54 @@ def nccl_for_sharing() -> Nccl:
     raise UserError(f"several ranks on one GPU need NCCL {core.version_text(NCCL_MULTI_RANK)} or later and torch "
                     f"loads {found}: pip install 'nvidia-nccl-cu13>=2.30' (or -cu12), or build one with `make nccl` "
                     "(README, 'World size 8 on fewer GPUs')")
+
+
+def obtain_nccl(progress=print) -> Optional[str]:
+    """Gets, once, an NCCL that lets ranks share a GPU where none is found (the second of the two commands needs no
+    third): the nvidia-nccl wheel into build/nccl-wheel where a package registry answers, else NCCL's source
+    (NCCL_SRC, or a clone of NVIDIA/nccl) built for this GPU by tools/build_nccl.sh into build/nccl. Both are
+    cached there for every later run. Returns None when one is there now, else the one line that says why not."""
+    try:
+        nccl_for_sharing()
+        return None
+    except UserError as missing:
+        if os.environ.get("A2A_NCCL_LIB"):
+            return str(missing)
+    import torch
+
+    flavour = "cu13" if (torch.version.cuda or "").startswith("13") else "cu12"
+    progress(f"ranks sharing a GPU need NCCL {core.version_text(NCCL_MULTI_RANK)} or later and none is here: getting "
+             f"one, once (the nvidia-nccl-{flavour} wheel where a registry answers, else the source built for this "
+             "GPU, about 4-5 minutes), into build/")
+    tried = []
+    for fetch, library in ((lambda: _pip_wheel(flavour), WHEEL_NCCL), (_build_source, BUILT_NCCL)):
+        said = fetch()
+        if _usable(library):
+            progress(f"NCCL {core.version_text(nccl_version_of(library))} is in {library.parent.parent}")
+            return None
+        tried.append(said)
+    return (f"no NCCL {core.version_text(NCCL_MULTI_RANK)}+ could be had here ({'; '.join(tried)}): name a source "
+            "archive with NCCL_SRC=FILE.tar.gz, or a library with A2A_NCCL_LIB=PATH")
+
+
+def _pip_wheel(flavour: str) -> str:
+    """The nvidia-nccl wheel into WHEEL_DIR; what went wrong, in a few words, when it did."""
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                           "--no-deps", "--retries", "0", "--timeout", "10", "--target", str(WHEEL_DIR),
+                           f"nvidia-nccl-{flavour}>={core.version_text(NCCL_MULTI_RANK[:2])}"],
+                          capture_output=True, text=True, timeout=900)
+    return "pip: " + ((done.stderr.strip().splitlines() or ["no answer"])[-1][:120] if done.returncode else "done")
+
+
+def _build_source() -> str:
+    """NCCL built from source into build/nccl (tools/build_nccl.sh: NCCL_SRC, or a clone)."""
+    done = subprocess.run([str(core.HERE / "tools" / "build_nccl.sh")], capture_output=True, text=True, timeout=3600)
+    return "build: " + ((done.stderr.strip().splitlines() or ["failed"])[-1][:160] if done.returncode else "done")
+
+
+def _usable(library: Path) -> bool:
+    version = nccl_version_of(library) if library.is_file() else None
+    return bool(version and version >= NCCL_MULTI_RANK)
 
 
 def _require_mps() -> None:

@@ -30,6 +30,9 @@ def _sharing_problem():
     """Why 8 ranks cannot run on this machine's GPUs, or None (one GPU per rank, or sharing works here)."""
     if not 0 < gpu_count() < PROBLEM_WS:
         return None
+    missing = sharing.obtain_nccl()  # once, cached in build/ (make test sets itself up like make leaderboard)
+    if missing:
+        return missing
     try:
         sharing.check_available()
     except core.UserError as why:

@@ -140,6 +140,35 @@ def test_the_ranks_get_an_nccl_that_allows_sharing(tmp_path, monkeypatch):
     assert sharing.nccl_for_sharing().preload is False
 
 
+def test_an_nccl_that_allows_sharing_is_got_once_or_one_line_says_why_not(tmp_path, monkeypatch):
+    """The two commands need no third: where only torch's old NCCL is found, the harness gets one (the wheel where
+    a registry answers, else the source built), caches it under build/, and says in one line why when it cannot."""
+    old, new = _fake_nccl(tmp_path, 22809), _fake_nccl(tmp_path, 23007)
+    wheel = tmp_path / "wheel" / "nvidia" / "nccl" / "lib" / "libnccl.so.2"
+    monkeypatch.setattr(sharing, "torch_nccl_library", lambda: old)
+    monkeypatch.setattr(sharing, "BUILT_NCCL", tmp_path / "not-built" / "libnccl.so.2")
+    monkeypatch.setattr(sharing, "WHEEL_NCCL", wheel)
+    monkeypatch.delenv("A2A_NCCL_LIB", raising=False)
+    tried, said = [], []
+    monkeypatch.setattr(sharing, "_pip_wheel", lambda flavour: tried.append("pip") or "pip: no registry")
+    monkeypatch.setattr(sharing, "_build_source", lambda: tried.append("build") or "build: no source")
+    why = sharing.obtain_nccl(said.append)
+    assert tried == ["pip", "build"] and len(said) == 1 and "getting one, once" in said[0]
+    assert "\n" not in why and "pip: no registry; build: no source" in why and "NCCL_SRC=" in why
+
+    def install():  # the registry answers: the wheel's library lands where the harness looks
+        wheel.parent.mkdir(parents=True)
+        shutil.copy(new, wheel)
+        return "pip: done"
+
+    tried.clear()
+    monkeypatch.setattr(sharing, "_pip_wheel", lambda flavour: install())
+    assert sharing.obtain_nccl(said.append) is None and tried == []
+    assert sharing.nccl_for_sharing() == sharing.Nccl((2, 30, 7), wheel.resolve(), preload=True)
+    said.clear()
+    assert sharing.obtain_nccl(said.append) is None and said == []  # cached: nothing to get, nothing said
+
+
 # A stand-in for nvidia-cuda-mps-control: `-f` is the daemon (a control file in the pipe folder, a `server` child
 # that ignores quit, as a wedged one would); otherwise a client command on stdin.
 FAKE_CONTROL = '''

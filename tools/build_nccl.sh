@@ -20,6 +20,7 @@ elif [ ! -f "$src/makefiles/version.mk" ]; then
 fi
 nvcc=$(command -v nvcc) || { echo "build_nccl: nvcc is not on the PATH" >&2; exit 113; }
 cuda_home=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$nvcc")")")}
+[ -f "$cuda_home/include/cuda_runtime.h" ] || cuda_home=/usr/local/cuda  # nvcc linked from /usr/local/bin
 arch=${NCCL_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')}
 [ -n "$arch" ] || { echo "build_nccl: no GPU to read the architecture from; set NCCL_ARCH (e.g. 90)" >&2; exit 113; }
 started=$(date +%s)
