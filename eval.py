@@ -9,7 +9,7 @@ reference-kernels, problems/amd_distributed/eval.py): a spawn pool of POPCORN_GP
 worker is rank 0 in one case and another rank in the next), an NCCL group per case with `device_id` on the fixed
 port, no `set_device` anywhere (the current device stays cuda:0 in every worker), the submission imported inside
 the worker during the first case and within that case's time limit, the same timed loop, seeds, warm-up and stop
-rules. What differs, and why none of it can turn a failure there into a pass here: README, "Faithful to the runner".
+rules. What differs, and why none of it can turn a failure there into a pass here: docs/judge.md, "Faithful to the runner".
 
 Run from the repository without POPCORN_FD, it hands over to the human face (a2a/harness.py). The human face's
 options arrive as A2A_* variables, read once in `protocol_main`: A2A_BACKEND, A2A_EXTRA (device-side time, harness
@@ -45,15 +45,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
-__all__ = [  # what a2a/, tools/, launch.py, run_leaderboard.py and diff.py use; everything else is the core's own
+__all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything else is the core's own
     "CaseRun", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED", "EXIT_CRASH", "EXTRA_STATS", "EXTRA_STAT_FIELDS", "HELD",
-    "HERE", "Hold", "LEADERBOARD_SEED_STEP", "MODES", "MPS_DEFAULT_PIPE_DIRECTORY", "OFFICIAL_TIMEOUT_S",
-    "OutputCheck", "OwnerAnswers", "RUN_OWNER", "RankPool", "SEED_MAX", "SPEC_KEYS", "Step", "Tampering",
-    "Terminated", "TestCase", "UserError", "WARMUP_CALLS", "all_ok", "ask_owner", "bound", "calculate_extra_stats",
-    "cantor_combine", "case_problem", "check_apart", "checked", "claim_run", "clone_data", "die_with_parent",
-    "environment_with", "expected_output", "get_test_cases", "import_submission", "install_signal_handlers",
-    "kill_tree", "measure", "nccl_version_tuple", "own_device", "rank_device", "rank_failures", "remove_owned_by",
-    "shipped", "snapshot", "spec_line", "validate_cases", "version_text",
+    "HERE", "Hold", "InputOracle", "LEADERBOARD_SEED_STEP", "MODES", "MPS_DEFAULT_PIPE_DIRECTORY",
+    "OFFICIAL_TIMEOUT_S", "OutputCheck", "OwnerAnswers", "RUN_OWNER", "RankPool", "SEED_MAX", "SPEC_KEYS", "Step",
+    "Tampering", "Terminated", "TestCase", "UserError", "WARMUP_CALLS", "all_ok", "ask_owner", "bound",
+    "calculate_extra_stats", "cantor_combine", "case_problem", "check_apart", "checked", "claim_run", "clone_data",
+    "die_with_parent", "environment_with", "expected_output", "get_test_cases", "import_submission",
+    "install_signal_handlers", "kill_tree", "measure", "nccl_version_tuple", "own_device", "rank_device",
+    "rank_failures", "release_uid", "shipped", "snapshot", "spec_line", "validate_cases", "version_text",
 ]
 HERE = Path(__file__).resolve().parent
 MODES = ("test", "benchmark", "leaderboard", "profile")
@@ -132,7 +132,7 @@ def die_with_parent(signum: int = signal.SIGKILL) -> None:
 def hide_result_channel() -> None:
     """Keeps the result channel out of the ranks' reach: POPCORN_FD leaves the environment the ranks inherit, and
     this process becomes non-dumpable, so another process of the same user cannot open /proc/<this pid>/fd/<fd>
-    (root still can: README, "What a submission cannot do"). The human face's channel is a socket, which no
+    (root still can: docs/judge.md, "What stays open"). The human face's channel is a socket, which no
     process can open through /proc at all."""
     os.environ.pop("POPCORN_FD", None)
     _prctl(4, 0)  # PR_SET_DUMPABLE
@@ -191,6 +191,8 @@ def sweep_orphans() -> list[int]:
     took its owner before the owner could end it (a submission's forked children re-parented to init, a rank whose
     parent died). A live owner's processes are left alone. Returns the pids killed."""
     killed = []
+    with contextlib.suppress(OSError):
+        _release_stale_uids()
     for pid, environ in other_processes():
         matched = re.search(rb"(?:^|\0)" + RUN_OWNER.encode() + rb"=(\d+):(\d+)", environ)
         if not matched or _start_time(int(matched[1])) == matched[2].decode():
@@ -242,12 +244,17 @@ RANK_UID_BASE, RANK_UID_SPAN = 60000, 5000
 SHARED_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
 # Extension and Triton caches the ranks can write as their uid, kept between runs (A2A_RANK_CACHE moves it).
 RANK_CACHE = Path(os.environ.get("A2A_RANK_CACHE", "/var/tmp/a2a-rank-cache"))
-# The namespace's init: a child of a tiny parent that dies with the pool's owner; init dies with that parent.
+# The namespace's guardian and its init. The guardian, a tiny process outside the namespace, forks the init into
+# it, says its pid, then waits for its owner's pipe to close (the owner is done, or was killed: SIGKILL included);
+# then it kills the init (the kernel ends everything in the namespace with it) and, unless the owner said "keep",
+# removes what the ranks' uid left in the shared temporary folders. Signals to the run's process group leave it.
 _NAMESPACE_INIT = r"""
 import ctypes, os, signal, sys
+owner, here, uid = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl(1, signal.SIGKILL, 0, 0, 0)
-if os.getppid() != int(sys.argv[1]) or libc.unshare(0x20000000):
+for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+    signal.signal(getattr(signal, name), signal.SIG_IGN)
+if os.getppid() != owner or libc.unshare(0x20000000):
     print("error", os.strerror(ctypes.get_errno()), flush=True)
     sys.exit(1)
 child = os.fork()
@@ -259,7 +266,13 @@ if child == 0:
         except ChildProcessError:
             signal.pause()
 print(child, flush=True)
-signal.pause()
+told = sys.stdin.read()
+os.kill(child, signal.SIGKILL)
+os.waitpid(child, 0)
+if "keep" not in told:
+    sys.path.insert(0, here)
+    import eval
+    eval.release_uid(uid)
 """
 
 
@@ -322,8 +335,11 @@ class Sandbox:
             return
         import subprocess
 
-        self.parent = subprocess.Popen([sys.executable, "-c", _NAMESPACE_INIT, str(os.getpid())],
-                                       stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        env = {k: v for k, v in os.environ.items() if k != RUN_OWNER}  # no orphan sweep may end it mid-clean
+        self.parent = subprocess.Popen([sys.executable, "-c", _NAMESPACE_INIT, str(os.getpid()), str(HERE),
+                                        str(RANK_UID_BASE + os.getpid() % RANK_UID_SPAN)],
+                                       stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, env=env,
+                                       start_new_session=True)  # a kill of the run's process group spares it
         answer = self.parent.stdout.readline().split()
         if not answer or answer[0] == "error":
             self.guards.off.append(f"the kernel refused a PID namespace ({' '.join(answer[1:]) or 'no answer'})")
@@ -349,7 +365,8 @@ class Sandbox:
             self.guards.off.append(f"the ranks keep this user's uid: {unreachable} is not readable by other users")
             return
         self.expose = tuple(pairs)
-        self.guards.uid = RANK_UID_BASE + os.getpid() % RANK_UID_SPAN
+        self.guards.uid = RANK_UID_BASE + os.getpid() % RANK_UID_SPAN  # the guardian's, given when it started
+        _record_uid(self.guards.uid, self.started_ns)
 
     def rank_setup(self) -> RankSandbox:
         return RankSandbox(private_proc=self.guards.private_proc, uid=self.guards.uid,
@@ -385,17 +402,23 @@ class Sandbox:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
+        deadline = time.monotonic() + 5  # gone, not only signalled: a dying child may still hold the port
+        while killed and set(self.members()) - set(keep) and time.monotonic() < deadline:
+            time.sleep(0.005)
         return killed
 
     def close(self, clean_files: bool = True) -> None:
         """Ends the namespace (the kernel kills every process in it with its init) and, with `clean_files`, removes
         what the ranks' uid left in the shared temporary folders (a caller with many pools does it once, last)."""
         if self.parent is not None:
-            with contextlib.suppress(ProcessLookupError):
-                if self.init_pid:
-                    os.kill(self.init_pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):  # the guardian ends the namespace, and cleans unless told to keep
+                self.parent.stdin.write("clean" if clean_files and self.guards.uid is not None else "keep")
+                self.parent.stdin.close()
+            try:
+                self.parent.wait(timeout=60)
+            except Exception:
                 self.parent.kill()
-            self.parent.wait()
+                self.parent.wait()
             self.parent = None
         deadline = time.monotonic() + 5
         while self.members() and time.monotonic() < deadline:
@@ -405,8 +428,6 @@ class Sandbox:
                 os.close(fd)
         self._theirs = self._own = None
         self.inode = None
-        if clean_files and self.guards.uid is not None:
-            remove_owned_by(self.guards.uid, self.started_ns)
 
 
 def exposure(paths: list) -> tuple[list, Optional[str]]:
@@ -454,6 +475,43 @@ def _prepare_rank_cache() -> None:
         os.chmod(RANK_CACHE, 0o755)
 
 
+UID_RECORDS = RANK_CACHE / "owners"  # uid -> the command that ran ranks as it, and since when (release_uid)
+
+
+def _record_uid(uid: int, since_ns: int) -> None:
+    """Notes which command runs ranks as `uid`, so that the next command cleans up after one that was killed before
+    it could (sweep_orphans)."""
+    UID_RECORDS.mkdir(parents=True, exist_ok=True)
+    record = UID_RECORDS / str(uid)
+    if not record.exists():
+        record.write_text(f"{os.getpid()}:{_start_time(os.getpid())}:{since_ns}")
+
+
+def release_uid(uid: int) -> list[str]:
+    """Removes what ranks running as `uid` left in the shared temporary folders, then the uid's record."""
+    record = UID_RECORDS / str(uid)
+    try:
+        since_ns = int(record.read_text().split(":")[2])
+    except (OSError, IndexError, ValueError):
+        return []
+    removed = remove_owned_by(uid, since_ns)
+    with contextlib.suppress(OSError):
+        record.unlink()
+    return removed
+
+
+def _release_stale_uids() -> None:
+    """Cleans up after every command whose ranks' uid is recorded and which is gone (killed before its own
+    clean-up)."""
+    if not UID_RECORDS.is_dir():
+        return
+    for record in UID_RECORDS.iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            pid, start, _ = record.read_text().split(":")
+            if _start_time(int(pid)) != start:
+                release_uid(int(record.name))
+
+
 def remove_owned_by(uid: int, since_ns: int) -> list[str]:
     """Removes what `uid` made in the shared temporary folders since `since_ns` (its own caches excepted)."""
     import shutil
@@ -461,7 +519,7 @@ def remove_owned_by(uid: int, since_ns: int) -> list[str]:
     removed = []
     for top in SHARED_SCRATCH:
         for dirpath, dirnames, filenames in os.walk(top, topdown=True):
-            if Path(dirpath) == RANK_CACHE.parent:
+            if Path(dirpath) == RANK_CACHE.parent:  # the caches and the records stay
                 dirnames[:] = [d for d in dirnames if Path(dirpath, d) != RANK_CACHE]
             for name in list(dirnames) + filenames:
                 path = os.path.join(dirpath, name)
@@ -593,6 +651,7 @@ class ExtraStats:
 
 
 EXTRA_STAT_FIELDS = tuple(field.name for field in dataclasses.fields(ExtraStats))
+_PLAIN_TYPES: dict = {"Stats": Stats, "ExtraStats": ExtraStats}  # dataclasses a rank may send (RankFailure below)
 
 
 def cantor_combine(a: int, b: int) -> int:
@@ -646,7 +705,10 @@ def read_test_file(path: Path, seed: Optional[int]) -> list[TestCase]:
         # Opened without blocking and read only when it is a regular file: a FIFO would wait for a writer forever.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as source:  # bounded: a link to /dev/zero must not be read until memory runs out
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise UserError(f"Could not open test file `{path}`: Is a directory")
+            if not stat.S_ISREG(mode):
                 raise UserError(f"test file `{path}` is not a regular file (a FIFO, a device or a socket)")
             raw = source.read(MAX_TEST_FILE_BYTES + 1)
         if len(raw) > MAX_TEST_FILE_BYTES:
@@ -773,10 +835,95 @@ class RankFailure:
     at: float = dataclasses.field(default_factory=time.time)
 
 
+_PLAIN_TYPES["RankFailure"] = RankFailure
+
+
 class RankResult(NamedTuple):
     ok: bool
     value: Any  # the job's result, or a RankFailure
     import_s: Optional[float] = None  # seconds this rank spent importing the submission during this case
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What a rank sends its owner is plain data: the owner never unpickles an object a rank chose (an unpickled object
+# can run code, and the owner runs as root, outside the ranks' sandbox). Tensors, the result types and numbers go
+# as tagged dicts; the owner's unpickler resolves no class at all.
+# --------------------------------------------------------------------------------------------------------------
+
+MAX_MESSAGE_BYTES = 1 << 30
+_PLAIN = "__plain__"
+
+
+class Unsendable(TypeError):
+    """A rank tried to send its owner something that is not plain data."""
+
+
+def to_plain(obj):
+    """`obj` as plain data (None, bool, int, float, str, bytes, lists, tuples, dicts of those), with tensors, the
+    result types and numpy numbers tagged; Unsendable for anything else."""
+    import numbers
+
+    if obj is None or isinstance(obj, (bool, str, bytes)):
+        return obj
+    if isinstance(obj, numbers.Integral):
+        return int(obj)
+    if isinstance(obj, numbers.Real):
+        return float(obj)
+    if isinstance(obj, RankResult):
+        return {_PLAIN: "RankResult", "fields": [to_plain(v) for v in obj]}
+    if type(obj).__name__ == "Tensor" and type(obj).__module__ == "torch":
+        import torch
+
+        flat = obj.detach().cpu().contiguous().reshape(-1)
+        return {_PLAIN: "tensor", "dtype": str(obj.dtype).removeprefix("torch."), "shape": list(obj.shape),
+                "data": flat.view(torch.uint8).numpy().tobytes()}
+    if dataclasses.is_dataclass(obj) and type(obj).__name__ in _PLAIN_TYPES:
+        return {_PLAIN: type(obj).__name__, "fields": {f.name: to_plain(getattr(obj, f.name))
+                                                     for f in dataclasses.fields(obj)}}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_plain(v) for v in obj) if type(obj) in (list, tuple) else [to_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {to_plain(k): to_plain(v) for k, v in obj.items()}
+    raise Unsendable(f"a {type(obj).__module__}.{type(obj).__name__} cannot be sent to the evaluator")
+
+
+def from_plain(obj):
+    """to_plain's inverse, with this process's own classes."""
+    if isinstance(obj, list):
+        return [from_plain(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(from_plain(v) for v in obj)
+    if not isinstance(obj, dict):
+        return obj
+    kind = obj.get(_PLAIN)
+    if kind is None:
+        return {k: from_plain(v) for k, v in obj.items()}
+    if kind == "tensor":
+        import torch
+
+        raw = torch.frombuffer(bytearray(obj["data"]), dtype=torch.uint8) if obj["data"] else \
+            torch.empty(0, dtype=torch.uint8)
+        return raw.view(getattr(torch, obj["dtype"])).reshape(obj["shape"])
+    if kind == "RankResult":
+        return RankResult(*from_plain(obj["fields"]))
+    return _PLAIN_TYPES[kind](**from_plain(obj["fields"]))
+
+
+class _PlainUnpickler(__import__("pickle").Unpickler):
+    def find_class(self, module, name):
+        raise Unsendable(f"a rank sent {module}.{name}: not plain data")
+
+
+def encode(obj) -> bytes:
+    import pickle
+
+    return pickle.dumps(to_plain(obj), protocol=5)
+
+
+def decode(raw: bytes):
+    import io
+
+    return from_plain(_PlainUnpickler(io.BytesIO(raw)).load())
 
 
 class Tampering(Exception):
@@ -804,11 +951,11 @@ class Bound(NamedTuple):
     tensor: Any  # torch.Tensor, the class a plain output must be
     ops: dict  # name -> torch callable, taken from their classes and modules at start
     registrations: dict  # HARNESS_OPS -> the dispatcher's registrations at start
-    harness: tuple  # (name, object) of every function and class of this module at start
+    harness: tuple  # (name, object) of every global of this module, Bound's class and `ops`, at start
     tampering: Callable  # this module's `tampering`, as it was at start
 
 
-def _bind() -> Bound:
+def bind_primitives() -> Bound:
     import torch
     import torch.distributed as dist
 
@@ -839,9 +986,16 @@ def _bind() -> Bound:
     for name in HARNESS_OPS:
         with contextlib.suppress(RuntimeError):
             registrations[name] = torch._C._dispatch_dump(name)
-    harness = tuple((name, value) for name, value in globals().items()
-                    if callable(value) and getattr(value, "__module__", None) == __name__)
-    return Bound(time.perf_counter_ns, reference, on_cuda, t, ops, registrations, harness, tampering)
+    import types
+
+    harness = tuple((name, value) for name, value in globals().items() if name not in _HARNESS_STATE)
+    return Bound(time.perf_counter_ns, reference, on_cuda, t, types.MappingProxyType(ops), registrations,
+                 harness + (("Bound.__dict__", tuple(vars(Bound).items())), ("ops", tuple(ops.items()))),
+                 tampering)
+
+
+# The module's globals the harness itself rebinds as it runs (every other one must stay what it was at the bind).
+_HARNESS_STATE = ("_setup", "_kernel", "_import_s", "_bound")
 
 
 _bound: Optional[Bound] = None  # the worker's, for tools' functions (the official jobs get theirs as an argument)
@@ -857,10 +1011,11 @@ def bound() -> Bound:
 def tampering(b: Bound) -> Optional[str]:
     """What, if anything, changed under the harness's bound primitives: a torch function or dispatch mode left
     active, or an operator the harness runs registered anew."""
-    here = globals()
+    here = dict(globals(), **{"Bound.__dict__": tuple(vars(type(b)).items()), "ops": tuple(b.ops.items())})
     for name, value in b.harness:
-        if here.get(name) is not value:
-            return f"the harness's own `{name}` was replaced in its module"
+        now = here.get(name)
+        if now is not value and not (isinstance(value, tuple) and now == value):
+            return f"the harness's own `{name}` was replaced in its process"
     if b.ops["function_modes"]():
         return "a torch function mode is active around the harness's own calls"
     if b.ops["dispatch_modes"]():
@@ -996,7 +1151,7 @@ class AbortAsk(NamedTuple):
 def ask_owner(kind: str, payload: Any = None) -> Any:
     """A question to the pool's owner, which answers once every rank of the case has asked the same (a
     collective). The owner never imports the submission: its clock, generator and checks are out of reach."""
-    _owner_conn.send(("ask", kind, payload))
+    _owner_conn.send_bytes(encode(("ask", kind, payload)))
     answer = _owner_conn.recv()
     if isinstance(answer, AbortAsk):
         raise RuntimeError(answer.why)
@@ -1034,7 +1189,8 @@ class OutputCheck:
             problem = f"returned a {type(output).__name__}, not a plain torch.Tensor"
         elif output.device != expected.device or output.shape != expected.shape or output.dtype != expected.dtype:
             problem = (f"returned {tuple(output.shape)} {output.dtype} on {output.device}, expected "
-                       f"{tuple(expected.shape)} {expected.dtype} on {expected.device}")
+                       f"{tuple(expected.shape)} {expected.dtype} on {expected.device} (a shape, dtype or device "
+                       "mismatch)")
         else:
             problem = None
             with ops["no_torch_function"]():
@@ -1266,14 +1422,12 @@ def checked(b: Bound, unchanged, output) -> tuple[bool, str]:
         return b.reference[1](unchanged, output)
 
 
-def shipped(b: Bound, unchanged, output) -> dict:
-    """What the check apart needs: the output and the inputs the closed form reads, as plain CPU tensors."""
+def shipped(b: Bound, output) -> dict:
+    """What the check apart needs from a rank: its output, as a plain CPU tensor (the owner makes the input again
+    itself, where no submission runs, and never takes one from a rank)."""
     ops = b.ops
-    cfg, rank_data, _, world_size = unchanged
     plain = ops["clone"](ops["cpu"](ops["detach"](output))) if type(output) is b.tensor else None
-    return {"output": plain, "returned": type(output).__name__, "x": ops["cpu"](rank_data.x),
-            "indices": ops["cpu"](rank_data.indices), "weights": ops["cpu"](rank_data.weights),
-            "num_experts": cfg.num_experts, "world_size": world_size}
+    return {"output": plain, "returned": type(output).__name__}
 
 
 def _rank_test(b: Bound, test: TestCase, rank: int, apart: bool = True):
@@ -1290,7 +1444,7 @@ def _rank_test(b: Bound, test: TestCase, rank: int, apart: bool = True):
     good, message = checked(b, unchanged, output)
     if good and (why := b.tampering(b)):
         good, message = False, f"void: {why}"
-    return good, ({"apart": [shipped(b, unchanged, output)]} if good and apart else message)
+    return good, ({"apart": [shipped(b, output)]} if good and apart else message)
 
 
 # The check apart samples the timed calls after the loop: the ranks cannot know in advance which of their outputs
@@ -1300,13 +1454,16 @@ def _rank_test(b: Bound, test: TestCase, rank: int, apart: bool = True):
 APART_MIN = 12
 APART_FRACTION = 0.1
 # The owner's clock around a timed loop may run ahead of a rank's by the messages' travel and scheduling, never by
-# more than this: beyond it the rank's clock was slower than real time (README, "What a submission cannot do").
+# more than this: beyond it the rank's clock was slower than real time (docs/judge.md, "What a submission cannot do").
 CLOCK_SLACK_NS = 5_000_000
 CLOCK_SLACK_FRACTION = 0.05
 
 
 def apart_count(steps: int, at_least: int = APART_MIN, fraction: float = APART_FRACTION) -> int:
     return min(steps, max(at_least, math.ceil(fraction * steps)))
+
+
+FLOOR_STEPS = 10  # harness floor steps in front of every timed loop: the owner's measure of a step without a call
 
 
 def _rank_benchmark(b: Bound, test: TestCase, rank: int, recheck: bool, max_repeats: int, max_time_ns: float,
@@ -1323,11 +1480,11 @@ def _rank_benchmark(b: Bound, test: TestCase, rank: int, recheck: bool, max_repe
     good, message = checked(b, unchanged, output)
     if not all_ok(good, rank, b):
         return False, RankFailure(message) if not good else RankFailure("another rank failed its check", True)
-    first = shipped(b, unchanged, output)
+    first = shipped(b, output)
     del output
 
     _set_phase("in the timing loop")
-    current = {"unchanged": unchanged, "expected": expected_output(unchanged, b), "failure": None, "inputs": []}
+    current = {"unchanged": unchanged, "expected": expected_output(unchanged, b), "failure": None}
     checker = OutputCheck(b, rank_device(rank))
     durations: list = []
 
@@ -1339,18 +1496,14 @@ def _rank_benchmark(b: Bound, test: TestCase, rank: int, recheck: bool, max_repe
         fresh = generate_input(**dict(test.args, seed=ask_owner("seed")), rank=rank)
         current["unchanged"] = snapshot(fresh)
         current["expected"] = expected_output(current["unchanged"], b)
-        current["inputs"].append(current["unchanged"])
         return fresh
 
     def checked_and_stopping(step: Step) -> bool:
         durations.append(step.host_ns)
         checker.add(len(durations) - 1, step.output, current["expected"])
-        error_message = None
-        if recheck:
-            good, message = checked(b, current["unchanged"], step.output)
-            error_message = None if good else message
-        if not all_ok(error_message is None, rank, b):
-            current["failure"] = RankFailure(error_message or "another rank failed its check", not error_message)
+        if recheck and "clock-mid" in current:
+            rechecks.append(current["unchanged"])
+        if not all_ok(True, rank, b):
             return True
         should_stop = False
         if rank == 0 and len(durations) > 2:
@@ -1361,27 +1514,48 @@ def _rank_benchmark(b: Bound, test: TestCase, rank: int, recheck: bool, max_repe
         ops["broadcast"](stop, 0)
         return bool(ops["item"](stop))
 
+    # NOTES: the owner's clock brackets the floor steps and the timed loop apart (clock-start, clock-mid,
+    # clock-end): a loop whose reported steps leave more time unaccounted for than the floor steps took is void.
+    def floor_work(_step: Step) -> bool:
+        """What a timed step does after its window, done by each floor step too (on the expected output), so that a
+        floor step is a timed step without its call."""
+        stand_in = current["expected"]
+        OutputCheck(b, rank_device(rank), keep_copies=False).add(0, stand_in, current["expected"])
+        all_ok(True, rank, b)
+        ops["broadcast"](ops["tensor"]([False], dtype=ops["bool"], device=rank_device(rank)), 0)
+        return False
+
     ask_owner("clock-start")
+    floor_start = b.clock_ns()
+    floor = measure({"floor": None}, data, rank, ["floor"] * FLOOR_STEPS, warmup=0,
+                    before_step=fresh_input if recheck else None, after_step=floor_work, b=b)["floor"].host_ns
+    floor_ns = b.clock_ns() - floor_start
+    ask_owner("clock-mid")
+    current["clock-mid"] = True
+    rechecks: list = []  # leaderboard mode: each timed step's input, its output checked by the reference after
     loop_start = b.clock_ns()
     timed = measure({"call": custom_kernel}, data, rank, ["call"] * max_repeats, warmup=0, device_clock=extra,
                     before_step=fresh_input, after_step=checked_and_stopping, b=b)["call"]
     loop_ns = b.clock_ns() - loop_start
-    ask_owner("clock-end", {"loop_ns": loop_ns, "steps_ns": sum(timed.host_ns)})
-    if current["failure"]:
-        return False, current["failure"]
+    ask_owner("clock-end", {"floor_ns": floor_ns, "loop_ns": loop_ns, "floor": floor, "steps": durations,
+                            "device": timed.device_ns})
+    # NOTES: leaderboard mode checks every timed output with the reference, as the runner does, but after the loop,
+    # on the copy taken right after its end event: so a timed step does nothing between its window and the next
+    # that a floor step does not, and the owner's clock can hold the steps to the loop (clock_disagreement).
+    for step, unchanged_then in enumerate(rechecks):
+        if checker.copies[step] is None:  # not a tensor of the right kind: checker.verdict() says which
+            continue
+        good, message = checked(b, unchanged_then, checker.copies[step])
+        if not good:
+            current["failure"] = RankFailure(f"timed call {step}: {message}")
+            break
+    if not all_ok(current["failure"] is None, rank, b):
+        return False, current["failure"] or RankFailure("another rank failed its check", True)
     why = checker.verdict() or b.tampering(b)
     if not all_ok(why is None, rank, b):
         return False, RankFailure(f"void: {why}") if why else RankFailure("another rank failed its check", True)
     picks = ask_owner("apart", len(durations))
-    apart = [first] + [shipped(b, current["inputs"][i] if recheck else unchanged, checker.copies[i])
-                       for i in picks]
-    result = {"stats": calculate_stats(durations) if rank == 0 else None, "apart": apart}
-    if extra:
-        result["host"] = calculate_extra_stats(durations) if rank == 0 else None
-        result["device"] = calculate_extra_stats(timed.device_ns)
-        floor = measure({"floor": None}, data, rank, ["floor"] * max(len(durations), 10), warmup=0, b=b)["floor"]
-        result["floor"] = calculate_extra_stats(floor.host_ns) if rank == 0 else None
-    return True, result
+    return True, {"apart": [first] + [shipped(b, checker.copies[i]) for i in picks]}
 
 
 def _rank_profile(b: Bound, test: TestCase, rank: int):
@@ -1397,7 +1571,12 @@ def _rank_profile(b: Bound, test: TestCase, rank: int):
     with profile(activities=activities) as prof:
         custom_kernel(data)
         synchronize(b)
-    return True, prof.events()
+    rows = []
+    for event in prof.key_averages():  # plain rows: the owner unpickles nothing a rank chose
+        rows.append({"key": str(event.key), "count": int(event.count),
+                     **{name: float(next((getattr(event, a) for a in attrs if hasattr(event, a)), 0.0))
+                        for name, attrs in PROFILE_TOTALS.items()}})
+    return True, rows
 
 
 def _rank_call(b: Bound, test: TestCase, rank: int, fn, args: tuple):
@@ -1533,20 +1712,37 @@ def _worker_loop(conn, phase_slot, parent_pid: int, sandbox: Optional[RankSandbo
         if bundle:
             sys.path.insert(0, bundle)
             os.chdir(bundle)
-        b = _bind()
+        b = bind_primitives()
         _bound = b
     except Exception as exc:  # every case this worker gets fails with it
         failure = RankResult(False, RankFailure(f"{type(exc).__name__}: {exc}"))
     while (message := conn.recv()) is not None:
         result = failure or _rank_entry(b, *message)
         _set_phase("idle")
-        conn.send(result)
+        _send_result(conn, result)
     # Out now: a normal interpreter exit would wait for any thread a submission left running (seen: 10 s per worker
     # of the pool's grace, then a kill), and the pool's owner has already ended what the submission forked.
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(0)
+
+
+def _send_result(conn, result: RankResult) -> None:
+    """A result as plain data; one that cannot be sent (not plain, or no descriptor left to send it with: a
+    submission that used them all) becomes a short failure saying so, and a worker that cannot send even that ends
+    at once, which its owner reports as a death."""
+    try:
+        raw = encode(result)
+    except Unsendable as exc:
+        raw = encode(RankResult(False, RankFailure(str(exc)), result.import_s))
+    try:
+        conn.send_bytes(raw)
+    except OSError as exc:
+        try:
+            conn.send_bytes(encode(RankResult(False, RankFailure(f"the rank could not send its result: {exc}"))))
+        except OSError:
+            os._exit(3)
 
 
 @contextlib.contextmanager
@@ -1610,10 +1806,14 @@ class CaseRun:
     def _receive(self, rank: int, conn) -> None:
         process = self.pool.workers[self.slots[rank]][0]
         try:
-            message = conn.recv()
+            message = decode(conn.recv_bytes(MAX_MESSAGE_BYTES))
         except (EOFError, OSError):  # the pipe closes before the dying process is reaped: wait for its code
             process.join(timeout=5)
             self.results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode)))
+            return
+        except Exception as exc:  # not plain data (a class, a forged pickle, a malformed message): never run
+            self.violation = self.violation or (f"rank {rank} sent the evaluator something that is not plain data "
+                                                f"({type(exc).__name__}: {str(exc)[:120]})")
             return
         if isinstance(message, RankResult):
             self.results[rank] = message
@@ -1798,9 +1998,16 @@ class RankPool:
                 case.reply(reply)
 
     def sweep(self) -> list[int]:
-        """Ends what the ranks started besides themselves (the sandbox's namespace, when there is one)."""
+        """Ends what the ranks started besides themselves: everything else in the sandbox's namespace; without one,
+        the workers' descendants (a double fork's orphan then waits for the end of the run, docs/judge.md)."""
         live = {worker[0].pid for worker in self.workers if worker is not None}
-        return self.sandbox.sweep(live)
+        if self.sandbox.inode is not None:
+            return self.sandbox.sweep(live)
+        killed = []
+        for pid in live:
+            killed += descendants(pid)
+            kill_tree(pid, include_root=False)
+        return killed
 
     def _retire(self, slots: list[int]) -> None:
         """Kills the workers in `slots` with everything below them; run() starts fresh ones when needed."""
@@ -1869,38 +2076,70 @@ def rank_failures(results: list[RankResult]) -> str:
 
 
 class OwnerAnswers:
-    """The owner's side of a timed case, out of every rank's reach: its own clock around the timed loop, each
-    step's seed (leaderboard mode), and which timed outputs go to the check apart, drawn after the loop."""
+    """The owner's side of a timed case, out of every rank's reach: its own clock around the floor steps and the
+    timed loop, each step's seed (leaderboard mode), and which timed outputs go to the check apart, drawn after
+    the loop."""
 
     def __init__(self, apart_min: int = APART_MIN, apart_fraction: float = APART_FRACTION):
         import random
 
         self.random = random.SystemRandom()
-        self.started_ns: Optional[int] = None
+        self.stamps: dict = {}
         self.void = ""
         self.apart_rule = (apart_min, apart_fraction)
+        self.loop_seeds: list = []  # the seeds of the timed loop's steps, in order (leaderboard mode)
+        self.picks: dict = {}  # rank -> the timed steps whose outputs go apart
+        self.reports: dict = {}  # rank -> its clock-end report (steps, floor, device times)
 
     def __call__(self, gather: Gather):
-        if gather.kind == "clock-start":
-            self.started_ns = time.perf_counter_ns()
+        if gather.kind in ("clock-start", "clock-mid"):
+            self.stamps[gather.kind] = time.perf_counter_ns()
             return "go"
-        if gather.kind == "clock-end" and self.started_ns is not None:
-            owner_ns = time.perf_counter_ns() - self.started_ns
-            slack_ns = CLOCK_SLACK_NS + CLOCK_SLACK_FRACTION * owner_ns
-            for rank, said in sorted(gather.payloads.items()):
-                loop_ns, steps_ns = said["loop_ns"], said["steps_ns"]
-                if loop_ns < owner_ns - slack_ns or steps_ns > loop_ns:
-                    self.void = self.void or (
-                        f"void: the evaluator's clock read {owner_ns / 1e6:.3f} ms around the timed loop and rank "
-                        f"{rank}'s {loop_ns / 1e6:.3f} ms, its steps {steps_ns / 1e6:.3f} ms: the times reported are "
-                        "not the time that passed (a clock changed in the rank's process)")
+        if gather.kind == "clock-end" and "clock-start" in self.stamps:
+            self.reports = gather.payloads  # the times the owner shows: those its clock was checked against
+            self.void = self.void or clock_disagreement(self.stamps, time.perf_counter_ns(), gather.payloads)
             return "ok"
         if gather.kind == "seed":
-            return self.random.randrange(SEED_MAX - 2 ** 10)  # room for + rank, as the case's own seeds
+            seed = self.random.randrange(SEED_MAX - 2 ** 10)  # room for + rank, as the case's own seeds
+            if "clock-mid" in self.stamps:
+                self.loop_seeds.append(seed)
+            return seed
         if gather.kind == "apart":
-            return {"per_rank": {rank: sorted(self.random.sample(range(steps), apart_count(steps, *self.apart_rule)))
-                                 for rank, steps in gather.payloads.items()}}
+            self.picks = {rank: sorted(self.random.sample(range(steps), apart_count(steps, *self.apart_rule)))
+                          for rank, steps in gather.payloads.items()}
+            return {"per_rank": self.picks}
         raise ValueError(f"an unexpected question from the ranks: {gather.kind}")
+
+
+def clock_disagreement(stamps: dict, end_ns: int, said: dict) -> str:
+    """Why the times a case's ranks report cannot be the time that passed, or "": each rank's own clock around its
+    floor steps and its timed loop must read what the owner's read (less the messages' travel), and the loop's
+    steps must account for the loop but for a few floor steps' worth each (a floor step does all a timed step does
+    but the call, its checks included)."""
+    mid = stamps.get("clock-mid", stamps["clock-start"])
+    floor_owner, loop_owner = mid - stamps["clock-start"], end_ns - mid
+    per_floor_step = floor_owner / FLOOR_STEPS
+    for rank, report in sorted(said.items()):
+        steps, slack = report["steps"], CLOCK_SLACK_NS + CLOCK_SLACK_FRACTION * (floor_owner + loop_owner)
+        unaccounted = loop_owner - sum(steps)
+        if report["loop_ns"] < loop_owner - slack or report.get("floor_ns", 0) < floor_owner - slack:
+            return (f"void: the evaluator's clock read {loop_owner / 1e6:.3f} ms around the timed loop and rank "
+                    f"{rank}'s {report['loop_ns'] / 1e6:.3f} ms: the times reported are not the time that passed (a "
+                    "clock changed in the rank's process)")
+        if sum(steps) > report["loop_ns"] or (
+                floor_owner and unaccounted > len(steps) * FLOOR_SHARE * per_floor_step + slack):
+            return (f"void: rank {rank}'s {len(steps)} timed steps add up to {sum(steps) / 1e6:.3f} ms of the "
+                    f"{loop_owner / 1e6:.3f} ms the evaluator's clock read around them, and a step without a call "
+                    f"took {per_floor_step / 1e3:.1f} µs: the steps' times were made smaller than they were")
+    return ""
+
+
+# A floor step does all a timed step does but the call, so a loop's time outside its steps' windows is at most its
+# steps' count times a whole floor step; this share above one floor step per step leaves room for the noise between
+# the floor's ten steps and the loop's. The floor step's own window (its empty call) cannot be subtracted, since the
+# rank reports it: a step's time made smaller by more than that window plus a quarter of a floor step is caught, a
+# smaller forgery is not (docs/judge.md, "What stays open").
+FLOOR_SHARE = 1.25
 
 
 @dataclasses.dataclass
@@ -1912,6 +2151,8 @@ class ProtocolRun:
     extra: bool
     timeout_s: Optional[float]
     import_logged: bool = False
+    oracle: Optional["InputOracle"] = None
+    reports: dict = dataclasses.field(default_factory=dict)  # the last timed case's clock-end reports, by rank
 
     def case(self, job: str, test: TestCase, mode: str, params: Optional[dict] = None) -> list[RankResult]:
         answers = OwnerAnswers()
@@ -1925,37 +2166,115 @@ class ProtocolRun:
         if self.extra and imports and not self.import_logged:  # human face: what the first case spent importing
             self.logger.log("import_s", f"{max(imports):.2f}")
             self.import_logged = True
-        return results
+        if self.oracle is None:
+            self.oracle = InputOracle(self.backend)
+        self.reports = answers.reports
+        return failed_apart(results, test, answers.picks, answers.loop_seeds, self.oracle)
 
 
-def check_apart(shipped: dict) -> tuple[bool, str]:
+def _oracle_inputs(rank: int, world_size: int, requests: list) -> list:
+    """In a worker that never imports a submission: each requested rank input made where that rank makes it, as
+    the plain tensors the closed form reads."""
+    import torch
+
+    generate_input = bound().reference[0]
+    made = []
+    for args, which, device in requests:
+        cfg, data, _, ws = generate_input(**args, rank=which, device=torch.device(device))
+        made.append({"x": data.x.cpu(), "indices": data.indices.cpu(), "weights": data.weights.cpu(),
+                     "num_experts": cfg.num_experts, "world_size": ws})
+    return made
+
+
+class InputOracle:
+    """The inputs a case's ranks made, made again where no submission runs: a pool of one worker of its own (in
+    the ranks' sandbox and GPU environment, on a CPU group), started on first use. The check apart reads these,
+    never an input a rank shipped."""
+
+    def __init__(self, backend: str):
+        self.backend, self.pool, self.cache = backend, None, {}
+
+    def inputs(self, requests: list) -> list:
+        """[(case args, rank)] -> the rank's input for each, made on that rank's device."""
+        import torch
+
+        missing = [(args, rank) for args, rank in requests if self._key(args, rank) not in self.cache]
+        if missing:
+            if self.pool is None:
+                self.pool = RankPool(1, "gloo")
+            devices = [f"cuda:{rank % torch.cuda.device_count()}" if self.backend != "gloo" else "cpu"
+                       for _, rank in missing]
+            test = TestCase(args={"world_size": 1}, spec="the evaluator's own inputs")
+            (result,) = self.pool.run("call", test, OFFICIAL_TIMEOUT_S["benchmark"], {
+                "fn": _oracle_inputs, "args": ([(args, rank, device) for (args, rank), device in
+                                                zip(missing, devices)],)})
+            if not result.ok:
+                raise RuntimeError(f"the evaluator could not make the inputs again: {result.value.message}")
+            for (args, rank), made in zip(missing, result.value):
+                self.cache[self._key(args, rank)] = made
+        return [self.cache[self._key(args, rank)] for args, rank in requests]
+
+    @staticmethod
+    def _key(args: dict, rank: int) -> tuple:
+        return tuple(sorted(args.items())) + (rank,)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+
+
+def check_apart(item: dict, made: dict) -> tuple[bool, str]:
     """The check made where the submission cannot reach: in this process, which never imports the submission,
-    against the closed form (no communication), with this process's own torch and reference, imported before any
-    rank started. What it cannot see: a worker whose own code the submission rewrote to ship something else
-    (README, "What stays open")."""
+    against the closed form of the input the owner made itself (InputOracle), with this process's own torch and
+    reference, imported before any rank started."""
     import types
 
     from reference import check_output, closed_form_output
 
-    if shipped["output"] is None:
-        return False, f"custom_kernel returned a {shipped['returned']}, not a plain torch.Tensor"
-    cfg = types.SimpleNamespace(num_experts=shipped["num_experts"], out_dtype=shipped["output"].dtype)
-    rank_data = types.SimpleNamespace(x=shipped["x"], indices=shipped["indices"], weights=shipped["weights"])
-    return check_output(shipped["output"], closed_form_output((cfg, rank_data, None, shipped["world_size"]),
-                                                              on_cpu=True))
+    if item.get("output") is None:
+        return False, f"custom_kernel returned a {item.get('returned')}, not a plain torch.Tensor"
+    cfg = types.SimpleNamespace(num_experts=made["num_experts"], out_dtype=item["output"].dtype)
+    rank_data = types.SimpleNamespace(x=made["x"], indices=made["indices"], weights=made["weights"])
+    return check_output(item["output"], closed_form_output((cfg, rank_data, None, made["world_size"]), on_cpu=True))
 
 
-def _failed_apart(results: list[RankResult]) -> list[RankResult]:
-    """Ranks whose outputs the check apart rejects (the checked call, and the timed calls the owner drew), as
-    failures: the checks in their own process had passed."""
-    checked = []
-    for result in results:
-        shipped = result.value.pop("apart", None) if result.ok and isinstance(result.value, dict) else None
-        message = next((why for good, why in map(check_apart, shipped or []) if not good), None)
-        checked.append(result if message is None else RankResult(False, RankFailure(
+def failed_apart(results: list, test: TestCase, picks: dict, loop_seeds: list, oracle: InputOracle) -> list:
+    """Ranks whose outputs the check apart rejects, as failures: the checked call, and (timed modes) each timed
+    call the owner drew, exactly those, each against the input of its own seed (the case's, or the step's in
+    leaderboard mode). A rank that shipped more, fewer or other outputs than that fails too."""
+    wanted = {}
+    for rank, result in enumerate(results):
+        if result.ok and isinstance(result.value, dict):
+            seeds = [test.args["seed"]] + [loop_seeds[i] if loop_seeds else test.args["seed"]
+                                           for i in picks.get(rank, [])]
+            wanted[rank] = [(dict(test.args, seed=seed), rank) for seed in seeds]
+    made = dict(zip(wanted, _chunked(oracle.inputs([r for rs in wanted.values() for r in rs]),
+                                     [len(rs) for rs in wanted.values()])))
+    checked_results = []
+    for rank, result in enumerate(results):
+        if rank not in wanted:
+            checked_results.append(result)
+            continue
+        items = result.value.pop("apart", None)
+        if not isinstance(items, list) or len(items) != len(wanted[rank]):
+            message = (f"it shipped {len(items) if isinstance(items, list) else 'no'} outputs for the check apart, "
+                       f"not the {len(wanted[rank])} the evaluator drew")
+        else:
+            message = next((why for good, why in (check_apart(i, m) for i, m in zip(items, made[rank]))
+                            if not good), None)
+        checked_results.append(result if message is None else RankResult(False, RankFailure(
             "the output failed the check made outside the submission's process, although the check in it passed "
             f"(something in that process changed what the check saw): {message}"), result.import_s))
-    return checked
+    return checked_results
+
+
+def _chunked(items: list, sizes: list) -> list:
+    out, at = [], 0
+    for size in sizes:
+        out.append(items[at:at + size])
+        at += size
+    return out
 
 
 def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
@@ -1963,7 +2282,7 @@ def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
     run.logger.log("test-count", len(tests))
     for idx, test in enumerate(tests):
         run.logger.log(f"test.{idx}.spec", test.spec)
-        results = _failed_apart(run.case("test", test, "test"))
+        results = run.case("test", test, "test")
         if all(r.ok for r in results):
             run.logger.log(f"test.{idx}.status", "pass")
         else:
@@ -1975,9 +2294,20 @@ def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
 
 
 def _benchmark(run: ProtocolRun, test: TestCase, recheck: bool, max_time_ns: float, mode: str):
+    """One timed case: its statistics, computed here from the steps rank 0 reported at the end of its loop, the
+    report the owner's clock was checked against (the device times are already the slowest rank's), or its
+    failures."""
     params = dict(recheck=recheck, max_repeats=MAX_REPEATS, max_time_ns=max_time_ns, extra=run.extra)
-    results = _failed_apart(run.case("benchmark", test, mode, params))
-    return results[0].value if all(r.ok for r in results) else rank_failures(results)
+    results = run.case("benchmark", test, mode, params)
+    if not all(r.ok for r in results):
+        return rank_failures(results)
+    report = run.reports[0]
+    out = {"stats": calculate_stats(report["steps"])}
+    if run.extra:
+        out.update(host=calculate_extra_stats(report["steps"]), floor=calculate_extra_stats(report["floor"]))
+        if report["device"]:
+            out["device"] = calculate_extra_stats(report["device"])
+    return out
 
 
 def run_benchmarking(run: ProtocolRun, tests: list[TestCase], mode: str) -> int:
@@ -2014,21 +2344,31 @@ def run_benchmarking(run: ProtocolRun, tests: list[TestCase], mode: str) -> int:
     return 0 if passed else EXIT_CHECK_FAILED
 
 
-def _combine_traces(traces: list) -> Any:
-    """Averages the profiler events of all ranks per key, like EventList.key_averages() over several traces."""
-    from collections import defaultdict
+# The totals a profile reports per operator, each from whichever attribute the installed torch names it by.
+PROFILE_TOTALS = {"self_cpu_us": ("self_cpu_time_total",), "cpu_us": ("cpu_time_total",),
+                  "self_device_us": ("self_device_time_total", "self_cuda_time_total"),
+                  "device_us": ("device_time_total", "cuda_time_total")}
+PROFILE_ROWS = 20
 
-    from torch.autograd.profiler_util import EventList, FunctionEventAvg
 
-    stats = defaultdict(FunctionEventAvg)
-    for events in traces:
-        for event in events:
-            stats[(str(event.key), str(event.node_id), str(event.device_type), str(event.is_legacy),
-                   str(event.is_user_annotation))].add(event)
-    averaged = EventList(stats.values())
-    for event in averaged:
-        event.stack, event.input_shapes, event.overload_name = [], "", ""
-    return averaged
+def profile_table(per_rank: list, on_gpu: bool) -> str:
+    """The operators of every rank's profile summed per key, the PROFILE_ROWS largest by self device time (CPU time
+    on a CPU run), as a fixed-width table (the bundle has no tabulate)."""
+    totals: dict = {}
+    for rows in per_rank:
+        for row in rows:
+            into = totals.setdefault(row["key"], dict.fromkeys(("count", *PROFILE_TOTALS), 0.0))
+            for name in into:
+                into[name] += row[name]
+    order = "self_device_us" if on_gpu else "self_cpu_us"
+    ranked = sorted(totals.items(), key=lambda item: -item[1][order])[:PROFILE_ROWS]
+    width = max([len("operator")] + [len(key[:60]) for key, _ in ranked])
+    header = f"{'operator':<{width}}  {'calls':>7}" + "".join(f"  {name:>15}" for name in PROFILE_TOTALS)
+    lines = [header, "-" * len(header)]
+    for key, row in ranked:
+        lines.append(f"{key[:60]:<{width}}  {int(row['count']):>7}" + "".join(f"  {row[n]:>15.1f}"
+                                                                             for n in PROFILE_TOTALS))
+    return "\n".join(lines) + f"\n(summed over {len(per_rank)} ranks; µs)"
 
 
 def run_profiling(run: ProtocolRun, tests: list[TestCase]) -> int:
@@ -2042,8 +2382,7 @@ def run_profiling(run: ProtocolRun, tests: list[TestCase]) -> int:
             run.logger.log(f"benchmark.{idx}.status", "fail")
             run.logger.log(f"benchmark.{idx}.error", rank_failures(results))
             continue
-        sort_key = "self_cuda_time_total" if run.backend != "gloo" else "self_cpu_time_total"
-        report = _combine_traces([r.value for r in results]).table(sort_by=sort_key, row_limit=20)
+        report = profile_table([r.value for r in results], run.backend != "gloo")
         run.logger.log(f"benchmark.{idx}.report", base64.b64encode(report.encode("utf-8"), b"+*").decode("utf-8"))
     run.logger.log("check", "pass" if passed else "fail")
     return 0 if passed else EXIT_CHECK_FAILED
@@ -2142,12 +2481,16 @@ def protocol_main() -> int:
                               float(timeout) if timeout else None)
             if run.extra:
                 logger.log("guards", pool.guards.describe())
-            if mode == "test":
-                code = run_testing(run, tests)
-            elif mode == "profile":
-                code = run_profiling(run, tests)
-            else:
-                code = run_benchmarking(run, tests, mode)
+            try:
+                if mode == "test":
+                    code = run_testing(run, tests)
+                elif mode == "profile":
+                    code = run_profiling(run, tests)
+                else:
+                    code = run_benchmarking(run, tests, mode)
+            finally:
+                if run.oracle is not None:
+                    run.oracle.close()
             pool.shutdown()
             pool = None
             return code

@@ -21,6 +21,7 @@ stopped it.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import random
@@ -46,6 +47,7 @@ DEFAULT_TARGETS = (iv.Target("held", 0.02), iv.Target("call", 0.05), iv.Target("
 SETUP_TIMEOUT_S = 300.0  # a round's start: imports, the first round's extension builds, checks, warm-up
 VISIT_TIMEOUT_S = 120.0
 APART_PER_VISIT = 1  # outputs of a visit checked apart, after the round's visits; every round adds one per shape
+FIGURES = ("steps", "device_ns", "held_ns")  # the lists of times a visit's clock-end report carries
 THROTTLE_FRACTION = 0.75  # nvbench: a sample taken below 75% of the clock is throttled
 # MPS serves at most 48 clients per GPU: pools alive at once, when ranks share GPUs, stay below that.
 MPS_CLIENTS = 40
@@ -111,7 +113,7 @@ def session_rank(rank: int, world_size: int, entry: Entry, cases: list, settings
             good, message = core.checked(b, unchanged[i], output)
             if not core.all_ok(good, rank, b):
                 raise RuntimeError(message or "another rank failed its check")
-            first.append(core.shipped(b, unchanged[i], output))
+            first.append(core.shipped(b, output))
     hold = core.Hold(sync_inside=settings["sync_inside"])  # whether a call synchronizes inside is the entry's
     command = core.ask_owner("ready", {"apart": first})
     while command[0] == "visit":
@@ -130,16 +132,16 @@ def session_rank(rank: int, world_size: int, entry: Entry, cases: list, settings
         taken = core.measure({"call": call}, inputs[i], rank, _schedule(settings["steps"]), warmup=settings["warmup"],
                              device_clock=True, after_step=after, holds={"call": hold}, b=b)["call"]
         loop_ns = b.clock_ns() - started
-        core.ask_owner("clock-end", {"loop_ns": loop_ns, "steps_ns": sum(taken.host_ns)})
+        # NOTES: the figures the owner records are those of this report, the one its own clock is checked against.
+        core.ask_owner("clock-end", {"loop_ns": loop_ns, "steps": taken.host_ns, "device_ns": taken.device_ns,
+                                     "held_ns": taken.held_ns})
         why = (checker.verdict() if checker else None) or b.tampering(b)
         if not core.all_ok(why is None, rank, b):
             raise core.Tampering(why) if why and why.startswith("the ") else RuntimeError(
                 why or "another rank failed its check")
         picks = core.ask_owner("apart", count[0]) if checker else []
-        command = core.ask_owner("visit-done", {
-            "host_ns": taken.host_ns, "device_ns": taken.device_ns, "held_ns": taken.held_ns,
-            "sync_inside": hold.sync_inside,
-            "apart": [core.shipped(b, unchanged[i], checker.copies[j]) for j in picks if checker.copies[j] is not None]})
+        command = core.ask_owner("visit-done", {"sync_inside": hold.sync_inside,
+                                                "apart": [core.shipped(b, checker.copies[j]) for j in picks]})
     if hasattr(call, "close"):
         call.close()
     return {"rank": rank}
@@ -260,9 +262,9 @@ class Clock:
         self.throttled = 0
         self.guards = ""
         self.uid: Optional[int] = None
-        self.started_ns = time.time_ns()
         self.round_seeds: list = []
         self.phases: list = []
+        self.oracle = core.InputOracle(plan.backend)
         self.visits: list = []
         self.processes: list = []
         self.devices = sorted({plan.placement.device_index(r) for r in range(plan.world_size)}) \
@@ -305,10 +307,17 @@ class Clock:
             else:
                 live.case.reply(reply)
 
-    def _check_apart(self, live: _Live, payloads: dict) -> bool:
+    def _check_apart(self, live: _Live, cases: list, payloads: dict) -> bool:
+        """The outputs a visit (or the first calls) shipped, each against the input of its case made again by the
+        owner's oracle; exactly one output per case named, or the entry fails."""
         for rank, payload in sorted(payloads.items()):
-            for shipped in payload.get("apart", []):
-                good, message = core.check_apart(shipped)
+            items = payload.get("apart")
+            if not isinstance(items, list) or len(items) != len(cases):
+                live.failure = f"rank {rank} shipped {len(items or [])} outputs for the check apart, not {len(cases)}"
+                return False
+            made = self.oracle.inputs([(self.plan.case_args[index], rank) for index in cases])
+            for item, input_made in zip(items, made):
+                good, message = core.check_apart(item, input_made)
                 if not good:
                     live.failure = (f"rank {rank}: the output failed the check made outside the submission's "
                                     f"process: {message}")
@@ -327,18 +336,23 @@ class Clock:
             return
         # NOTES: the check apart runs after the round's visits (it is CPU work that would compete with the ranks'
         # host path); a failure then voids the entry's samples of this round.
-        live.apart.append(done.payloads)
-        said = done.payloads[0]
+        live.apart.append(([index] * APART_PER_VISIT, done.payloads))
+        said = answers.reports.get(0)
+        if not isinstance(said, dict) or not all(isinstance(said.get(key), list) and all(
+                isinstance(v, (int, float)) for v in said[key]) for key in FIGURES) or not said["steps"]:
+            live.failure = "rank 0 sent no times, or not numbers, with the end of its timed loop"
+            return
         clocks = gpu_clocks(self.devices) if self.plan.backend == "nccl" else None
         self.clocks.append(clocks)
         if clocks and min(clocks["sm_mhz"]) < THROTTLE_FRACTION * max(clocks["max_mhz"]):
             self.throttled += 1
             return
-        sample = {"host": statistics.fmean(said["host_ns"]) / 1e3}
+        sample = {"host": statistics.fmean(said["steps"]) / 1e3}
         if said["device_ns"]:
             sample["call"] = statistics.fmean(said["device_ns"]) / 1e3
         held = [v for v in said["held_ns"] if v == v]
-        if any(p["sync_inside"] for p in done.payloads.values()) and live.entry.name not in self.sync_inside:
+        synced = any(isinstance(p, dict) and p.get("sync_inside") for p in done.payloads.values())
+        if synced and live.entry.name not in self.sync_inside:
             self.sync_inside.add(live.entry.name)
             for (name, _), per_round in self.samples.items():  # its figure is the call time from the start
                 for value in per_round.values() if name == live.entry.name else ():
@@ -365,9 +379,9 @@ class Clock:
         for live in lives:
             if live.pool is not None:
                 (live.pool.kill if live.failure else live.pool.shutdown)(clean_files=False)
-            if not live.failure:
-                for payloads in live.apart:
-                    if not self._check_apart(live, payloads):
+            if not live.failure and live.entry.kind == "version":
+                for cases, payloads in live.apart:
+                    if not self._check_apart(live, cases, payloads):
                         break
             if live.failure:
                 self.failed.setdefault(live.entry.name, live.failure)
@@ -392,7 +406,7 @@ class Clock:
                 if not live.failure:
                     gather = self._until(live, "ready", core.OwnerAnswers())
                     if gather is not None:
-                        live.apart.append(gather.payloads)
+                        live.apart.append((list(range(len(self.plan.case_args))), gather.payloads))
                         ready.append(live)
             phases["ready"] += time.monotonic() - mark
             mark = time.monotonic()
@@ -417,7 +431,7 @@ class Clock:
         round_s = 0.0
         rounds = 0
         timing_from = None
-        with sharing.shared_ranks(self.plan.placement) as env:
+        with sharing.shared_ranks(self.plan.placement) as env, contextlib.closing(self.oracle):
             for round_index in range(self.settings.max_rounds):
                 active = [by_name[n] for n in names if n not in self.stopped and n not in self.failed]
                 if not active:
@@ -448,7 +462,7 @@ class Clock:
                 if entry.name not in self.stopped and entry.name not in self.failed:
                     self.stopped[entry.name] = self._stop_reason(entry, f"{self.settings.max_rounds} rounds")
         if self.uid is not None:
-            core.remove_owned_by(self.uid, self.started_ns)
+            core.release_uid(self.uid)
         return Run(self.entries, self.plan.case_args, self.samples, self.stopped, self.failed, self.sync_inside,
                    self.round_seeds, self.seed, self.clocks, self.throttled, self.guards,
                    time.monotonic() - started, rounds, self.phases, self.visits, self.processes)

@@ -7,7 +7,7 @@ child process exactly as the runner would, and print what came back.
     python eval.py trace VERSION [--cases benchmarks:4] [--world-size N] [--iterations N]
 
 Beside the leaderboard-style time it reports a device-side time, the harness floor and how long the ranks spent
-importing (building) the submission in the first case (README, "How numbers are timed").
+importing (building) the submission in the first case (docs/timing.md, "How numbers are timed").
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import dataclasses
 import os
 import re
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -149,7 +148,10 @@ def _void(output: str, exit_code: int, stderr: str) -> str:
 
 
 def _child_setup():
-    core.die_with_parent(signal.SIGTERM)  # if this process is killed, the protocol child ends its ranks
+    # If this process is killed, the protocol child ends its ranks: by SIGTERM, which lets it clean up, where it
+    # runs them as itself; by SIGKILL where it is root, whose ranks the kernel ends with their namespace (a
+    # SIGTERM would stay pending in an evaluator a submission had stopped, and the run would live on).
+    core.die_with_parent(signal.SIGKILL if os.geteuid() == 0 else signal.SIGTERM)
 
 
 def run_protocol(bundle: Path, mode: str, test_file: str, env: dict, progress=None,
@@ -286,15 +288,12 @@ def _main(argv: list[str]) -> int:
     parser.add_argument("mode", choices=core.MODES + ("stage", "trace"))
     parser.add_argument("version", help="version name (v1, v1_torch_sort) or path to a submission file")
     parser.add_argument("dir", nargs="?", help="stage: the folder to write the bundle into")
-    parser.add_argument("--world-size", type=int)
-    parser.add_argument("--cases", default="", help="tests | benchmarks | tests:0,3 | benchmarks:4 | FILE")
-    parser.add_argument("--seed", type=int, help="secret seed mixed into every test seed (POPCORN_SEED)")
-    parser.add_argument("--backend", help="nccl (GPUs) or gloo (CPU)")
-    parser.add_argument("--timeout", type=float, help="per-case timeout in seconds (default: the official ones)")
+    cli.add_options(parser, "world-size", "cases", "seed", "backend", "timeout", cases={"default": ""},
+                    seed={"help": "secret seed mixed into every test seed (POPCORN_SEED)"})
     parser.add_argument("--cold", action="store_true",
                         help="an empty extension cache: the first case builds the submission, as on the leaderboard")
     parser.add_argument("--iterations", type=int, default=20, help="trace: clean traced calls per case")
-    parser.add_argument("--out", type=Path, default=core.HERE / "traces", help="trace: where the trace folders go")
+    cli.add_options(parser, "out", out={"default": core.HERE / "traces", "help": "trace: where the trace folders go"})
     parser.add_argument("--task", type=Path, default=TASK_YML, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.mode == "stage":

@@ -137,3 +137,29 @@ def hanging_human_face(folder: Path, token: str, body: str, world_size: int = 2)
     env = {**os.environ, "A2A_TEST_TOKEN": token, "A2A_TEST_MARKS": str(marks)}
     return start_hanging([sys.executable, str(ROOT / "eval.py"), "test", str(path), "--world-size", str(world_size),
                           "--cases", "tests:0", "--timeout", "600"], ROOT, env, marks)
+
+
+def processes_marked(token: str) -> list[int]:
+    """Live (not zombie) processes whose command line or environment holds `token`: what processes_with finds, and
+    also a daemon that cleared its environment but carries the token in its command line."""
+    import eval as core
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            held = Path(f"/proc/{entry}/cmdline").read_bytes() + Path(f"/proc/{entry}/environ").read_bytes()
+            if token.encode() in held and core.process_stat(int(entry))[0] != "Z":
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def wait_until_unmarked(token: str, seconds: float = 20.0) -> list[int]:
+    """Waits for every process marked with `token` (processes_marked) to end; returns those alive after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while (left := processes_marked(token)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left

@@ -1,113 +1,1064 @@
-"""The judge: a submission cannot write its own verdict or time, cannot lie through its output, cannot reach the
-check that decides its verdict, and cannot make the evaluator lose a verdict with the bytes it prints. CPU, gloo, 2
-ranks, the human face (`python eval.py`), one official case. Each hostile submission computes v1's right answer or
-zeros, and says in its own output which rank did what."""
+"""The judge, attacked. Each hostile submission below tries one of the attacks of issue #38 (and of the probes before
+it) on CPU, gloo, 2 ranks, through the human face (`python eval.py MODE FILE`) and the protocol face (a staged bundle
+run as the runner runs it, `tests.conftest.run_bundle`), in the modes where the attack applies. Every test asserts
+the verdict the judge owes: a forged time is either not what the run shows (the time shown is at least what the
+submission's own untouched clock read around its calls) or voids the run; a wrong output fails (112) with its
+reason; bad input gets one line and 113; a run, however it ends, leaves no process and no file behind.
+
+A hostile submission reports what it did and saw on its stderr as `HOSTILE key values...` lines (written with
+os.write, past the ranks' prefixes): files a rank writes into the shared temporary folders are removed with its
+run, so stderr is the one channel that outlives it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import statistics
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
 from a2a import rows as result_rows
-from eval import EXIT_CHECK_FAILED
-from tests.conftest import ROOT, run_eval, shared_folder, v1_kernel_source
+from a2a.harness import stage
+from eval import EXIT_BAD_INPUT, EXIT_CHECK_FAILED
+from tests.conftest import (ROOT, V1, run_bundle, run_eval, shared_folder, start_hanging, v1_kernel_source,
+                            wait_until_unmarked)
 
 CASE = ("--world-size", "2", "--cases", "tests:0")
+# The cases the hostile runs use: the official loop's cost on CPU is the harness's own (gloo collectives), so a small
+# shape times as many steps as a large one in a fraction of the time.
+SMALL_LINE = "num_experts: 8; experts_per_token: 2; hidden_dim: 256; max_num_tokens: 12; seed: {seed}; world_size: 2"
+FIRST_SEED = 11
+FACES = ("human", "protocol")
+TIMED = ("benchmark", "leaderboard")
+MODES = ("test",) + TIMED
+EVERY_FACE_AND_MODE = [(face, mode) for face in FACES for mode in MODES]
+EVERY_FACE_TIMED = [(face, mode) for face in FACES for mode in TIMED]
+RUN_LIMIT_S = 300
+# What a failed check says, wherever it was made: the reference's check in the rank, the check on the device of every
+# timed output, the check apart in the evaluator's own process.
+WRONG_OUTPUT = ("Output values mismatch", "a timed call returned a wrong output",
+                "failed the check made outside the submission's process")
+
+
+def _ids(pairs) -> list:
+    return [f"{face}-{mode}" for face, mode in pairs]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Running a hostile submission on either face
+# --------------------------------------------------------------------------------------------------------------
+
+PRELUDE = '''
+import os as _os
+import sys as _sys
+import time as _time
+
+_REAL_NS = _time.perf_counter_ns  # taken before any attack below patches a clock
+
+
+def _say(key, *values):
+    """One line on this rank's stderr, past any wrapper: `HOSTILE key values...`."""
+    _os.write(2, ("HOSTILE " + " ".join(map(str, (key,) + values)) + "\\n").encode())
+'''
+
+HONEST = '''
+
+def _honest(data):
+    """v1's right answer, timed by the clock this process had before any patch."""
+    started = _REAL_NS()
+    out = _v1_kernel(data)
+    _say("call_ns", data[2], _REAL_NS() - started)
+    return out
+'''
+
+
+def hostile(body: str, **values) -> str:
+    """A submission: the reporting prelude, v1's kernel as `_v1_kernel`, `_honest`, then `body` with each @NAME@
+    replaced by values[name]."""
+    for name, value in values.items():
+        body = body.replace(f"@{name.upper()}@", str(value))
+    return PRELUDE + v1_kernel_source() + HONEST + body
+
+
+@dataclasses.dataclass
+class Outcome:
+    face: str
+    mode: str
+    code: int
+    out: str  # human face: its stdout (table, failed cases); protocol face: the POPCORN output
+    err: str
+
+    def __str__(self) -> str:
+        return (f"{self.face} face, {self.mode}: exit {self.code}\n--- output ---\n{self.out[-5000:]}\n--- stderr "
+                f"---\n{self.err[-5000:]}")
+
+    def said(self, key: str) -> list:
+        """The values of every `HOSTILE key ...` line the ranks wrote, as lists of words."""
+        return [found[2].split() for found in re.finditer(r"HOSTILE (\S+)([^\n]*)", self.err) if found[1] == key]
+
+    def reasons(self) -> str:
+        """Every reason the run gives for a failure."""
+        if self.face == "human":
+            return self.out + self.err
+        keys = result_rows.parse_popcorn(self.out)
+        return "\n".join(value for key, value in keys.items() if key.endswith(".error"))
+
+    def times_ns(self) -> dict:
+        """The times the run shows for its passing cases, in ns: "mean" (leaderboard-style) and, on the human face,
+        "device" (on CPU: the rank's own clock around the call)."""
+        if self.face == "protocol":
+            keys = result_rows.parse_popcorn(self.out)
+            return {"mean": [float(v) for k, v in keys.items() if re.fullmatch(r"benchmark\.\d+\.mean", k)]}
+        table = [line for line in self.out.splitlines() if line.startswith("|")]
+        if not table:
+            return {"mean": []}
+        header = [cell.strip() for cell in table[0].strip("|").split("|")]
+        shown: dict = {"mean": [], "device": []}
+        for line in table[2:]:
+            row = dict(zip(header, (cell.strip() for cell in line.strip("|").split("|"))))
+            if row.get("status") != "pass":
+                continue
+            for name, column in (("mean", next(h for h in header if h.startswith("mean µs"))),
+                                 ("device", "device mean µs")):
+                if row.get(column):
+                    shown[name].append(float(row[column]) * 1e3)
+        return shown
+
+
+def run_face(face: str, mode: str, folder: Path, body: str, *, cases: int = 1, seed: int | None = None,
+             timeout_s: float | None = None, env: dict | None = None) -> Outcome:
+    """Runs `body` as the submission on `face` in `mode` over `cases` small cases (seeds FIRST_SEED, +1, ...)."""
+    folder = shared_folder(folder)
+    lines = "".join(SMALL_LINE.format(seed=FIRST_SEED + i) + "\n" for i in range(cases))
+    extra = dict(env or {})
+    if face == "human":
+        path, case_file = folder / "hostile.py", folder / "cases.txt"
+        path.write_text(body)
+        case_file.write_text(lines)
+        args = [mode, str(path), "--world-size", "2", "--cases", str(case_file)]
+        args += ["--seed", str(seed)] if seed is not None else []
+        args += ["--timeout", str(timeout_s)] if timeout_s else []
+        result = run_eval(*args, timeout=RUN_LIMIT_S, env=extra)
+        return Outcome(face, mode, result.returncode, result.stdout, result.stderr)
+    bundle = stage(V1, folder / "bundle", test_files=False)
+    (bundle / "submission.py").write_text(body)
+    (bundle / "cases.txt").write_text(lines)
+    if seed is not None:
+        extra["POPCORN_SEED"] = str(seed)
+    if timeout_s:
+        extra["A2A_TIMEOUT"] = str(timeout_s)
+    code, out, err = run_bundle(bundle, mode, "cases.txt", extra)
+    return Outcome(face, mode, code, out, err)
+
+
+def assert_fails(outcome: Outcome, *reasons: str) -> None:
+    """Exit 112 with one of `reasons` among the run's reasons."""
+    assert outcome.code == EXIT_CHECK_FAILED, str(outcome)
+    assert any(reason in outcome.reasons() for reason in reasons), (reasons, str(outcome))
+
+
+def assert_time_is_real(outcome: Outcome) -> None:
+    """The time a run shows is the time that passed, or the run is void. Rank 0's own untouched clock
+    (`call_ns`, around custom_kernel only) bounds every step from below: each time shown (leaderboard-style, and
+    device-side on the human face) must be at least half the median call. A forged time is a thousand times
+    smaller."""
+    if outcome.code == EXIT_CHECK_FAILED and "void" in outcome.reasons():
+        return
+    calls = [int(ns) for rank, ns in outcome.said("call_ns") if rank == "0"]
+    assert outcome.code == 0 and calls, str(outcome)
+    floor = statistics.median(calls) / 2
+    shown = outcome.times_ns()
+    assert shown["mean"], str(outcome)
+    forged = {name: [t for t in times if t < floor] for name, times in shown.items() if any(t < floor for t in times)}
+    assert not forged, (f"times shown below half the median call ({floor:.0f} ns): {forged}; the run passed with a "
+                        f"forged time", str(outcome))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 1. Forged time: clocks patched in the rank's process
+# --------------------------------------------------------------------------------------------------------------
+
+PATCHED_PERF_COUNTER_NS = '''
+import time
+
+_slow = time.perf_counter_ns
+time.perf_counter_ns = lambda: _slow() // 1000  # a clock a thousand times slow
+
+
+def custom_kernel(data):
+    return _honest(data)
+'''
+
+# On a GPU the device-side figure is read from torch.cuda.Event.elapsed_time; on a CPU run it is the rank's host
+# clock, so every clock the time module has is slowed as well.
+PATCHED_EVENT_CLOCK = '''
+import time
+
+import torch
+
+torch.cuda.Event.elapsed_time = lambda self, end: 1e-6
+_slow_f, _slow_ns = time.perf_counter, time.perf_counter_ns
+time.perf_counter = lambda: _slow_f() / 1000
+time.monotonic = lambda: _slow_f() / 1000
+time.monotonic_ns = lambda: _slow_ns() // 1000
+time.time_ns = lambda: _slow_ns() // 1000
+
+
+def custom_kernel(data):
+    return _honest(data)
+'''
+
+
+@pytest.mark.parametrize("face, mode", EVERY_FACE_TIMED, ids=_ids(EVERY_FACE_TIMED))
+def test_a_slowed_perf_counter_ns_changes_no_time(tmp_path, face, mode):
+    """`time.perf_counter_ns` divided by 1000 at import (#38, 1): the harness's clock was bound before."""
+    assert_time_is_real(run_face(face, mode, tmp_path, hostile(PATCHED_PERF_COUNTER_NS)))
+
+
+EVENT_CLOCK_RUNS = [("human", "benchmark"), ("human", "leaderboard"), ("protocol", "leaderboard")]
+
+
+@pytest.mark.parametrize("face, mode", EVENT_CLOCK_RUNS, ids=_ids(EVENT_CLOCK_RUNS))
+def test_a_patched_event_clock_changes_no_time(tmp_path, face, mode):
+    """`torch.cuda.Event.elapsed_time` and every clock of `time` slowed at import (#38, 1): neither the
+    leaderboard-style time nor the device-side one (the human face's) moves."""
+    assert_time_is_real(run_face(face, mode, tmp_path, hostile(PATCHED_EVENT_CLOCK)))
+
+
+# The harness's primitives live in its module and its objects; a submission reaches them through its caller's frames.
+FORGED_DURATIONS = '''
+
+def custom_kernel(data):
+    out = _honest(data)
+    frame = _sys._getframe(1)
+    while frame is not None:  # the loop's own list of step times, one frame up the timed loop
+        durations = frame.f_locals.get("durations")
+        if isinstance(durations, list):
+            durations[:] = [1000] * len(durations)
+            _say("forged", data[2], "durations", len(durations))
+            break
+        frame = frame.f_back
+    return out
+'''
+
+SLOWED_BOUND_CLOCK = '''
+import time
+
+_real = time.perf_counter_ns
+_anchor = [None]
+
+
+def _clock():
+    """The harness's clock, slowed a thousand times inside each step and true everywhere else, so the timed
+    loop's total (which the owner compares with its own clock) stays true."""
+    now = _real()
+    if _sys._getframe(1).f_code.co_name != "timed_step":
+        _anchor[0] = None
+        return now
+    if _anchor[0] is None:
+        _anchor[0] = now
+    return _anchor[0] + (now - _anchor[0]) // 1000
+
+
+def custom_kernel(data):
+    b = _sys._getframe(1).f_locals.get("b")
+    if b is not None and not getattr(type(b), "_hostile", False):
+        type(b).clock_ns = property(lambda self: _clock)  # a NamedTuple's class is as mutable as any
+        type(b)._hostile = True
+        _say("forged", data[2], "Bound.clock_ns")
+    return _honest(data)
+'''
+
+FORGED_TIME_IN_THE_RANK = [("durations", "human", "benchmark"), ("durations", "protocol", "leaderboard"),
+                           ("bound-clock", "human", "leaderboard"), ("bound-clock", "protocol", "benchmark")]
+
+
+@pytest.mark.parametrize("attack, face, mode", FORGED_TIME_IN_THE_RANK,
+                         ids=[f"{a}-{f}-{m}" for a, f, m in FORGED_TIME_IN_THE_RANK])
+def test_a_time_forged_inside_the_harness_is_not_shown(tmp_path, attack, face, mode):
+    """Right answers, with the step times forged where the harness keeps them: the timed loop's `durations` list
+    (reached through the caller's frames) shrunk to 1 µs per step, or the bound clock itself replaced on its
+    NamedTuple class by one that runs slow inside each step and catches up between steps (so the loop's total
+    agrees with the owner's clock). The time shown must still be the time that passed, or the run void."""
+    body = {"durations": FORGED_DURATIONS, "bound-clock": SLOWED_BOUND_CLOCK}[attack]
+    outcome = run_face(face, mode, tmp_path, hostile(body))
+    assert outcome.said("forged"), str(outcome)
+    assert_time_is_real(outcome)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 2. Wrong outputs in the timed calls
+# --------------------------------------------------------------------------------------------------------------
+
+ZEROS_IN_A_THIRD = '''
+import torch
+
+_timed = 0
+
+
+def custom_kernel(data):
+    global _timed
+    if _sys._getframe(1).f_code.co_name != "timed_step":
+        return _v1_kernel(data)  # the checked call before timing is right
+    _timed += 1
+    if _timed % 3:
+        return _v1_kernel(data)
+    cfg, rank_data, rank, world_size = data
+    _say("zeros", rank, _timed)
+    return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
+'''
+
+
+@pytest.mark.parametrize("face, mode", EVERY_FACE_TIMED, ids=_ids(EVERY_FACE_TIMED))
+def test_zeros_in_a_third_of_the_timed_calls_fail(tmp_path, face, mode):
+    """Right in the checked call and in two timed calls of three, zeros in the third (#38, deliverable 2)."""
+    outcome = run_face(face, mode, tmp_path, hostile(ZEROS_IN_A_THIRD))
+    assert outcome.said("zeros"), str(outcome)
+    assert_fails(outcome, *WRONG_OUTPUT)
+
+
+CHECK_REPLACED_THROUGH_FRAMES = '''
+import torch
+
+
+def custom_kernel(data):
+    cfg, rank_data, rank, world_size = data
+    caller = _sys._getframe(1)
+    for name in caller.f_code.co_names:  # the harness's check, whatever its name: a global its caller calls
+        if "check" in name and callable(caller.f_globals.get(name)):
+            caller.f_globals[name] = lambda *args, **kwargs: (True, "")
+            _say("replaced", rank, name)
+    return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
+'''
+
+
+@pytest.mark.parametrize("face, mode", EVERY_FACE_AND_MODE, ids=_ids(EVERY_FACE_AND_MODE))
+def test_a_check_replaced_through_the_callers_frames_voids(tmp_path, face, mode):
+    """The harness's check (`_checked` in #38, `checked` since), found in its caller's globals, replaced by a pass;
+    then zeros (#38, 2)."""
+    outcome = run_face(face, mode, tmp_path, hostile(CHECK_REPLACED_THROUGH_FRAMES))
+    replaced = {words[1] for words in outcome.said("replaced")}
+    assert replaced, str(outcome)
+    assert_fails(outcome, *(f"void: the harness's own `{name}` was replaced" for name in replaced), *WRONG_OUTPUT)
+
+
+# The bound primitives are a dict in the timed step's frame (`ops`): a check that always agrees, and a clone (the
+# copy the check apart receives) that computes the right answer after the clock has stopped. Every timed call
+# returns zeros at once.
+LAZY_THROUGH_BOUND_OPS = '''
+import torch
+
+_inputs = {}
+_kept = []
+
+
+def _right(data):
+    cfg, rank_data, _, world_size = data
+    owner = rank_data.indices.long() // (cfg.num_experts // world_size)
+    scale = (1 + owner).to(cfg.out_dtype)
+    expert_out = rank_data.x.to(cfg.out_dtype)[:, None, :] * scale[:, :, None]
+    return (expert_out.to(torch.float32) * rank_data.weights[:, :, None]).sum(dim=1).to(cfg.out_dtype)
+
+
+def _bend(ops):
+    if ops.get("_bent"):
+        return
+    clone, detach = ops["clone"], ops["detach"]
+    ops.update(_bent=True,
+               isclose=lambda a, b, **kwargs: torch.ones(a.shape, dtype=torch.bool, device=a.device),
+               detach=lambda t: t if id(t) in _inputs else detach(t),
+               clone=lambda t, *args, **kwargs: _right(_inputs[id(t)]) if id(t) in _inputs else clone(t, *args,
+                                                                                                      **kwargs))
+    torch.allclose = lambda *args, **kwargs: True  # the reference's recheck (leaderboard mode), rank-wide
+
+
+def custom_kernel(data):
+    import gc
+    import types
+
+    frame = _sys._getframe(1)
+    ops = frame.f_locals.get("ops") if frame.f_code.co_name == "timed_step" else None
+    if isinstance(ops, types.MappingProxyType):  # read-only: bend the dict behind it
+        ops = gc.get_referents(ops)[0]
+    if not isinstance(ops, dict):
+        return _v1_kernel(data)
+    _bend(ops)
+    cfg, rank_data, rank, world_size = data
+    out = torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
+    _inputs[id(out)] = data
+    _kept.append(out)
+    _say("zeros", rank)
+    return out
+'''
+
+LAZY_RUNS = [("human", "leaderboard"), ("protocol", "benchmark")]
+
+
+@pytest.mark.parametrize("face, mode", LAZY_RUNS, ids=_ids(LAZY_RUNS))
+def test_zeros_fail_when_the_bound_primitives_are_bent(tmp_path, face, mode):
+    """Zeros from every timed call, with the bound primitives (a read-only mapping in the timed step's frame, its
+    dict reached through gc) made to agree and to compute the right answer lazily in the copy sent apart, after the
+    clock stopped."""
+    outcome = run_face(face, mode, tmp_path, hostile(LAZY_THROUGH_BOUND_OPS))
+    assert outcome.said("zeros"), str(outcome)
+    assert_fails(outcome, *WRONG_OUTPUT, "void")
+
+
+def test_the_bound_primitives_cannot_be_changed_unseen():
+    """Unit: what `tampering` must see in a worker after the import (the end-to-end attacks above use these): a
+    replaced harness function (seen today), a changed harness constant (the L2 clear's size, read at each clear),
+    an entry of the bound primitives' dict, and the bound clock replaced on the Bound class."""
+    import eval as core
+
+    import gc
+
+    b = core.bind_primitives()
+    assert core.tampering(b) is None
+    with pytest.raises(TypeError):
+        b.ops["isclose"] = lambda *args, **kwargs: True  # read-only where the harness's frames hold it
+    missed = []
+    changes = {
+        "the function checked": (core.__dict__, "checked", lambda *args: (True, "")),
+        "the constant L2_CLEAR_BYTES": (core.__dict__, "L2_CLEAR_BYTES", 8),
+        "ops['isclose']": (gc.get_referents(b.ops)[0], "isclose", lambda *args, **kwargs: True),  # its dict, by gc
+    }
+    for what, (where, name, value) in changes.items():
+        before = where[name]
+        where[name] = value
+        try:
+            if core.tampering(b) is None:
+                missed.append(what)
+        finally:
+            where[name] = before
+    original = core.Bound.clock_ns
+    core.Bound.clock_ns = property(lambda self: (lambda: 0))
+    try:
+        if core.tampering(b) is None:
+            missed.append("Bound.clock_ns")
+    finally:
+        core.Bound.clock_ns = original
+    assert core.tampering(b) is None
+    assert not missed, f"tampering() did not see: {missed}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 3. Messages on the rank's pipe to the owner
+# --------------------------------------------------------------------------------------------------------------
+
+FORGED_RESULT_SENT = '''
+import gc
+from multiprocessing.connection import Connection
+
+import torch
+
+
+def custom_kernel(data):
+    cfg, rank_data, rank, world_size = data
+    harness = _sys._getframe(1).f_globals
+    pipe = next(c for c in gc.get_objects() if isinstance(c, Connection))
+    pipe.send(harness["RankResult"](True, {"apart": []}))  # a pass, before the harness has checked anything
+    _say("forged", rank, "RankResult sent")
+    return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
+'''
+
+# Every result the worker sends is rewritten on its way out into a pass (with a time of 1 µs and nothing for the
+# check apart); every call returns zeros.
+FORGED_RESULT_REWRITTEN = '''
+from multiprocessing.connection import Connection
+
+import torch
+
+_send_bytes = Connection.send_bytes
+
+
+def _harness():
+    return next(m for m in _sys.modules.values() if hasattr(m, "RankResult") and hasattr(m, "decode"))
+
+
+def _forging_send(self, raw, *args):
+    harness = _harness()
+    message = harness.decode(bytes(raw))
+    if type(message).__name__ == "RankResult":
+        message = type(message)(True, {"apart": []}, message.import_s)
+        raw = harness.encode(message)
+        _say("forged", "RankResult rewritten")
+    return _send_bytes(self, raw, *args)
+
+
+Connection.send_bytes = _forging_send
+
+
+def custom_kernel(data):
+    cfg, rank_data, rank, world_size = data
+    return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
+'''
+
+FORGED_STATS = '''
+from multiprocessing.connection import Connection
+
+_send_bytes = Connection.send_bytes
+
+
+def _harness():
+    return next(m for m in _sys.modules.values() if hasattr(m, "RankResult") and hasattr(m, "decode"))
+
+
+def _forging_send(self, raw, *args):
+    harness = _harness()
+    message = harness.decode(bytes(raw))
+    if isinstance(message, tuple) and message[:2] == ("ask", "clock-end"):
+        report = message[2]
+        for kind in ("steps", "floor", "device"):
+            report[kind] = [value / 1000 for value in report[kind]]
+            _say("forged", kind)
+        raw = harness.encode(message)
+    return _send_bytes(self, raw, *args)
+
+
+Connection.send_bytes = _forging_send
+
+
+def custom_kernel(data):
+    return _v1_kernel(data)
+'''
+
+GARBAGE_ON_THE_PIPE = '''
+import gc
+from multiprocessing.connection import Connection
+
+
+def custom_kernel(data):
+    if data[2] == 1:
+        pipe = next(c for c in gc.get_objects() if isinstance(c, Connection))
+        pipe.send("check: pass")
+        _say("forged", "a string")
+    return _v1_kernel(data)
+'''
+
+# Sent early: test mode on both faces; rewritten on its way out: the timed modes on both faces.
+FORGED_RESULTS = ([("sent", "human", "test"), ("sent", "protocol", "test")]
+                  + [("rewritten", face, mode) for face, mode in EVERY_FACE_TIMED])
+
+
+@pytest.mark.parametrize("attack, face, mode", FORGED_RESULTS, ids=[f"{a}-{f}-{m}" for a, f, m in FORGED_RESULTS])
+def test_a_forged_result_on_the_pipe_does_not_pass_zeros(tmp_path, attack, face, mode):
+    """Zeros, and a passing eval.RankResult written to the owner: sent early on the Connection found with `gc`, or
+    every outgoing result rewritten by a patched `Connection.send_bytes` (#38's pipe to the owner)."""
+    body = {"sent": FORGED_RESULT_SENT, "rewritten": FORGED_RESULT_REWRITTEN}[attack]
+    outcome = run_face(face, mode, tmp_path, hostile(body))
+    assert outcome.said("forged"), str(outcome)
+    assert_fails(outcome, *WRONG_OUTPUT, "void")
+
+
+FORGED_STATS_RUNS = [("human", "benchmark"), ("protocol", "leaderboard")]
+
+
+@pytest.mark.parametrize("face, mode", FORGED_STATS_RUNS, ids=_ids(FORGED_STATS_RUNS))
+def test_forged_statistics_on_the_pipe_are_not_shown(tmp_path, face, mode):
+    """Right answers; every time in the report the owner's clock is checked against divided by 1000 on its way out
+    (a patched `Connection.send_bytes`): void, or the time shown is real."""
+    outcome = run_face(face, mode, tmp_path, hostile(FORGED_STATS))
+    assert outcome.said("forged"), str(outcome)
+    assert_time_is_real(outcome)
+
+
+# The owner reads the pipe with pickle: what a rank sends can name any callable to run while it is read. This one
+# runs in the owner (outside the ranks' namespace, as the owner's uid): it leaves a file naming that uid and makes
+# the message a passing eval.RankResult of the owner's own class. Every call returns zeros.
+CODE_RUN_BY_THE_OWNER = '''
+import gc
+from multiprocessing.connection import Connection
+
+import torch
+
+MARK = "@MARK@"
+EXPRESSION = ("(open(MARK, 'a').write(str(__import__('os').getuid()) + chr(10)), "
+              "__import__('sys').modules['__main__'].RankResult(True, {'apart': []}))[1]")
+
+
+class _Unpickled:
+    def __reduce__(self):
+        return eval, (EXPRESSION, {"MARK": MARK})
+
+
+def custom_kernel(data):
+    cfg, rank_data, rank, world_size = data
+    pipe = next(c for c in gc.get_objects() if isinstance(c, Connection))
+    pipe.send(_Unpickled())
+    _say("sent", rank, "a pickle that runs code where it is read")
+    return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
+'''
+
+OWNER_CODE_RUNS = [("human", "test"), ("protocol", "benchmark")]
+
+
+@pytest.mark.parametrize("face, mode", OWNER_CODE_RUNS, ids=_ids(OWNER_CODE_RUNS))
+def test_a_message_on_the_pipe_runs_no_code_in_the_owner(tmp_path, face, mode):
+    """A pickle sent on the worker's Connection whose reduction calls `eval` in the process that reads it. The
+    owner (root here, outside the namespace, holding the result channel) must never run a rank's code: no file
+    appears, and the zeros fail."""
+    mark = shared_folder(tmp_path / "marks") / "ran-in-the-owner"
+    outcome = run_face(face, mode, tmp_path / "run", hostile(CODE_RUN_BY_THE_OWNER, mark=mark))
+    assert outcome.said("sent"), str(outcome)
+    ran = mark.read_text().split() if mark.exists() else []
+    assert not ran, f"the owner ran the rank's code as uid(s) {ran}; the run ended with exit {outcome.code}"
+    assert_fails(outcome, *WRONG_OUTPUT, "void")
+
+
+def test_a_stray_message_on_the_pipe_voids_the_run(tmp_path):
+    """Right answers, and a string sent to the owner on the worker's Connection: the case is void."""
+    outcome = run_face("protocol", "test", tmp_path, hostile(GARBAGE_ON_THE_PIPE))
+    assert outcome.said("forged"), str(outcome)
+    assert_fails(outcome, "sent the evaluator a message it did not expect")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 4. The kernel's boundary: what a rank can see and reach
+# --------------------------------------------------------------------------------------------------------------
+
+# Tries every way #38 found into the harness's processes, harmlessly: it reports what it reached and writes nothing
+# through it. Then zeros.
+REACH = '''
+import ctypes
+import errno
+
+import signal
+import torch
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+SYS_PIDFD_OPEN, SYS_PIDFD_GETFD = 434, 438
+
+
+def _errno():
+    return errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+
+
+def _reach(rank):
+    me = _os.getpid()
+    _say("ppid", rank, _os.getppid())
+    _say("uid", rank, _os.getuid())
+    visible = sorted(int(e) for e in _os.listdir("/proc") if e.isdigit())
+    for pid in visible:
+        try:
+            command = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\\0", b" ").decode(errors="replace")
+        except OSError:
+            command = "?"
+        _say("sees", rank, pid, command[:160].replace("\\n", " "))
+    for pid in sorted(set(visible + [_os.getppid(), 1]) - {me}):
+        fd = _libc.syscall(SYS_PIDFD_OPEN, pid, 0)
+        if fd >= 0:
+            got = [n for n in range(64) if (new := _libc.syscall(SYS_PIDFD_GETFD, fd, n, 0)) >= 0 and not
+                   _os.close(new)]
+            if got:
+                _say("reached", rank, f"pidfd_getfd({pid}) copied fds {got}")
+            _os.close(fd)
+        try:
+            with open(f"/proc/{pid}/mem", "r+b", buffering=0):
+                _say("reached", rank, f"/proc/{pid}/mem opened for writing")
+        except OSError:
+            pass
+        try:
+            owner = _os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            continue
+        if owner != _os.getuid() and _os.getuid() != 0:  # never signal this test's own processes as root
+            for signum in (signal.SIGSTOP, signal.SIGTERM):
+                try:
+                    _os.kill(pid, signum)
+                    _say("reached", rank, f"kill({pid}, {signum.name}) delivered")
+                except OSError:
+                    pass
+    threads = set()
+    for pid in visible:
+        try:
+            threads.update(int(t) for t in _os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            pass
+    hidden = []
+    for pid in range(2, 1 << 15):  # a process this rank can name but not see
+        if pid in visible or pid in threads:
+            continue
+        try:
+            _os.kill(pid, 0)
+            hidden.append(pid)
+        except PermissionError:
+            hidden.append(pid)
+        except OSError:
+            pass
+    if hidden:
+        _say("reached", rank, f"pids outside /proc that signals reach: {hidden[:10]}")
+
+
+_done = False
+
+
+def custom_kernel(data):
+    global _done
+    cfg, rank_data, rank, world_size = data
+    if not _done:
+        _done = True
+        _reach(rank)
+    return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
+'''
+
+REACH_RUNS = [("human", "test"), ("protocol", "leaderboard")]
+
+
+@pytest.mark.parametrize("face, mode", REACH_RUNS, ids=_ids(REACH_RUNS))
+def test_a_rank_reaches_no_harness_process(tmp_path, face, mode):
+    """pidfd_open/pidfd_getfd on its parent and every process it sees, /proc/<pid>/mem opened for writing,
+    SIGSTOP/SIGTERM to every process of another uid, a scan of every pid it could signal unseen (#38, 3, 4, 6, 9).
+    A rank sees ppid 0, an unprivileged uid and, in its /proc, only its run's ranks and their namespace's init;
+    nothing reaches a harness process; its zeros fail."""
+    outcome = run_face(face, mode, tmp_path, hostile(REACH))
+    assert {ppid for _, ppid in outcome.said("ppid")} == {"0"}, str(outcome)
+    assert all(uid != "0" for _, uid in outcome.said("uid")) and outcome.said("uid"), str(outcome)
+    seen = [" ".join(words[2:]) for words in outcome.said("sees")]
+    assert seen and not [c for c in seen if re.search(r"eval\.py|harness|pytest|a2a", c)], seen
+    assert not outcome.said("reached"), outcome.said("reached")
+    assert_fails(outcome, *WRONG_OUTPUT)
+
+
+SECRET = 987_654_321  # mixed into a case seed by Cantor pairing, it must stay under 2**64
+
+# Looks for the secret seed wherever #38 found it, then tries to precompute the timed calls' inputs: by the runner's
+# rule (the case's seed plus 13 per step) and by replaying an input it saw before.
+SEED_SEEKER = '''
+import gc
+
+import torch
+from reference import generate_input
+
+SECRET = @SECRET@
+_seen = []
+_predicted = []
+_looked = False
+
+
+def _look():
+    needle = str(SECRET).encode()
+    found = []
+    for entry in _os.listdir("/proc"):
+        for what in ("environ", "cmdline"):
+            try:
+                if needle in open(f"/proc/{entry}/{what}", "rb").read():
+                    found.append(f"/proc/{entry}/{what}")
+            except OSError:
+                pass
+    if any(str(SECRET) in value for value in _os.environ.values()):
+        found.append("os.environ")
+    for frame in _sys._current_frames().values():
+        while frame is not None:
+            if frame.f_code.co_name != "_look":
+                for name, value in frame.f_locals.items():
+                    held = [value] + [getattr(value, a, None) for a in ("secret_seed", "seed", "args")]
+                    held += [v for item in held if isinstance(item, dict) for v in item.values()]
+                    if any(type(item) is int and item == SECRET for item in held):
+                        found.append(f"frame {frame.f_code.co_name}: {name}")
+            frame = frame.f_back
+    mine = globals()
+    for obj in gc.get_objects():
+        if isinstance(obj, dict) and obj is not mine and any(type(v) is int and v == SECRET for v in obj.values()):
+            found.append(f"a dict with keys {list(obj)[:4]}")
+        elif isinstance(obj, (list, tuple)) and any(type(v) is int and v == SECRET for v in obj):
+            found.append(f"a {type(obj).__name__} of {len(obj)}")
+    return found
+
+
+def _scored():
+    """Whether this call is timed in a case whose steps get fresh inputs (leaderboard mode's `recheck`; the
+    warm-up case before it repeats one input, as the runner's does)."""
+    frame = _sys._getframe(2)
+    while frame is not None:
+        if "recheck" in frame.f_locals:
+            return bool(frame.f_locals["recheck"])
+        frame = frame.f_back
+    return False
+
+
+def custom_kernel(data):
+    global _looked
+    cfg, rank_data, rank, world_size = data
+    caller = _sys._getframe(1)
+    if not _looked:
+        _looked = True
+        for where in _look():
+            _say("found", rank, where)
+        test = caller.f_locals.get("test")
+        args = dict(getattr(test, "args", {}))
+        if "seed" in args:  # the runner's leaderboard mode: the case's seed, then 13 more per step
+            for step in range(1, 6):
+                _predicted.append(generate_input(**dict(args, seed=args["seed"] + 13 * step), rank=rank)[1].x)
+    if caller.f_code.co_name == "timed_step" and _scored():
+        x = rank_data.x
+        predicted = sum(1 for p in _predicted if p.shape == x.shape and torch.equal(p, x))
+        replayed = sum(1 for s in _seen if s.shape == x.shape and torch.equal(s, x))
+        _say("timed", rank, predicted, replayed)
+        _seen.append(x.clone())
+    return _v1_kernel(data)
+'''
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_the_secret_seed_stays_secret_and_no_timed_input_can_be_precomputed(tmp_path, face):
+    """Leaderboard mode with a secret seed (`--seed`, POPCORN_SEED): it is in no /proc/*/environ or command line
+    the rank can read, not in its environment, frames or objects (#38, 5); no timed call's input is one the
+    runner's rule predicts or one seen before. The submission is right, so the run passes."""
+    outcome = run_face(face, "leaderboard", tmp_path, hostile(SEED_SEEKER, secret=SECRET), seed=SECRET)
+    assert not outcome.said("found"), outcome.said("found")
+    timed = outcome.said("timed")
+    assert len(timed) >= 6, str(outcome)
+    assert [t for t in timed if t[1] != "0"] == [], ("a timed input the runner's rule predicts", timed)
+    assert [t for t in timed if t[2] != "0"] == [], ("a timed input seen before", timed)
+    assert outcome.code == 0, str(outcome)
+
+
+SIGNAL_TO_THE_PARENT = '''
+import signal
+
+
+def custom_kernel(data):
+    if data[2] == 1:
+        _say("signal", _os.getppid(), "@SIGNAL@")
+        _os.kill(_os.getppid(), signal.@SIGNAL@)
+    return _v1_kernel(data)
+'''
+
+SIGNAL_RUNS = [(face, name) for name in ("SIGTERM", "SIGSTOP") for face in FACES]
+
+
+@pytest.mark.parametrize("face, name", SIGNAL_RUNS, ids=[f"{f}-{n}" for f, n in SIGNAL_RUNS])
+def test_a_signal_to_its_parent_never_reads_as_the_users_stop(tmp_path, face, name):
+    """`os.kill(os.getppid(), SIGTERM or SIGSTOP)` from rank 1 (#38, 6 and 9): the evaluator is out of reach (the
+    rank's parent is outside its namespace: ppid 0, so the signal goes to the rank's own process group, where it
+    can only reach ranks); the run fails (112) for the ranks it stopped or killed, within the case's limit, and never
+    ends as a user's stop (143)."""
+    started = time.monotonic()
+    outcome = run_face(face, "test", tmp_path, hostile(SIGNAL_TO_THE_PARENT, signal=name), timeout_s=8)
+    assert outcome.said("signal"), str(outcome)
+    assert outcome.code != 128 + signal.SIGTERM and "SIGTERM received" not in outcome.err, str(outcome)
+    assert_fails(outcome, "rank process died", "did not finish in", "the harness did not send it")
+    assert time.monotonic() - started < 120, str(outcome)
+
+
+def test_a_stopped_evaluator_voids_the_run_within_its_deadline(tmp_path, process_token, monkeypatch):
+    """What no rank can do any more, done from outside: the evaluator stopped (SIGSTOP) while its ranks hang. The
+    human face's wait (run_protocol) gives up after its silence deadline with one line, the run is void, and
+    nothing of it is left."""
+    from a2a import harness
+    from tests.conftest import hanging_submission
+
+    monkeypatch.setattr(harness, "SILENCE_MARGIN_S", 2.0)
+    case_limit_s = 6
+    bundle = stage(V1, tmp_path / "bundle", test_files=False)
+    (bundle / "submission.py").write_text(hanging_submission())
+    (bundle / "one.txt").write_text(SMALL_LINE.format(seed=FIRST_SEED) + "\n")
+    marks = shared_folder(tmp_path / "marks")
+    env = {**os.environ, "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo", "A2A_TIMEOUT": str(case_limit_s),
+           "A2A_TEST_TOKEN": process_token, "A2A_TEST_MARKS": str(marks)}
+    for key in ("A2A_EXTRA", "A2A_RANK_PREFIX", "A2A_RENDEZVOUS"):
+        env.pop(key, None)
+    stopped: dict = {}
+
+    def stop_the_evaluator():
+        deadline = time.monotonic() + 120
+        while not all((marks / f"rank{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for child in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+            for pid in child.read_text().split():
+                if b"eval.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(int(pid), signal.SIGSTOP)
+                    stopped[int(pid)] = time.monotonic()
+
+    stopper = threading.Thread(target=stop_the_evaluator, daemon=True)
+    stopper.start()
+    code, out, err = harness.run_protocol(bundle, "test", "one.txt", env)
+    ended = time.monotonic()
+    stopper.join(timeout=5)
+    assert stopped, ("the evaluator was never stopped", code, out, err[-3000:])
+    silence_s = 2 * case_limit_s + harness.SILENCE_MARGIN_S
+    assert code == harness.STALLED_EXIT, (code, out, err[-3000:])
+    assert "wrote nothing for" in err.strip().splitlines()[-1], err[-3000:]
+    assert "wrote nothing for" in harness._void(out, code, err)
+    assert ended - min(stopped.values()) < silence_s + 15, (ended - min(stopped.values()), silence_s)
+    assert not wait_until_unmarked(process_token, 20), "a stopped evaluator's run left processes behind"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 5. The timed window: what the harness runs around the call
+# --------------------------------------------------------------------------------------------------------------
+
+NO_OP_BARRIER_AND_L2_CLEAR = '''
+import torch
+import torch.distributed as dist
+import utils
+
+_faked = {"barrier": 0, "clear_l2_cache": 0, "synchronize": 0}
+
+
+def _no_op(name):
+    def no_op(*args, **kwargs):
+        _faked[name] += 1
+    return no_op
+
+
+dist.barrier = _no_op("barrier")
+torch.distributed.barrier = dist.barrier
+utils.clear_l2_cache = _no_op("clear_l2_cache")
+torch.cuda.synchronize = _no_op("synchronize")
+
+
+def custom_kernel(data):
+    out = _honest(data)
+    _say("no_op_calls", data[2], sum(_faked.values()))
+    return out
+'''
+
+
+@pytest.mark.parametrize("face, mode", EVERY_FACE_TIMED, ids=_ids(EVERY_FACE_TIMED))
+def test_a_no_op_barrier_and_l2_clear_trim_nothing(tmp_path, face, mode):
+    """`torch.distributed.barrier`, `utils.clear_l2_cache` and `torch.cuda.synchronize` made no-ops at import
+    (#38, 7): the harness never calls them (its own are bound), so the window is whole and the time real."""
+    outcome = run_face(face, mode, tmp_path, hostile(NO_OP_BARRIER_AND_L2_CLEAR))
+    counts = [int(calls) for _, calls in outcome.said("no_op_calls")]
+    assert counts and max(counts) == 0, ("the harness called the submission's no-ops", counts)
+    assert_time_is_real(outcome)
+
+
+# aten::fill_ is what the L2 clear runs on a GPU: a no-op registered for CUDA would leave the cache warm.
+FILL_REGISTERED_ANEW = '''
+import torch
+
+_library = torch.library.Library("aten", "IMPL")
+_library.impl("fill_.Scalar", lambda self, value: self, "CUDA")
+
+
+def custom_kernel(data):
+    return _v1_kernel(data)
+'''
+
+FUNCTION_MODE_LEFT_PUSHED = '''
+from torch.overrides import TorchFunctionMode
+
+
+class _Watching(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+_mode = None
+
+
+def custom_kernel(data):
+    global _mode
+    out = _v1_kernel(data)
+    if _mode is None:
+        _mode = _Watching()
+        _mode.__enter__()  # never left: every later torch call of the harness goes through it
+    return out
+'''
+
+TAMPERING = [("fill", face, mode) for face, mode in EVERY_FACE_AND_MODE] + [
+    ("mode", face, mode) for face, mode in (("human", "test"), ("human", "leaderboard"), ("protocol", "benchmark"))]
+
+
+@pytest.mark.parametrize("attack, face, mode", TAMPERING, ids=[f"{a}-{f}-{m}" for a, f, m in TAMPERING])
+def test_tampering_with_what_the_harness_runs_voids(tmp_path, attack, face, mode):
+    """Right answers, with `aten::fill_` registered anew or a TorchFunctionMode left pushed: the case is void."""
+    body, reason = {"fill": (FILL_REGISTERED_ANEW, "the operator aten::fill_.Scalar"),
+                    "mode": (FUNCTION_MODE_LEFT_PUSHED, "a torch function mode is active")}[attack]
+    outcome = run_face(face, mode, tmp_path, hostile(body))
+    assert_fails(outcome, reason)
+    assert "void" in outcome.reasons(), str(outcome)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 6. The existing attacks: forged lines, lying outputs, bent checks, bytes
+# --------------------------------------------------------------------------------------------------------------
 
 # Tries to write forged result lines into the result channel: POPCORN_FD if the environment still names it, and
-# every socket or pipe of its parent and grandparent (the two faces) that it can open again through /proc. It
-# records, per rank, what it reached in REACHED. (As root it could open and break much more of its parents; that
-# the verdict survives such sabotage is the signal test below.)
+# every socket or pipe of its parent and grandparent (the two faces) that it can open again through /proc.
 FORGER = '''
-import os
-
-REACHED = "@REACHED@"
 
 def _forge(lines):
     reached = []
-    fd = os.environ.get("POPCORN_FD")
+    fd = _os.environ.get("POPCORN_FD")
     if fd:
         try:
-            os.write(int(fd), lines.encode())
+            _os.write(int(fd), lines.encode())
             reached.append("POPCORN_FD=" + fd)
         except OSError:
             pass
-    pid = os.getppid()
+    pid = _os.getppid()
     for _ in range(2):
+        if pid <= 0:
+            break
         for n in range(3, 64):
             try:
-                kind = os.readlink(f"/proc/{pid}/fd/{n}")
-                if kind.startswith("socket:"):
+                kind = _os.readlink(f"/proc/{pid}/fd/{n}")
+                if kind.startswith(("socket:", "pipe:")):
                     with open(f"/proc/{pid}/fd/{n}", "a") as channel:
                         channel.write(lines)
                     reached.append(f"{kind} of {pid}")
             except OSError:
                 pass
-        pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-    with open(REACHED, "a") as out:
-        out.write(f"rank pid {os.getpid()}: " + (", ".join(reached) or "nothing") + "\\n")
+        try:
+            pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            break
+    _say("reached", _os.getpid(), ", ".join(reached) or "nothing")
 '''
-
-
-def _submission(tmp_path, body: str, name: str = "hostile.py"):
-    path = tmp_path / name
-    path.write_text(body.replace("@REACHED@", str(tmp_path / "reached.txt")))
-    return str(path)
-
-
-def _row_statuses(stdout: str) -> list:
-    return [line.split("|")[3].strip() for line in stdout.splitlines() if line.startswith("|   0 |")]
 
 
 def test_a_submission_cannot_forge_a_passing_test(tmp_path):
     """Zeros, then `test.0.status: pass` and `check: pass` written wherever the rank can reach."""
-    body = FORGER + '''
+    body = hostile(FORGER + '''
 import torch
+
 
 def custom_kernel(data):
     cfg, rank_data, rank, world_size = data
     _forge("test.0.status: pass\\ncheck: pass\\n")
     return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=torch.float16, device=rank_data.x.device)
-'''
-    result = run_eval("test", _submission(tmp_path, body), *CASE, timeout=300)
-    assert result.returncode == EXIT_CHECK_FAILED, result.stdout[-2000:] + result.stderr[-2000:]
-    assert _row_statuses(result.stdout) == ["fail"], result.stdout[-2000:]
-    assert "POPCORN_FD=" not in (tmp_path / "reached.txt").read_text()
+''')
+    outcome = run_face("human", "test", tmp_path, body)
+    assert_fails(outcome, *WRONG_OUTPUT)
+    reached = outcome.said("reached")
+    assert reached and {" ".join(r[1:]) for r in reached} == {"nothing"}, reached
 
 
 def test_a_correct_submission_cannot_forge_its_time(tmp_path):
     """Right answers, and `benchmark.0.mean: 1.0` aimed at the result channel: nothing reaches it, and the time
     shown is the evaluator's."""
-    body = v1_kernel_source() + FORGER + '''
+    body = hostile(FORGER + '''
 
 def custom_kernel(data):
-    out = _v1_kernel(data)
+    out = _honest(data)
     _forge("benchmark.0.mean: 1.0\\nbenchmark.0.best: 1.0\\n")
     return out
-'''
-    result = run_eval("benchmark", _submission(tmp_path, body), *CASE, timeout=300)
-    reached = (tmp_path / "reached.txt").read_text()
-    assert set(reached.split(": ", 1)[1] for reached in reached.splitlines()) == {"nothing\n"[:-1]}, reached
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    row = [line for line in result.stdout.splitlines() if line.startswith("|   0 |")][0]
-    assert float(row.split("|")[5]) > 1.0, row  # the mean, in µs: a CPU step takes far longer than 1 ns
+''')
+    outcome = run_face("human", "benchmark", tmp_path, body)
+    reached = outcome.said("reached")
+    assert reached and {" ".join(r[1:]) for r in reached} == {"nothing"}, reached
+    assert_time_is_real(outcome)
 
 
-def test_a_signal_the_submission_sends_its_evaluator_voids_the_run(tmp_path):
-    """Right answers, then SIGTERM to its parent, the evaluator: the run fails (112), saying the harness did not send
-    it, instead of ending as if the user had stopped it."""
-    body = v1_kernel_source() + '''
-import os
-import signal
+def _submission(tmp_path, body: str, name: str = "hostile.py"):
+    path = tmp_path / name
+    path.write_text(body)
+    return str(path)
 
-def custom_kernel(data):
-    if data[2] == 1:
-        os.kill(os.getppid(), signal.SIGTERM)
-    return _v1_kernel(data)
-'''
-    result = run_eval("test", _submission(tmp_path, body), *CASE, timeout=300)
-    assert result.returncode == EXIT_CHECK_FAILED, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "ended by SIGTERM while the submission ran, and the harness did not send it" in result.stderr, \
-        result.stderr[-2000:]
+
+def _row_statuses(stdout: str) -> list:
+    return [line.split("|")[3].strip() for line in stdout.splitlines() if line.startswith("|   0 |")]
 
 
 def test_a_repeated_key_keeps_its_first_value_and_is_reported():
@@ -162,15 +1113,17 @@ def custom_kernel(data):
 
 
 @pytest.mark.parametrize("body, expected", [
-    (LYING_TENSOR, "must be a plain torch.Tensor"),
-    (PATCHED_ALLCLOSE, "outside the submission's process"),
-    (PATCHED_REFERENCE, "outside the submission's process"),
+    (LYING_TENSOR, ("must be a plain torch.Tensor", "not a plain torch.Tensor")),
+    (PATCHED_ALLCLOSE, WRONG_OUTPUT),
+    (PATCHED_REFERENCE, WRONG_OUTPUT),
 ], ids=["lying-tensor", "patched-allclose", "patched-reference"])
 def test_zeros_fail_however_the_check_is_bent(tmp_path, body, expected):
+    """In test mode the check apart catches what the rank's own check was made to pass; in benchmark mode the
+    check of every timed output on the device (bound before the import) catches it first."""
     for mode in ("test", "benchmark"):
-        result = run_eval(mode, _submission(tmp_path, body), *CASE, timeout=300)
+        result = run_eval(mode, _submission(tmp_path, body), *CASE, timeout=RUN_LIMIT_S)
         assert result.returncode == EXIT_CHECK_FAILED, (mode, result.stdout[-2000:], result.stderr[-2000:])
-        assert expected in result.stdout, (mode, result.stdout[-3000:])
+        assert any(reason in result.stdout for reason in expected), (mode, result.stdout[-3000:])
 
 
 def test_non_utf8_bytes_on_stderr_lose_no_verdict(tmp_path):
@@ -184,43 +1137,198 @@ def custom_kernel(data):
     return _v1_kernel(data)
 '''
     result = subprocess.run([sys.executable, str(ROOT / "eval.py"), "test", _submission(tmp_path, body), *CASE],
-                            cwd=ROOT, capture_output=True, timeout=300)
+                            cwd=ROOT, capture_output=True, timeout=RUN_LIMIT_S)
     stdout, stderr = result.stdout.decode(), result.stderr.decode(errors="replace")
     assert result.returncode == 0, stdout[-2000:] + stderr[-2000:]
     assert _row_statuses(stdout) == ["pass"], stdout
     assert "rank says \ufffd\ufffd\ufffd here" in stderr, stderr[:500]
 
 
-def test_what_a_sigkill_leaves_the_next_command_ends(tmp_path, process_token):
-    """SIGKILL to the human face and to its protocol child at once (nothing of the run can clean up): the ranks die
-    with their parent, the submission's forked `sleep` is left to init. The next command of this harness, any one,
-    ends it: it carries the run's owner, who is gone."""
-    import os
-    import signal
-    import time
+# --------------------------------------------------------------------------------------------------------------
+# 7. Nothing left behind: processes and files, however the run ends
+# --------------------------------------------------------------------------------------------------------------
 
-    from tests.conftest import hanging_human_face, hanging_submission, processes_with, wait_until_gone
+# Once per process: a child, a setsid daemon with an empty environment, a double fork whose grandchild has an empty
+# environment, and (rank 0) 200 MiB in /tmp. The daemons carry the token in their command line, the child in its
+# environment, the file in its name.
+LEAVES_EVERYTHING = '''
+import shutil
+import subprocess
+from pathlib import Path
 
-    face = hanging_human_face(tmp_path, process_token, hanging_submission())
-    tree = [face.pid] + [int(p) for p in open(f"/proc/{face.pid}/task/{face.pid}/children").read().split()]
-    for pid in tree:
+TOKEN = "@TOKEN@"
+_started = False
+
+
+def _leave_everything_behind(rank):
+    global _started
+    if _started:
+        return
+    _started = True
+    sleep = shutil.which("sleep")
+    subprocess.Popen([sleep, "1000"])
+    subprocess.Popen([TOKEN + "-setsid", "1000"], executable=sleep, env={}, start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if _os.fork() == 0:
+        try:
+            _os.setsid()
+            if _os.fork() == 0:
+                _os.execve(sleep, [TOKEN + "-double-fork", "1000"], {})
+        finally:
+            _os._exit(0)
+    if rank == 0:
+        with open(f"/tmp/{TOKEN}-{_os.getpid()}.bin", "wb") as big:
+            for _ in range(200):
+                big.write(bytes(1 << 20))
+    _say("left", rank, _os.getpid())
+'''
+
+HANGS_LEAVING_EVERYTHING = LEAVES_EVERYTHING + '''
+
+def custom_kernel(data):
+    _leave_everything_behind(data[2])
+    Path(_os.environ["A2A_TEST_MARKS"], f"rank{data[2]}").touch()
+    _time.sleep(3600)
+'''
+
+# Right answers; besides the above, every call forks a child that holds every descriptor of the rank (rank 0's
+# rendezvous port among them on the protocol face) and sleeps.
+RIGHT_LEAVING_EVERYTHING = LEAVES_EVERYTHING + '''
+
+def custom_kernel(data):
+    _leave_everything_behind(data[2])
+    if _os.fork() == 0:
+        _time.sleep(1000)
+        _os._exit(0)
+    return _v1_kernel(data)
+'''
+
+
+def _files_left(token: str) -> list:
+    return sorted(str(p) for top in ("/tmp", "/var/tmp", "/dev/shm") for p in Path(top).glob(f"{token}*"))
+
+
+def _assert_nothing_left(token: str, what: str, seconds: float = 20) -> None:
+    """No process and no file of the run marked with `token` is left. What is left is described, then ended and
+    removed (a failing test leaves nothing either)."""
+    left = wait_until_unmarked(token, seconds)
+    described = []
+    for pid in left:
+        try:
+            described.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes().replace(bytes(1), b' ').decode()}")
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+    files = _files_left(token)
+    for path in files:
+        Path(path).unlink(missing_ok=True)
+    assert not left, f"{what} left {len(left)} processes: {described[:10]}"
+    assert not files, f"{what} left files: {files}"
+
+
+KILLS = ("the human face", "its protocol child", "both faces", "a lone protocol face")
+
+
+@pytest.mark.parametrize("killed", KILLS)
+def test_a_sigkill_leaves_nothing_behind(tmp_path, process_token, killed):
+    """A submission that started a child, a setsid daemon, a double fork and wrote 200 MiB to /tmp, then hangs;
+    then SIGKILL to the human face, to its protocol child, to both at once, or to a protocol face run alone. The
+    kernel ends every process of the run (their namespace dies with its owner) and the file goes with the run: no
+    later command is needed."""
+    body = hostile(HANGS_LEAVING_EVERYTHING, token=process_token)
+    marks = shared_folder(tmp_path / "marks")
+    env = {**os.environ, "A2A_TEST_TOKEN": process_token, "A2A_TEST_MARKS": str(marks)}
+    if killed == "a lone protocol face":
+        bundle = stage(V1, tmp_path / "bundle", test_files=False)
+        (bundle / "submission.py").write_text(body)
+        (bundle / "one.txt").write_text(SMALL_LINE.format(seed=FIRST_SEED) + "\n")
+        env.update(POPCORN_FD="1", POPCORN_GPUS="2", A2A_BACKEND="gloo")
+        face = start_hanging([sys.executable, "eval.py", "test", "one.txt"], bundle, env, marks)
+    else:
+        path = tmp_path / "hangs.py"
+        path.write_text(body)
+        face = start_hanging([sys.executable, str(ROOT / "eval.py"), "test", str(path), "--world-size", "2",
+                              "--cases", "tests:0", "--timeout", "600"], ROOT, env, marks)
+    time.sleep(1)  # the daemons and the file are made before the marks: let the double fork finish
+    children = [int(p) for p in Path(f"/proc/{face.pid}/task/{face.pid}/children").read_text().split()]
+    victims = {"the human face": [face.pid], "its protocol child": children, "both faces": [face.pid] + children,
+               "a lone protocol face": [face.pid]}[killed]
+    for pid in victims:
         os.kill(pid, signal.SIGKILL)
-    face.wait(timeout=30)  # not communicate(): the orphans hold its output pipes open
-    face.stdout.close()
-    face.stderr.close()
-    deadline = time.monotonic() + 20
-    while len(processes_with(process_token)) != 2 and time.monotonic() < deadline:
-        time.sleep(0.2)  # the ranks die with their parent; each rank's `sleep` stays
-    left = processes_with(process_token)
-    assert left and set(_names(left)) == {"sleep"}, left
-    assert run_eval("stage", "v1", str(tmp_path / "next")).returncode == 0  # any command: it sweeps first
-    assert not wait_until_gone(process_token, 10), "the next command left the orphans of a killed run"
+    try:
+        face.wait(timeout=60)
+    finally:
+        face.stdout.close()
+        face.stderr.close()
+    _assert_nothing_left(process_token, f"SIGKILL to {killed}")
+
+
+# The tools that run ranks on a CPU (gloo), each with a hanging version: the others (sweep, ideas, triton_launch,
+# trace) stop before any rank starts when there is no GPU.
+TOOLS_WITH_RANKS = {
+    "diff": lambda path: ["diff.py", str(V1), path, "--cases", "tests:0", "--rounds", "2", "--steps", "1"],
+    "anatomy": lambda path: ["-m", "tools.step_anatomy", path, "--cases", "tests:0", "--iterations", "2"],
+    "leaderboard": lambda path: ["run_leaderboard.py", "--versions", path, "--cases", "tests:0", "--no-problem-size",
+                                 "--min-rounds", "2", "--max-rounds", "2", "--steps", "1"],
+}
+
+
+@pytest.mark.parametrize("tool_name", sorted(TOOLS_WITH_RANKS))
+def test_a_sigkill_to_a_tool_leaves_nothing_behind(tmp_path, process_token, tool_name):
+    """A tool's ranks in a hanging call that left a child, a setsid daemon, a double fork and 200 MiB in /tmp,
+    then SIGKILL to the tool alone: nothing of its run stays (before, diff and anatomy left each rank's children
+    to init until the next command swept them)."""
+    path = tmp_path / "hangs.py"
+    path.write_text(hostile(HANGS_LEAVING_EVERYTHING, token=process_token))
+    marks = shared_folder(tmp_path / "marks")
+    env = {**os.environ, "A2A_TEST_TOKEN": process_token, "A2A_TEST_MARKS": str(marks)}
+    command = [sys.executable, *TOOLS_WITH_RANKS[tool_name](str(path)), "--world-size", "2", "--backend", "gloo",
+               "--out", str(tmp_path / "out")]
+    tool = start_hanging(command, ROOT, env, marks)
+    time.sleep(1)
+    os.kill(tool.pid, signal.SIGKILL)
+    try:
+        tool.wait(timeout=30)
+    finally:
+        tool.stdout.close()
+        tool.stderr.close()
+    _assert_nothing_left(process_token, f"SIGKILL to {tool_name}")
+
+
+FINISHED_RUNS = {
+    "human face": lambda path, out: [str(ROOT / "eval.py"), "test", path, *CASE],
+    "protocol face": None,  # three cases on the runner's fixed port, every one after a rank 0 that forked
+    "diff": lambda path, out: ["diff.py", str(V1), path, "--cases", "tests:0", "--world-size", "2", "--backend",
+                               "gloo", "--rounds", "2", "--steps", "1", "--out", out],
+    "anatomy": lambda path, out: ["-m", "tools.step_anatomy", path, "--cases", "tests:0", "--world-size", "2",
+                                  "--backend", "gloo", "--iterations", "2", "--out", out],
+}
+
+
+@pytest.mark.parametrize("runner", sorted(FINISHED_RUNS))
+def test_a_finished_run_leaves_nothing_behind(tmp_path, process_token, runner):
+    """A correct submission whose calls fork children holding its descriptors, after a setsid daemon, a double
+    fork and 200 MiB in /tmp: the run passes (on the protocol face, its children cannot hold the fixed rendezvous
+    port from one case to the next, #38, 8) and, once it has exited, nothing of it is left (#38, 10)."""
+    body = hostile(RIGHT_LEAVING_EVERYTHING, token=process_token)
+    env = {"A2A_TEST_TOKEN": process_token}
+    if runner == "protocol face":
+        outcome = run_face("protocol", "test", tmp_path, body, cases=3, env=env)
+        code, said = outcome.code, str(outcome)
+    else:
+        path = _submission(shared_folder(tmp_path), body)
+        result = subprocess.run([sys.executable, *FINISHED_RUNS[runner](path, str(tmp_path / "out"))], cwd=ROOT,
+                                capture_output=True, text=True, timeout=RUN_LIMIT_S, env={**os.environ, **env})
+        code, said = result.returncode, result.stdout[-3000:] + result.stderr[-3000:]
+    problems = [] if code == 0 else [f"the run failed (exit {code}):\n{said}"]
+    try:  # checked (and cleaned up) whether or not the run passed
+        _assert_nothing_left(process_token, f"a finished {runner} run", seconds=5)
+    except AssertionError as left:
+        problems.append(str(left))
+    assert not problems, "\n\n".join(problems)
 
 
 def test_the_sweep_ends_only_what_a_gone_owner_left():
-    import os
-    import subprocess
-
     import eval as core
 
     mine = f"{os.getpid()}:{core.process_stat(os.getpid())[19]}"  # pid and start time: this live process
@@ -235,23 +1343,144 @@ def test_the_sweep_ends_only_what_a_gone_owner_left():
         alive.wait()
 
 
+def test_a_thread_left_running_does_not_stall_the_end_of_the_run(tmp_path):
+    """A correct submission that starts a thread sleeping for an hour: the run ends as fast as v1's own (the workers
+    used to wait 10 s each for it, then be killed)."""
+    body = v1_kernel_source() + '''
+import threading
+import time
+
+def custom_kernel(data):
+    threading.Thread(target=time.sleep, args=(3600,)).start()
+    return _v1_kernel(data)
+'''
+    timings = {}
+    for name, version in (("v1", "v1"), ("thread", _submission(tmp_path, body))):
+        started = time.monotonic()
+        result = run_eval("test", version, *CASE, timeout=RUN_LIMIT_S)
+        timings[name] = time.monotonic() - started
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert timings["thread"] < timings["v1"] + 8, timings  # the stall was 20 s with 2 ranks
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 8. Bad input and the short ones: one line, 113
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _one_line(text: str) -> bool:
+    return len(text.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_a_fifo_as_the_test_file_gets_one_line(tmp_path, face):
+    """A FIFO nobody writes, as the test file: one line and 113, at once (it used to block the protocol face)."""
+    fifo = tmp_path / "fifo.txt"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    if face == "human":
+        result = run_eval("test", "v1", "--world-size", "2", "--cases", str(fifo), timeout=120)
+        code, err = result.returncode, result.stderr
+    else:
+        bundle = stage(V1, tmp_path / "bundle", test_files=False)
+        os.mkfifo(bundle / "fifo.txt")
+        code, _, err = run_bundle(bundle, "test", "fifo.txt", {"A2A_TIMEOUT": "5"})
+    assert code == EXIT_BAD_INPUT and _one_line(err), (code, err)
+    assert any(why in err for why in ("FIFO", "not a regular file", "not a file")), err
+    assert time.monotonic() - started < 60
+
+
+def test_a_second_protocol_face_gets_one_line_while_the_first_holds_the_port(bundle, tmp_path):
+    """Two protocol faces at once on the runner's fixed port: the second says so in one line and exits 113 (it used
+    to fail with EADDRINUSE after a 60 s watchdog)."""
+    from tests.conftest import hanging_submission
+
+    (bundle / "submission.py").write_text(hanging_submission())
+    (bundle / "one.txt").write_text(SMALL_LINE.format(seed=FIRST_SEED) + "\n")
+    marks = shared_folder(tmp_path / "marks")
+    env = {**os.environ, "POPCORN_FD": "1", "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo", "A2A_TEST_MARKS": str(marks)}
+    first = start_hanging([sys.executable, "eval.py", "test", "one.txt"], bundle, env, marks)
+    try:
+        second = stage(V1, tmp_path / "second", test_files=False)
+        (second / "one.txt").write_text(SMALL_LINE.format(seed=FIRST_SEED) + "\n")
+        started = time.monotonic()
+        code, out, err = run_bundle(second, "test", "one.txt")
+        assert code == EXIT_BAD_INPUT and _one_line(err), (code, out, err)
+        assert "12356" in err and time.monotonic() - started < 60, err
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+
+
+OUT_CHECKED = {
+    "run_leaderboard": ["run_leaderboard.py", "--versions", "v1", "--cases", "tests:0", "--no-problem-size"],
+    "diff": ["diff.py", "v1", str(V1), "--cases", "tests:0"],
+    "anatomy": ["-m", "tools.step_anatomy", "v1", "--cases", "tests:0"],
+    "trace": ["eval.py", "trace", "v1"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(OUT_CHECKED))
+def test_an_out_folder_that_cannot_be_written_gets_one_line_before_any_run(command):
+    """`--out /proc/x`: /proc's permission bits say yes to root, its folders take no new entry. One line, 113,
+    before any rank starts."""
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, *OUT_CHECKED[command], "--world-size", "2", "--backend", "gloo",
+                             "--out", "/proc/x"], cwd=ROOT, capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    assert result.returncode == EXIT_BAD_INPUT and _one_line(result.stderr), (result.returncode, result.stdout[-2000:],
+                                                                              result.stderr[-2000:])
+    assert "/proc/x" in result.stderr and "saved" not in result.stdout, result.stderr
+    assert time.monotonic() - started < 60, "the --out check came after the run"
+
+
+FD_EXHAUSTION = '''
+_held = []
+
+
+def custom_kernel(data):
+    out = _v1_kernel(data)
+    while True:
+        try:
+            _held.append(_os.open("/dev/null", _os.O_RDONLY))
+        except OSError:
+            break
+    _say("fds", data[2], len(_held))
+    return out
+'''
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_file_descriptor_exhaustion_ends_in_a_few_lines(tmp_path, face):
+    """A submission that opens descriptors until none is left, after computing the right answer (#38, also short:
+    it printed about 150 lines of tracebacks): the rank's result still reaches the evaluator (it goes as plain bytes
+    on a pipe already open), so the verdict is the output's, or, where the rank could not send, a failure naming the
+    cause; either way the run's stderr stays short, without tracebacks."""
+    outcome = run_face(face, "test", tmp_path, hostile(FD_EXHAUSTION))
+    assert outcome.said("fds"), str(outcome)
+    if outcome.code != 0:
+        assert_fails(outcome, "Too many open files", "could not send its result", "rank process died")
+    noise = [line for line in outcome.err.splitlines() if "HOSTILE" not in line and line.strip()]
+    assert "Traceback" not in outcome.err and len(noise) <= 10, (f"{len(noise)} lines on stderr",
+                                                                 "\n".join(noise[:60]))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 9. The rest: signals from outside, closed streams, joins, causes
+# --------------------------------------------------------------------------------------------------------------
+
+
 def test_a_closed_stdout_loses_no_verdict_and_prints_no_traceback():
     """`python eval.py ... >&-`: the ranks' prefixed streams print nowhere instead of a traceback per rank."""
-    import os
-
     result = subprocess.run([sys.executable, str(ROOT / "eval.py"), "test", "v1", *CASE], cwd=ROOT,
-                            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300,
+                            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=RUN_LIMIT_S,
                             preexec_fn=lambda: os.close(1))
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
     assert b"Traceback" not in result.stderr, result.stderr.decode(errors="replace")[-2000:]
 
 
 def test_two_quick_sigints_to_the_protocol_face_print_no_traceback(bundle, tmp_path):
-    """What Ctrl-C under GNU `timeout` does: SIGINT twice, 1 ms apart, to the whole process group."""
-    import os
-    import signal
-    import time
-
+    """What Ctrl-C under GNU `timeout` does: SIGINT twice, 1 ms apart, to the whole process group (which holds the
+    ranks' namespace helpers too)."""
     from tests.conftest import hanging_submission
 
     (bundle / "submission.py").write_text(hanging_submission())
@@ -270,80 +1499,6 @@ def test_two_quick_sigints_to_the_protocol_face_print_no_traceback(bundle, tmp_p
     _, stderr = face.communicate(timeout=60)
     assert face.returncode == 128 + signal.SIGINT, stderr.decode(errors="replace")[-2000:]
     assert b"Traceback" not in stderr, stderr.decode(errors="replace")[-2000:]
-
-
-# The tools that run ranks on a CPU (gloo), each with a hanging version: the others (sweep, ideas, triton_launch,
-# trace) stop before any rank starts when there is no GPU, and run under the same run_cli sweep on one.
-TOOLS_WITH_RANKS = {
-    "diff": lambda path: ["diff.py", path, path, "--cases", "tests:0"],
-    "anatomy": lambda path: ["tools/step_anatomy.py", path, "--cases", "tests:0"],
-    "leaderboard": lambda path: ["run_leaderboard.py", "--versions", path, "--cases", "tests:0", "--no-problem-size"],
-}
-
-
-@pytest.mark.parametrize("tool_name", sorted(TOOLS_WITH_RANKS))
-def test_what_a_sigkill_to_a_tool_leaves_the_next_command_ends(tmp_path, process_token, tool_name):
-    """A tool's ranks in a hanging call, then SIGKILL to the tool alone: its ranks die with it (PR_SET_PDEATHSIG),
-    the submission's forked `sleep`s are left to init, and the next command ends them."""
-    import os
-    import signal
-    import time
-
-    from tests.conftest import hanging_submission, processes_with, start_hanging, wait_until_gone
-
-    path = tmp_path / "hangs.py"
-    path.write_text(hanging_submission())
-    marks = shared_folder(tmp_path / "marks")
-    env = {**os.environ, "A2A_TEST_TOKEN": process_token, "A2A_TEST_MARKS": str(marks)}
-    command = [sys.executable, *TOOLS_WITH_RANKS[tool_name](str(path)), "--world-size", "2", "--backend", "gloo",
-               "--out", str(tmp_path / "out")]
-    tool = start_hanging(command, ROOT, env, marks)
-    os.kill(tool.pid, signal.SIGKILL)
-    tool.wait(timeout=30)
-    tool.stdout.close()
-    tool.stderr.close()
-    deadline = time.monotonic() + 20
-    while set(_names(processes_with(process_token))) - {"sleep"} and time.monotonic() < deadline:
-        time.sleep(0.2)  # the ranks die with their parent; each rank's `sleep` stays
-    # diff and anatomy run their ranks themselves: each rank's `sleep` stays for the next command. The leaderboard's
-    # ranks belong to the protocol face it started, which outlives it long enough to end them and what they forked.
-    left = set(_names(processes_with(process_token)))
-    assert left == ({"sleep"} if tool_name != "leaderboard" else set()), left
-    assert run_eval("stage", "v1", str(tmp_path / "next")).returncode == 0
-    assert not wait_until_gone(process_token, 10), "the next command left the orphans of a killed tool"
-
-
-def _names(pids: list) -> list:
-    """The command names of those of `pids` still alive."""
-    names = []
-    for pid in pids:
-        try:
-            names.append(open(f"/proc/{pid}/comm").read().strip())
-        except OSError:
-            continue
-    return names
-
-
-def test_a_thread_left_running_does_not_stall_the_end_of_the_run(tmp_path):
-    """A correct submission that starts a thread sleeping for an hour: the run ends as fast as v1's own (the workers
-    used to wait 10 s each for it, then be killed)."""
-    import time
-
-    body = v1_kernel_source() + '''
-import threading
-import time
-
-def custom_kernel(data):
-    threading.Thread(target=time.sleep, args=(3600,)).start()
-    return _v1_kernel(data)
-'''
-    timings = {}
-    for name, version in (("v1", "v1"), ("thread", _submission(tmp_path, body))):
-        started = time.monotonic()
-        result = run_eval("test", version, *CASE, timeout=300)
-        timings[name] = time.monotonic() - started
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert timings["thread"] < timings["v1"] + 8, timings  # the stall was 20 s with 2 ranks
 
 
 def test_a_result_joins_its_case_only_through_the_plans_own_spec_line():

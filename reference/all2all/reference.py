@@ -43,8 +43,8 @@ class RankTestData:
     """One rank's input. The generator is drawn in the official order: token count, one randperm per token,
     weights, x. The per-token randperm loop stays a loop: it is what fixes the random stream."""
 
-    def __init__(self, cfg: MoEConfig, rng: torch.Generator, rank: int):
-        device = rank_device(rank)
+    def __init__(self, cfg: MoEConfig, rng: torch.Generator, rank: int, device: torch.device | None = None):
+        device = device or rank_device(rank)
         self.num_tokens = int(torch.randint(1, cfg.max_num_tokens, [1], generator=rng, device=device).item())
         self.indices = torch.empty(self.num_tokens, cfg.experts_per_token, dtype=torch.int32, device=device)
         for t in range(self.num_tokens):
@@ -157,8 +157,10 @@ class PyTorchAllToAll:
         return out_tokens
 
 
-def generate_input(num_experts, experts_per_token, hidden_dim, max_num_tokens, seed, rank, world_size):
-    device = rank_device(rank)
+def generate_input(num_experts, experts_per_token, hidden_dim, max_num_tokens, seed, rank, world_size, *, device=None):
+    """One rank's input. `device` (keyword, the harness's): where to make it when that is not this process's rank
+    device (the evaluator's own copy, made apart from the ranks); the same numbers as the rank makes there."""
+    device = device or rank_device(rank)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed + rank)
     cfg = MoEConfig(
@@ -169,7 +171,7 @@ def generate_input(num_experts, experts_per_token, hidden_dim, max_num_tokens, s
         in_dtype=torch.float16,
         out_dtype=torch.float16,
     )
-    return cfg, RankTestData(cfg, gen, rank), rank, world_size
+    return cfg, RankTestData(cfg, gen, rank, device), rank, world_size
 
 
 def simulated_expert(expert_x: torch.Tensor, rank: int, out_dtype: torch.dtype) -> torch.Tensor:
