@@ -16,7 +16,7 @@ A ?= $(word $(words $(wordlist 2,$(words $(VERSIONS)),$(VERSIONS))),$(VERSIONS))
 B ?= $(lastword $(VERSIONS))
 CASE ?= benchmarks:0
 
-.PHONY: setup test check-device leaderboard stability sol trace diff sweep nccl clean
+.PHONY: setup test test-gpu check-device leaderboard stability sol trace diff sweep nccl clean
 
 setup:
 ifeq ($(HAVE_DEPS),)
@@ -31,8 +31,14 @@ endif
 check-device: setup
 	$(PYTHON) -m a2a.cli check-device
 
-test: setup check-device
+# The suite holds the whole device-code check too (tests/test_check_device.py runs make check-device's tool).
+test: setup
 	$(PYTHON) -m pytest -q tests
+
+# The GPU tests alone (world size 8 on whatever GPUs there are; ranks share them where there are fewer than 8, with an
+# NCCL for sharing obtained once, as make leaderboard does). Without a GPU every one skips, saying why.
+test-gpu: setup
+	$(PYTHON) -m pytest -q tests/test_gpu.py
 
 # Every version x benchmark shape on what this machine has (GPUs: with anchors and this machine's speed of light).
 leaderboard: setup
@@ -55,7 +61,7 @@ sweep: setup
 	$(PYTHON) -m a2a.cli sweep $(V) $(ARGS)
 
 # NCCL 2.30+ (several ranks on one GPU) built for this machine's GPU into build/nccl/, for world size 8 on fewer GPUs
-# when torch's own NCCL is older: NCCL_SRC=checkout-or-archive for a machine without network (README).
+# when torch's own NCCL is older: NCCL_SRC=checkout-or-archive for a machine without network (docs/sharing.md).
 nccl:
 	tools/build_nccl.sh
 

@@ -7,7 +7,7 @@
 A and B are version names as eval.py resolves them (v2, v3_fused_combine) or paths. The code delta is printed and
 saved; the timing runs wherever both versions can run (GPUs for all, CPU/gloo for PyTorch-only ones). Saved under
 results/<date>_<device>_ws<N>_diff_<A>_vs_<B>_<commit>/: diff.md, code.diff, timing.csv, timing.json, ratios.png.
-How the interval and the verdict are made: a2a/diffing.py (and README).
+How the interval and the verdict are made: a2a/diffing.py (and docs/timing.md, "Comparing two versions").
 """
 from __future__ import annotations
 
@@ -25,14 +25,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("a")
     parser.add_argument("b")
-    parser.add_argument("--cases", default="benchmarks")
-    parser.add_argument("--world-size", type=int)
-    parser.add_argument("--backend")
+    cli.add_options(parser, "cases", "world-size", "backend", "out")
     parser.add_argument("--rounds", type=int, default=diffing.ROUNDS, help="rounds, each with fresh processes")
     parser.add_argument("--steps", type=int, default=diffing.STEPS, help="steps of each kind per visit")
     parser.add_argument("--alpha", type=float, default=diffing.FAMILY_ALPHA,
                         help="family-wise error rate of the verdicts (Bonferroni over the run)")
-    parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
     cli.writable(args.out)
     if args.rounds < 2 or args.steps < 1:

@@ -399,11 +399,8 @@ def _settings(args) -> clock.Settings:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--versions", help="comma-separated names or files (default: every version)")
-    parser.add_argument("--cases", default="benchmarks")
-    parser.add_argument("--world-size", type=int)
-    parser.add_argument("--backend")
-    parser.add_argument("--timeout", type=float)
+    cli.add_options(parser, "versions", "cases", "world-size", "backend", "timeout", "seed", "out",
+                    seed={"help": "the run's seed for the rounds' orders (default: drawn, recorded)"})
     parser.add_argument("--no-anchors", action="store_true", help="skip the NCCL/NVSHMEM anchors")
     parser.add_argument("--no-problem-size", action="store_true",
                         help="skip the official tests at world size 8 on shared GPUs (run when the timed run has "
@@ -414,12 +411,10 @@ def main(argv=None) -> int:
     parser.add_argument("--min-rounds", type=int, default=clock.Settings.min_rounds)
     parser.add_argument("--max-rounds", type=int, default=clock.Settings.max_rounds)
     parser.add_argument("--steps", type=int, default=clock.Settings.steps, help="steps per visit and kind")
-    parser.add_argument("--seed", type=int, help="the run's seed for the rounds' orders (default: drawn, recorded)")
     parser.add_argument("--target", help="relative half-widths at which an entry stops, e.g. held=0.02,host=0.05")
     parser.add_argument("--stability", type=int, metavar="N",
                         help="N back-to-back runs plus one in reverse order, and how well they agree")
     parser.add_argument("--sol", type=Path, help="reuse a saved sol.json instead of measuring")
-    parser.add_argument("--out", type=Path, default=ROOT / "results")
     args = parser.parse_args(argv)
     if args.versions is None:
         versions = planning.list_versions()

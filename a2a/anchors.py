@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Optional
 
 ANCHORS = {
     "nccl_a2a_x2": "2x all_to_all_single (NCCL) of the routed volume",

@@ -26,16 +26,37 @@ COMMANDS = {
                                           "checks (make leaderboard)"),
     "sol": ("-m a2a.sol", "this machine's speed-of-light figures (make sol)"),
     "diff": ("diff.py", "what B changed against A: code, time, verdict per shape (make diff)"),
-    "check-device": ("tools/check_device.py", "every version's device code compiled for each target (make "
+    "check-device": ("-m tools.check_device", "every version's device code compiled for each target (make "
                                               "check-device)"),
-    "sweep": ("tools/sweep_launch.py", "a version's launch shapes (make sweep)"),
-    "anatomy": ("tools/step_anatomy.py", "where a timed step's µs go besides the call"),
-    "ideas": ("tools/compare_ideas.py", "a scratch copy's ideas, each alone, against its version"),
-    "sm-share": ("tools/sm_share.py", "the SM share at which ranks sharing a GPU run every version cleanly"),
-    "triton-launch": ("tools/triton_launch.py", "Triton's launch paths timed"),
-    "launch-floor": ("tools/launch_floor.py", "one trivial kernel launched each way a version could: host µs, call "
+    "sweep": ("-m tools.sweep_launch", "a version's launch shapes (make sweep)"),
+    "anatomy": ("-m tools.step_anatomy", "where a timed step's µs go besides the call"),
+    "ideas": ("-m tools.compare_ideas", "a scratch copy's ideas, each alone, against its version"),
+    "sm-share": ("-m tools.sm_share", "the SM share at which ranks sharing a GPU run every version cleanly"),
+    "triton-launch": ("-m tools.triton_launch", "Triton's launch paths timed"),
+    "launch-floor": ("-m tools.launch_floor", "one trivial kernel launched each way a version could: host µs, call "
                                               "time, held device time"),
 }
+
+
+# The options the commands share, declared here once. A command offers those that mean something for it (the tools
+# that run GPU kernels only take no --backend, a tool of one version no --versions) and may change a default or the
+# help line: eval.py's --seed is the runner's secret seed, run_leaderboard.py's the seed of its rounds' orders.
+SHARED_OPTIONS = {
+    "world-size": {"type": int, "help": "ranks (default: every GPU up to 8 on NCCL, 2 on gloo)"},
+    "cases": {"default": "benchmarks", "help": "tests | benchmarks | tests:0,3 | benchmarks:4 | FILE"},
+    "seed": {"type": int},
+    "backend": {"help": "nccl (GPUs) or gloo (CPU) (default: nccl where there are GPUs)"},
+    "timeout": {"type": float, "help": "per-case timeout in seconds (default: the official ones)"},
+    "out": {"type": Path, "default": core.HERE / "results", "help": "where the run's folder goes"},
+    "versions": {"help": "comma-separated names or files (default: every version)"},
+}
+
+
+def add_options(parser, *names: str, **changes: dict) -> None:
+    """Adds the shared options `names` (SHARED_OPTIONS keys) to an argparse parser; `changes` (keyed by the
+    option's attribute name, world_size for --world-size) replaces some of one option's keywords."""
+    for name in names:
+        parser.add_argument(f"--{name}", **{**SHARED_OPTIONS[name], **changes.get(name.replace("-", "_"), {})})
 
 
 def run_cli(entry, argv=None) -> int:

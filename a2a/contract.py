@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 # The version protocol: every name the toolkit reads from a version module, as (name, which versions have it, what
-# reads it, what it is). README's table "The version protocol" is this one; tests/test_contract.py holds the
+# reads it, what it is). docs/versions.md's table "The version protocol" is this one; tests/test_contract.py holds the
 # toolkit's source (no name read that is not here, none here that nothing reads) and every version to it.
 VERSION_PROTOCOL = (
     ("custom_kernel", "every version", "eval.py, every tool",

@@ -25,7 +25,6 @@ import math
 import re
 import statistics
 from pathlib import Path
-from typing import Optional
 
 DEVICE_STRINGS = ("KERNELS", "BINDING")
 RENAME_SIMILARITY = 0.8

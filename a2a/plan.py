@@ -2,11 +2,10 @@
 parses the staged case file again, as the runner's would), how many ranks on which backend, and what the results are
 labelled with (device, date, commit). Every command and tool that runs anything makes one plan and works from it:
 `python eval.py`, run_leaderboard.py, diff.py, `python -m a2a.sol` (a plan of the machine, no version), the trace,
-sweep, anatomy, ideas and SM-share tools. tools/check_device.py compiles files and runs nothing.
+sweep, anatomy, ideas, SM-share and launch-floor tools. tools/check_device.py compiles files and runs nothing.
 
-Layers (imports only go down; tests/test_layers.py): commands and tools -> a2a.harness, a2a.sol -> a2a.cli,
-a2a.timeline, a2a.anchors, a2a.diffing -> a2a.plan, launch -> a2a.sharing, a2a.rows, a2a.contract -> eval (the
-protocol core, whose library part imports nothing of a2a).
+Layers: imports only go down, from the commands and tools to eval (the protocol core, whose library part imports
+nothing of a2a); tests/test_layers.py's LAYERS is the one list of them, and holds every module to it.
 """
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ def parse_popcorn(text: str) -> dict:
 
 def repeated_keys(text: str) -> list[str]:
     """Keys written more than once, in order: the evaluator writes each key once, so each is evidence that
-    something else wrote into the result channel. (The runner's own reader keeps the last value: README.)"""
+    something else wrote into the result channel. (The runner's own reader keeps the last value: docs/judge.md.)"""
     seen, repeated = set(), []
     for line in text.splitlines():
         matched = re.match(r"^([\w.-]+): ", line)

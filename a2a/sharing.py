@@ -7,7 +7,7 @@ that every rank's grid is resident at once. Without that, kernels that spin on f
 kernel wait for a time slice that never comes. NCCL stays the process group: from 2.30 it accepts several ranks on
 one GPU when NCCL_MULTI_RANK_GPU_ENABLE=1 is set.
 
-What sharing proves and what it cannot (README, "World size 8 on fewer GPUs"): the algorithm at 8 ranks and the
+What sharing proves and what it cannot (docs/sharing.md, "World size 8 on fewer GPUs"): the algorithm at 8 ranks and the
 runner's process model except the device binding; never a timing, the interconnect's ordering or AMD's caching.
 
 - `Placement`: world size over GPUs, the SM share, the words every header and folder name uses.
@@ -191,7 +191,7 @@ def nccl_for_sharing() -> Nccl:
     found = f"NCCL {core.version_text(own_version)} ({own})" if own_version else "no NCCL library of its own"
     raise UserError(f"several ranks on one GPU need NCCL {core.version_text(NCCL_MULTI_RANK)} or later and torch "
                     f"loads {found}: pip install 'nvidia-nccl-cu13>=2.30' (or -cu12), or build one with `make nccl` "
-                    "(README, 'World size 8 on fewer GPUs')")
+                    "(docs/sharing.md)")
 
 
 def obtain_nccl(progress=print) -> Optional[str]:

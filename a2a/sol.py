@@ -106,7 +106,7 @@ def _measured(rank: int, world_size: int) -> Optional[dict]:
 def measure(world_size: int, meta: dict) -> dict:
     """Runs the probes on `world_size` GPUs (NCCL) and returns the machine's figures with `meta` (device, date,
     commit) merged in."""
-    from launch import parallel_launch
+    from a2a.launch import parallel_launch
 
     if world_size < 2:
         raise ValueError("the speed-of-light probes need at least 2 GPUs")
@@ -214,8 +214,7 @@ def main(argv=None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description="Measure this machine's speed-of-light figures (GPUs only).")
-    parser.add_argument("--world-size", type=int)
-    parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
+    cli.add_options(parser, "world-size", "out")
     args = parser.parse_args(argv)
     cli.writable(args.out)
     planning.use_bundle_modules()

@@ -397,7 +397,7 @@ def trace_version(plan, iterations: int, out: Path) -> list:
     from a2a import probes
     from a2a import rows as result_rows
     from a2a.plan import device_slug
-    from launch import parallel_launch
+    from a2a.launch import parallel_launch
 
     path = plan.version
     if plan.backend != "nccl" or plan.world_size < 2:

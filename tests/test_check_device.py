@@ -10,13 +10,13 @@ from tools import check_device
 
 pytestmark = pytest.mark.skipif(bool(check_device.missing_tools()),
                                 reason=f"needs {', '.join(check_device.missing_tools())} ({check_device.INSTALL_HINT})")
-TOOL = ROOT / "tools" / "check_device.py"
 V2 = ROOT / "submissions" / "all2all" / "v2_p2p.py"
 V7 = ROOT / "submissions" / "all2all" / "v7_triton.py"
 
 
 def run_tool(*files):
-    return subprocess.run([sys.executable, str(TOOL), *map(str, files)], capture_output=True, text=True, timeout=900)
+    return subprocess.run([sys.executable, "-m", "tools.check_device", *map(str, files)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
 
 
 def planted(tmp_path, old: str, new: str):

@@ -18,7 +18,7 @@ from a2a import contract, sharing
 from a2a.harness import evaluate
 from a2a.plan import list_versions, load_version, make_plan, resolve_version
 from a2a.rows import parse_popcorn
-from launch import parallel_launch
+from a2a.launch import parallel_launch
 from tests.conftest import (ROOT, gpu_count, hanging_human_face, hanging_submission, requires_gpu, run_bundle,
                             run_eval, v1_kernel_source, wait_until_gone)
 
@@ -531,7 +531,7 @@ def test_a_call_that_synchronizes_inside_is_timed_on_an_idle_stream_and_named():
 
 def test_step_anatomy_runs_on_gpus(tmp_path):
     """The tool's own gather goes through each rank's GPU (the current device stays cuda:0, as on the runner)."""
-    result = subprocess.run([sys.executable, "tools/step_anatomy.py", "v1", "--cases", "benchmarks:0",
+    result = subprocess.run([sys.executable, "-m", "tools.step_anatomy", "v1", "--cases", "benchmarks:0",
                              "--world-size", "2", "--iterations", "3", "--out", str(tmp_path)], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

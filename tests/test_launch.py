@@ -1,11 +1,11 @@
-"""launch.parallel_launch: results per rank; a failing rank is named; a hanging one is killed in time, with what
+"""a2a.launch.parallel_launch: results per rank; a failing rank is named; a hanging one is killed in time, with what
 it started."""
 import subprocess
 import time
 
 import pytest
 
-from launch import LaunchError, parallel_launch
+from a2a.launch import LaunchError, parallel_launch
 from tests.conftest import wait_until_gone
 
 

@@ -83,13 +83,13 @@ def test_the_fastcall_entry_launches_what_it_was_set_up_with(fastcall):
 
 @pytest.mark.skipif(gpu_count() > 0, reason="the skipped line is what a machine without a GPU prints")
 def test_without_a_gpu_it_prints_one_skipped_line_and_succeeds():
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "launch_floor.py")], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([sys.executable, "-m", "tools.launch_floor"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines() == ["skipped: the launch floor needs a GPU (this machine has none)"]
 
 
 def test_bad_arguments_are_bad_input():
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "launch_floor.py"), "--world-size", "one"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "tools.launch_floor", "--world-size", "one"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 113 and "--world-size one" in done.stderr

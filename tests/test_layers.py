@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 LAYERS = {
     "eval": 0,
     "a2a.sharing": 1, "a2a.rows": 1, "a2a.contract": 1, "a2a.probes": 1, "a2a.intervals": 1,
-    "launch": 2, "a2a.plan": 2, "a2a.anchors": 2, "a2a.plots": 2,
+    "a2a.launch": 2, "a2a.plan": 2, "a2a.anchors": 2, "a2a.plots": 2,
     "a2a.cli": 3, "a2a.timeline": 3, "a2a.clock": 3,
     "a2a.sol": 4, "a2a.harness": 4, "a2a.diffing": 4,
     "run_leaderboard": 5, "diff": 5, "tools.check_device": 5, "tools.sweep_launch": 5, "tools.step_anatomy": 5,
@@ -45,9 +45,9 @@ def imports_of(name: str) -> set:
 
 
 def test_every_harness_module_has_a_layer():
-    on_disk = {"eval", "launch", "run_leaderboard", "diff"} | {f"a2a.{p.stem}" for p in (ROOT / "a2a").glob("*.py")
+    on_disk = {"eval", "run_leaderboard", "diff"} | {f"a2a.{p.stem}" for p in (ROOT / "a2a").glob("*.py")
                                                                if p.stem != "__init__"}
-    on_disk |= {f"tools.{p.stem}" for p in (ROOT / "tools").glob("*.py")}
+    on_disk |= {f"tools.{p.stem}" for p in (ROOT / "tools").glob("*.py") if p.stem != "__init__"}
     assert on_disk == set(LAYERS)
 
 
@@ -65,7 +65,7 @@ def test_only_the_core_uses_its_private_names():
 
 
 def test_no_harness_file_sets_the_current_device():
-    files = [ROOT / "eval.py", ROOT / "launch.py", *ROOT.glob("a2a/*.py"), *ROOT.glob("tools/*.py"),
+    files = [ROOT / "eval.py", *ROOT.glob("a2a/*.py"), *ROOT.glob("tools/*.py"),
              ROOT / "run_leaderboard.py", ROOT / "diff.py", *ROOT.glob("tests/*.py")]
     setters = [path.name for path in files if path != ROOT / "tests" / "test_layers.py"
                and re.search(r"set_device\(|set_device_index\(", path.read_text())]
@@ -77,7 +77,7 @@ def test_eval_all_is_exactly_what_the_library_uses():
     import eval as core
 
     used = set()
-    for path in [*(ROOT / "a2a").glob("*.py"), *(ROOT / "tools").glob("*.py"), ROOT / "launch.py",
+    for path in [*(ROOT / "a2a").glob("*.py"), *(ROOT / "tools").glob("*.py"),
                  ROOT / "run_leaderboard.py", ROOT / "diff.py"]:
         text = path.read_text()
         used |= set(re.findall(r"\bcore\.([A-Za-z_]\w*)", text))
@@ -101,3 +101,17 @@ def test_the_makefile_and_the_gpu_session_run_the_one_list_of_commands():
         assert runs, path
         for run in runs:
             assert run[:2] == ["-m", "a2a.cli"] and run[2] in cli.COMMANDS, (path.name, run)
+
+
+def test_the_shared_options_are_declared_once():
+    """--world-size, --cases, --seed, --backend, --timeout, --out and --versions come from a2a.cli.add_options in
+    every command and tool, never from a parser of its own."""
+    from a2a import cli
+
+    declared = re.compile(r'add_argument\(\s*"--(' + "|".join(map(re.escape, cli.SHARED_OPTIONS)) + r')"')
+    files = [ROOT / "eval.py", ROOT / "run_leaderboard.py", ROOT / "diff.py", *ROOT.glob("a2a/*.py"),
+             *ROOT.glob("tools/*.py")]
+    own = [f"{path.name}: --{m}" for path in files for m in declared.findall(path.read_text())]
+    assert not own, own
+    users = [path.name for path in files if "cli.add_options(parser" in path.read_text()]
+    assert len(users) >= 9, users

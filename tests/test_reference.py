@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from eval import cantor_combine, get_test_cases, parse_test_line
-from launch import parallel_launch
+from a2a.launch import parallel_launch
 
 SMALL = dict(num_experts=16, experts_per_token=3, hidden_dim=64, max_num_tokens=24)
 

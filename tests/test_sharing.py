@@ -288,7 +288,7 @@ def test_shared_ranks_give_the_ranks_mps_nccl_and_their_share(fake_mps, tmp_path
 
 
 def test_the_share_sweep_needs_a_gpu():
-    done = subprocess.run([sys.executable, "tools/sm_share.py", "--world-size", "8"], cwd=core.HERE,
+    done = subprocess.run([sys.executable, "-m", "tools.sm_share", "--world-size", "8"], cwd=core.HERE,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == core.EXIT_BAD_INPUT, done.stdout + done.stderr
     assert done.stderr.strip() == "error: the SM share is a GPU matter: this machine has no GPU", done.stderr

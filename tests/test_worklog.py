@@ -1,5 +1,5 @@
 """WORKLOG discipline: from v9 on, every version has its "vN plan and prediction" entry, written before the entry
-that says what it measured (README, "Adding a version": predict first)."""
+that says what it measured (README and docs/versions.md, "Adding a version": predict first)."""
 import re
 
 from a2a.plan import ROOT, list_versions

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds NCCL 2.30 or later (the first that lets several ranks share one GPU, NCCL_MULTI_RANK_GPU_ENABLE) for this
-# machine's GPU architecture into build/nccl/, where a2a/sharing.py looks for it (README, "World size 8 on fewer
+# machine's GPU architecture into build/nccl/, where a2a/sharing.py looks for it (docs/sharing.md, "World size 8 on fewer
 # GPUs"). A user with a package registry can instead `pip install 'nvidia-nccl-cu13>=2.30'` next to torch.
 #
 #   tools/build_nccl.sh                    clone NVIDIA/nccl at NCCL_REF (default v2.30.7-1) and build it

@@ -33,13 +33,14 @@ PR #116307), so `SICacheControl::create` takes the `hasGFX940Insts()` branch (`S
 SIMemoryLegalizer.cpp) for both; AMDGPUUsage's "Memory Model GFX942" tables then give, at system scope, release
 store = `buffer_wbl2 sc0 sc1` + `s_waitcnt` + store `sc0 sc1`, acquire load = load `sc0 sc1` + `s_waitcnt` +
 `buffer_inv sc0 sc1`, relaxed atomic load = load `sc0 sc1`, acquire fence = `buffer_inv sc0 sc1`. The compiled code
-agrees: every version's counts are equal on both targets (README's target table).
+agrees: every version's counts are equal on both targets (docs/device-check.md's target table).
 
-    python tools/check_device.py [FILES...]    (default: submissions/*/v*.py, the scratch copies in
+    python -m tools.check_device [FILES...]    (default: submissions/*/v*.py, the scratch copies in
                                                 submissions/*/ideas/ and the toolkit's a2a/probes.py)
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import contextlib
 import functools
@@ -50,13 +51,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repository's modules
 
-from a2a import cli  # noqa: E402
-from a2a import plan as planning  # noqa: E402
-from eval import UserError  # noqa: E402
+from a2a import cli
+from a2a import plan as planning
+from eval import UserError
 
 ROOT = planning.ROOT
 CLANG, CLANG_C = "clang++-19", "clang-19"
@@ -85,10 +87,22 @@ def kernels_of(path: Path) -> str | None:
     return None
 
 
+# Files are checked side by side, one thread each (the compilers are processes). Each thread's lines are kept and
+# printed in the files' order. hipify swaps the process's stdout and Triton's compiler is not known to be
+# thread-safe, so each runs one at a time.
+_said = threading.local()
+_HIPIFY = threading.Lock()
+_TRITON = threading.Lock()
+
+
+def say(line: str) -> None:
+    _said.lines.append(line)
+
+
 def hipify(source: Path) -> Path:
     from torch.utils.hipify import hipify_python
 
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    with _HIPIFY, contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         result = hipify_python.hipify(project_directory=str(source.parent), output_directory=str(source.parent),
                                       extra_files=[str(source)], is_pytorch_extension=True, show_detailed=False,
                                       show_progress=False, hipify_extra_files_only=True)
@@ -213,7 +227,7 @@ def memory_model(assembly: str) -> dict:
 
 
 def print_memory_model(path: Path, found: dict, target: str) -> None:
-    print(f"{path.name}: {target} memory model: {found['release']} system-scope releases, {found['acquire']} acquire "
+    say(f"{path.name}: {target} memory model: {found['release']} system-scope releases, {found['acquire']} acquire "
           f"loads, {found['poll']} relaxed polls, {found['fence']} acquire fences, {found['sleep']} back-offs, "
           f"{found['drain']} drained barriers")
 
@@ -279,7 +293,7 @@ def check_triton(path: Path) -> list[str]:
                         lines = [line for line in str(error).splitlines() if line.strip()]
                         errors.append(f"{kernel_name} {shape}: " + "\n    ".join(lines[-6:]))
             name = f"triton {target_name}{build}"
-            print(f"{path.name}: {name}: {'ok' if not errors else 'FAILED'} "
+            say(f"{path.name}: {name}: {'ok' if not errors else 'FAILED'} "
                   f"({len(module.TRITON_KERNELS)} kernel(s) x {len(cases)} shape(s), world size {TRITON_WORLD})")
             failures += [f"{path.name}: {name}:\n    {error}" for error in errors[:1]]
     if not failures:
@@ -291,10 +305,11 @@ def check_triton(path: Path) -> list[str]:
 def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
     """Compiles the device code for every target; a file with timeline probes also in its trace build."""
     if is_triton(path):
-        return check_triton(path)
+        with _TRITON:
+            return check_triton(path)
     source = kernels_of(path)
     if source is None:
-        print(f"{path.name}: no KERNELS (PyTorch only), nothing to compile")
+        say(f"{path.name}: no KERNELS (PyTorch only), nothing to compile")
         return []
     builds = [("", [])] + ([(" trace", ["-DA2A_TRACE"])] if "A2A_TRACE" in source else [])
     failures = []
@@ -318,7 +333,7 @@ def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
                             hip_dir))
         for name, command, cwd in targets:
             error = compile_one(command, cwd)
-            print(f"{path.name}: {name}: {'ok' if error is None else 'FAILED'}")
+            say(f"{path.name}: {name}: {'ok' if error is None else 'FAILED'}")
             if error is not None:
                 failures.append(f"{path.name}: {name}:\n    {error}")
     if not failures:
@@ -338,8 +353,18 @@ def missing_tools() -> list[str]:
     return missing
 
 
+def _checked(path: Path, nvcc: str, hipcc: str) -> tuple[list[str], list[str]]:
+    """One file's check in a pool thread: what it says, and its failures."""
+    _said.lines = []
+    failures = check(path, nvcc, hipcc)
+    return _said.lines, failures
+
+
 def main(argv: list[str]) -> int:
-    files = [Path(a) for a in argv] or (sorted((ROOT / "submissions").glob("*/v*.py"))
+    parser = argparse.ArgumentParser(description="Every version's device code compiled for sm_90, gfx942, gfx950 and "
+                                                 "gfx90a, and the memory-model sequences of each.")
+    parser.add_argument("files", nargs="*", type=Path, help="default: every version, scratch copy and the probes")
+    files = parser.parse_args(argv).files or (sorted((ROOT / "submissions").glob("*/v*.py"))
                                         + sorted((ROOT / "submissions").glob("*/ideas/*.py")) + [ROOT / "a2a" / "probes.py"])
     missing = missing_tools()
     if missing:
@@ -347,7 +372,13 @@ def main(argv: list[str]) -> int:
     absent = [str(path) for path in files if not path.is_file()]
     if absent:
         raise UserError(f"check-device: no such file: {', '.join(absent)}")
-    failures = [failure for path in files for failure in check(path, shutil.which("nvcc"), shutil.which("hipcc"))]
+    failures = []
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        checks = [pool.submit(_checked, path, shutil.which("nvcc"), shutil.which("hipcc")) for path in files]
+        for done in checks:
+            lines, found = done.result()
+            print("\n".join(lines), flush=True)
+            failures += found
     if failures:
         print("\ndevice-code check failed:\n" + "\n".join(failures), file=sys.stderr)
         return cli.verdict(False)

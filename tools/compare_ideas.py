@@ -10,7 +10,7 @@ timed step with its device clock (CUDA events around the call, slowest rank per 
 the call (slowest rank). Where the scratch copy has HOST_PROBES (the host path cut short at each step), those are
 timed the same way.
 
-    python tools/compare_ideas.py SCRATCH [--baseline v5] [--sets "dedup,index;dedup,index,pull"]
+    python -m tools.compare_ideas SCRATCH [--baseline v5] [--sets "dedup,index;dedup,index,pull"]
                                   [--cases benchmarks] [--world-size N] [--iterations 50] [--block 1]
 
 Saves ideas.csv and ideas.md under results/<date>_<device>_ws<N>_ideas-<scratch>_<commit>/.
@@ -21,12 +21,11 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import eval as core  # noqa: E402
-from a2a import plan as planning  # noqa: E402
-from a2a import cli  # noqa: E402
-from a2a.rows import geomean, shape_label  # noqa: E402
+import eval as core
+from a2a import plan as planning
+from a2a import cli
+from a2a.rows import geomean, shape_label
 
 CHECK_SEEDS = 3
 
@@ -120,19 +119,17 @@ def report(frame, meta: dict) -> str:
 def main(argv=None) -> int:
     import pandas as pd
 
-    from launch import parallel_launch
+    from a2a.launch import parallel_launch
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("scratch", help="the scratch copy's file")
     parser.add_argument("--baseline", default="v5")
     parser.add_argument("--sets", default="", help="idea sets to time besides each idea alone: 'a,b;a,b,c'")
-    parser.add_argument("--cases", default="benchmarks")
-    parser.add_argument("--world-size", type=int)
+    cli.add_options(parser, "cases", "world-size", "out")
     parser.add_argument("--iterations", type=int, default=50, help="calls per variant and shape")
     parser.add_argument("--block", type=int, default=1,
                         help="calls in a row per variant before the next takes its turn (1: call by call; more "
                              "keeps the host's caches warm for the variant, as under the runner)")
-    parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
     cli.writable(args.out)
     plan = planning.make_plan([args.scratch, args.baseline], args.cases, args.world_size, gpu_only="keep")

@@ -79,7 +79,7 @@ run_steps() {
       cold) for v in ${a//,/ }; do step "cold_$v" 300 "$0" "$out" "_cold:$v"; done ;;
       _cold) cold "$a" ;;
       # the whole suite at world size 8 on one H100 at 8% takes about 27 min (2026-11-24): more than a lent machine
-      # holds with its start and the build, so there it runs in two parts by K (README, GPU tests)
+      # holds with its start and the build, so there it runs in two parts by K (docs/sharing.md, the GPU suite)
       tests) step "tests" 2400 $py -m pytest -q -rsP --durations=20 tests/test_gpu.py ${a:+-k "$a"} ;;
       sol) step sol 300 $py -m a2a.cli sol --out "$out/results" ;;
       leaderboard) step "leaderboard_${a//,/-}" 900 $py -m a2a.cli leaderboard --versions "$a" --out "$out/results" $b ;;

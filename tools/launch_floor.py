@@ -28,7 +28,7 @@ In the warm loop the calls come back to back (enqueue: consecutive calls; call a
 timed step the call figure comes from eval.measure (device_clock), the enqueue and held figures from this tool's copy
 of eval.timed_step (L2 cleared, synchronize, barrier, input cloned, the spin, events around the call).
 
-    python tools/launch_floor.py [--world-size 1,2] [--cases benchmarks:0] [--iterations 200] [--steps 50]
+    python -m tools.launch_floor [--world-size 1,2] [--cases benchmarks:0] [--iterations 200] [--steps 50]
 """
 from __future__ import annotations
 
@@ -41,11 +41,10 @@ import time
 from inspect import signature
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import eval as core  # noqa: E402
-from a2a import cli  # noqa: E402
-from a2a import plan as planning  # noqa: E402
+import eval as core
+from a2a import cli
+from a2a import plan as planning
 
 PATHS = {  # key -> the row's name, in table order
     "nothing": "nothing (the event pair alone)",
@@ -409,11 +408,11 @@ def unheld_lines(rows: list) -> list:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--world-size", default="1,2", help="comma-separated world sizes")
-    parser.add_argument("--cases", default="benchmarks:0", help="the case whose input each timed step clones")
+    cli.add_options(parser, "world-size", "cases", "out",
+                    world_size={"type": str, "default": "1,2", "help": "comma-separated world sizes"},
+                    cases={"default": "benchmarks:0", "help": "the case whose input each timed step clones"})
     parser.add_argument("--iterations", type=int, default=200, help="calls per figure and path in the warm loop")
     parser.add_argument("--steps", type=int, default=50, help="timed steps per path, paths taking turns")
-    parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
     cli.writable(args.out)
     try:
@@ -425,7 +424,7 @@ def main(argv=None) -> int:
     if not planning.machine_gpus():
         print("skipped: the launch floor needs a GPU (this machine has none)")
         return 0
-    from launch import parallel_launch
+    from a2a.launch import parallel_launch
 
     # The extensions are built by the ranks (load_inline lets one build while the others wait), not here: ranks may
     # run under another uid (eval's sandbox), and a build folder this process made would refuse them its lock file.

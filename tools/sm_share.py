@@ -8,7 +8,7 @@ rows; each output is compared with the closed form (no communication), with the 
 share and version: calls, wrong outputs, the slowest call; the same for the whole group when it cannot even form
 (NCCL refusing, a rank dying). Nothing here is a timing of the problem: it finds the headroom sharing needs.
 
-    python tools/sm_share.py [--world-size 8] [--percents 9,10,12] [--versions v2,v5] [--cases tests]
+    python -m tools.sm_share [--world-size 8] [--percents 9,10,12] [--versions v2,v5] [--cases tests]
                              [--repeats 2] [--spin-timeout 2]
 """
 from __future__ import annotations
@@ -19,12 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import eval as core  # noqa: E402
-from a2a import plan as planning  # noqa: E402
-from a2a import sharing  # noqa: E402
-from a2a import cli  # noqa: E402
+import eval as core
+from a2a import plan as planning
+from a2a import sharing
+from a2a import cli
 
 FRACTIONS = (0.6, 0.72, 0.85, 1.0)  # default shares to try: these fractions of the GPU over its ranks
 
@@ -70,7 +69,7 @@ def _share_rank(rank: int, world_size: int, paths: list, cases: list, repeats: i
 
 
 def sweep(plan: planning.RunPlan, percents: list, repeats: int, spin_timeout_s: float, progress=print) -> list:
-    from launch import LaunchError, parallel_launch
+    from a2a.launch import LaunchError, parallel_launch
 
     rows = []
     for percent in percents:
@@ -94,14 +93,12 @@ def main(argv=None) -> int:
     from tabulate import tabulate
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--world-size", type=int, default=8)
+    cli.add_options(parser, "world-size", "versions", "cases", "out", world_size={"type": int, "default": 8},
+                    cases={"default": "tests"})
     parser.add_argument("--percents", help="comma-separated shares in percent (default: "
                                            f"{', '.join(map(str, FRACTIONS))} of the GPU over its ranks)")
-    parser.add_argument("--versions", help="comma-separated (default: every version)")
-    parser.add_argument("--cases", default="tests")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--spin-timeout", type=float, default=2.0, help="seconds a version waits on a flag")
-    parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
     cli.writable(args.out)
     versions = [v for v in (args.versions or "").split(",") if v.strip()] or planning.list_versions()

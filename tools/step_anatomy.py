@@ -8,7 +8,7 @@ as in the evaluator. Reported per shape (medians): rank 0's leaderboard-style st
 the device-side time (slowest rank), how late the last rank started, how long each rank's host spent in the call,
 waited in synchronize and in the final barrier.
 
-    python tools/step_anatomy.py VERSION [--cases benchmarks:0,4] [--world-size N] [--iterations 50]
+    python -m tools.step_anatomy VERSION [--cases benchmarks:0,4] [--world-size N] [--iterations 50]
 """
 from __future__ import annotations
 
@@ -18,12 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import eval as core  # noqa: E402
-from a2a import plan as planning  # noqa: E402
-from a2a import cli  # noqa: E402
-from a2a.rows import shape_label  # noqa: E402
+import eval as core
+from a2a import plan as planning
+from a2a import cli
+from a2a.rows import shape_label
 
 
 def _anatomy_rank(rank: int, world_size: int, path: str, cases: list, iterations: int):
@@ -82,15 +81,12 @@ def summarise(per_rank_steps: list) -> dict:
 def main(argv=None) -> int:
     from tabulate import tabulate
 
-    from launch import parallel_launch
+    from a2a.launch import parallel_launch
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("version")
-    parser.add_argument("--cases", default="benchmarks:0,4")
-    parser.add_argument("--world-size", type=int)
-    parser.add_argument("--backend")
+    cli.add_options(parser, "cases", "world-size", "backend", "out", cases={"default": "benchmarks:0,4"})
     parser.add_argument("--iterations", type=int, default=50)
-    parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
     cli.writable(args.out)
     if args.iterations < 1:

@@ -7,7 +7,7 @@ must be bit-identical to the default shape's (else it is marked); time = the eva
 clock (CUDA events around the call, slowest rank per call, median over the calls); host µs = the host time inside
 the call (median, slowest rank).
 
-    python tools/sweep_launch.py VERSION [--cases benchmarks] [--world-size N] [--iterations 30] [--out results]
+    python -m tools.sweep_launch VERSION [--cases benchmarks] [--world-size N] [--iterations 30] [--out results]
 
 Saves sweep.csv, sweep.md (per kernel: geometric mean over the shapes, and the best shape) and sweep.png (one
 heat map per kernel) under results/<date>_<device>_ws<N>_sweep-<version>_<commit>/, and prints the best
@@ -19,13 +19,12 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import eval as core  # noqa: E402
-from a2a import plan as planning  # noqa: E402
-from a2a import cli  # noqa: E402
-from a2a.plan import load_version  # noqa: E402
-from a2a.rows import geomean, shape_label  # noqa: E402
+import eval as core
+from a2a import plan as planning
+from a2a import cli
+from a2a.plan import load_version
+from a2a.rows import geomean, shape_label
 
 PER_MULTIPROCESSOR = (0.5, 1, 2, 4)
 THREADS = (128, 256, 512, 1024)
@@ -143,14 +142,12 @@ def main(argv=None) -> int:
     import pandas as pd
     import torch
 
-    from launch import parallel_launch
+    from a2a.launch import parallel_launch
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("version")
-    parser.add_argument("--cases", default="benchmarks")
-    parser.add_argument("--world-size", type=int)
+    cli.add_options(parser, "cases", "world-size", "out")
     parser.add_argument("--iterations", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=planning.ROOT / "results")
     args = parser.parse_args(argv)
     cli.writable(args.out)
     plan = planning.make_plan(args.version, args.cases, args.world_size, gpu_only="keep")

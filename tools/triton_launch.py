@@ -12,8 +12,8 @@ around it). Host time = wall time of `--calls` back-to-back calls / calls (no sy
 device_id): allocate on the input's device, rendezvous, store into a peer's buffer, read it back there; then leave
 the group and do it again in a new group with the GPUs reassigned (as the runner's next case may).
 
-    python tools/triton_launch.py cost [--version v7] [--world-size 2] [--calls 200] [--rounds 7]
-    python tools/triton_launch.py symm [--world-size 2]
+    python -m tools.triton_launch cost [--version v7] [--world-size 2] [--calls 200] [--rounds 7]
+    python -m tools.triton_launch symm [--world-size 2]
 """
 from __future__ import annotations
 
@@ -23,12 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import eval as core  # noqa: E402
-from a2a import plan as planning  # noqa: E402
-from a2a.cli import run_cli  # noqa: E402
-from launch import parallel_launch  # noqa: E402
+import eval as core
+from a2a import plan as planning
+from a2a import cli
+from a2a.launch import parallel_launch
 
 
 def _per_call_us(call, calls: int, rounds: int, device_index: int) -> float:
@@ -117,8 +116,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("cost", "symm"))
     parser.add_argument("--version", default="v7")
-    parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--cases", default="benchmarks:0")
+    cli.add_options(parser, "world-size", "cases", world_size={"type": int, "default": 2},
+                    cases={"default": "benchmarks:0"})
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args(argv)
@@ -142,4 +141,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    sys.exit(cli.run_cli(main))

@@ -47,10 +47,10 @@ python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "
 step cpu_tests 90 env TORCH_EXTENSIONS_DIR="$work/cpu_extensions" python3 -m pytest -q tests/test_v9.py \
   tests/test_launch_floor.py
 step tests 200 python3 eval.py test v9 --world-size 1
-step launch_floor 200 python3 tools/launch_floor.py --world-size 1,2 --out "$work/results"
+step launch_floor 200 python3 -m tools.launch_floor --world-size 1,2 --out "$work/results"
 step diff 200 python3 diff.py v8 v9 --world-size 1 --rounds 4 --steps 4 --out "$work/results"
 step leaderboard_mode 120 python3 eval.py leaderboard v9 --world-size 1 --cases benchmarks
-step sweep 100 python3 tools/sweep_launch.py v9 --world-size 1 --cases benchmarks:0 --iterations 5 \
+step sweep 100 python3 -m tools.sweep_launch v9 --world-size 1 --cases benchmarks:0 --iterations 5 \
   --out "$work/results"
 tar czf "$out/v9_gpu_check.tgz" -C "$work" logs results
 cp "$summary" "$out/summary.log"
