@@ -526,7 +526,13 @@ Connection.send_bytes = _forging_send
 
 
 def custom_kernel(data):
-    return _v1_kernel(data)
+    """v1's answer after 5 ms: a call longer than the room the owner's rule leaves a forger (a floor step's window
+    and a quarter of a floor step, about 2.5 ms here), timed by the untouched clock."""
+    started = _REAL_NS()
+    _time.sleep(0.005)
+    out = _v1_kernel(data)
+    _say("call_ns", data[2], _REAL_NS() - started)
+    return out
 '''
 
 GARBAGE_ON_THE_PIPE = '''
@@ -562,8 +568,9 @@ FORGED_STATS_RUNS = [("human", "benchmark"), ("protocol", "leaderboard")]
 
 @pytest.mark.parametrize("face, mode", FORGED_STATS_RUNS, ids=_ids(FORGED_STATS_RUNS))
 def test_forged_statistics_on_the_pipe_are_not_shown(tmp_path, face, mode):
-    """Right answers; every time in the report the owner's clock is checked against divided by 1000 on its way out
-    (a patched `Connection.send_bytes`): void, or the time shown is real."""
+    """Right answers from a 5 ms call; every time in the report the owner's clock is checked against divided by 1000
+    on its way out (a patched `Connection.send_bytes`): void, or the time shown is real. A call shorter than the
+    rule's room (docs/judge.md, "What stays open") could be hidden whole this way; this one cannot."""
     outcome = run_face(face, mode, tmp_path, hostile(FORGED_STATS))
     assert outcome.said("forged"), str(outcome)
     assert_time_is_real(outcome)
