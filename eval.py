@@ -2136,11 +2136,11 @@ def clock_disagreement(stamps: dict, end_ns: int, said: dict) -> str:
 
 # A floor step does all a timed step does but the call, so a loop's time outside its steps' windows is about its
 # steps' count times a floor step. Measured on CPU (gloo, 2 ranks, 100 honest steps): that outside time per step was
-# 0.51-1.30 floor steps, so the share must be above 1.3 less the slack; 1.25 plus the slack holds every honest run
-# seen. The floor step's own window (the synchronize and barrier around no call) cannot be subtracted, since the
-# rank reports it: a step's time made smaller by more than that window plus a quarter of a floor step is caught, a
-# smaller forgery is not, and a call faster than that room can be hidden whole (docs/judge.md, "What stays open").
-FLOOR_SHARE = 1.25
+# 0.51-1.30 floor steps on a quiet machine, and above 1.25 plus the slack in one honest run of a loaded suite run.
+# The floor step's own window (the synchronize and barrier around no call) cannot be subtracted either, since the
+# rank reports it: a step's time made smaller by more than that window plus one floor step is caught, a smaller
+# forgery is not, and a call faster than that room can be hidden whole (docs/judge.md, "What stays open").
+FLOOR_SHARE = 2.0
 
 
 @dataclasses.dataclass
@@ -2161,8 +2161,8 @@ class ProtocolRun:
             results = self.pool.run(job, test, self.timeout_s or OFFICIAL_TIMEOUT_S[mode], params, answer=answers)
         except ValueError as exc:
             results = [RankResult(False, RankFailure(f"void: {exc}"))] * test.args["world_size"]
-        if answers.void:
-            results = [RankResult(False, RankFailure(answers.void), r.import_s) for r in results]
+        if answers.void:  # a rank's own failure (a wrong output, tampering) is the reason it shows, if it has one
+            results = [RankResult(False, RankFailure(answers.void), r.import_s) if r.ok else r for r in results]
         imports = [r.import_s for r in results if r.import_s is not None]
         if self.extra and imports and not self.import_logged:  # human face: what the first case spent importing
             self.logger.log("import_s", f"{max(imports):.2f}")
