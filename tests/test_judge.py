@@ -472,31 +472,34 @@ def custom_kernel(data):
     return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
 '''
 
-# Every result the worker sends is rewritten on its way out into a pass (with a time of 1 µs and nothing for the
-# check apart); every call returns zeros.
-FORGED_RESULT_REWRITTEN = '''
+# Every message a worker sends passes through `_rewrite(message)` (defined by the body after this), which returns
+# the message to send in its place, or None to send it as it was: a patched `Connection.send_bytes`.
+PIPE_REWRITER = '''
 from multiprocessing.connection import Connection
-
-import torch
 
 _send_bytes = Connection.send_bytes
 
 
-def _harness():
-    return next(m for m in _sys.modules.values() if hasattr(m, "RankResult") and hasattr(m, "decode"))
-
-
 def _forging_send(self, raw, *args):
-    harness = _harness()
-    message = harness.decode(bytes(raw))
-    if type(message).__name__ == "RankResult":
-        message = type(message)(True, {"apart": []}, message.import_s)
-        raw = harness.encode(message)
-        _say("forged", "RankResult rewritten")
-    return _send_bytes(self, raw, *args)
+    harness = next(m for m in _sys.modules.values() if hasattr(m, "RankResult") and hasattr(m, "decode"))
+    message = _rewrite(harness.decode(bytes(raw)))
+    return _send_bytes(self, raw if message is None else harness.encode(message), *args)
 
 
 Connection.send_bytes = _forging_send
+'''
+
+# Every result the worker sends is rewritten on its way out into a pass (with a time of 1 µs and nothing for the
+# check apart); every call returns zeros.
+FORGED_RESULT_REWRITTEN = PIPE_REWRITER + '''
+import torch
+
+
+def _rewrite(message):
+    if type(message).__name__ != "RankResult":
+        return None
+    _say("forged", "RankResult rewritten")
+    return type(message)(True, {"apart": []}, message.import_s)
 
 
 def custom_kernel(data):
@@ -504,29 +507,16 @@ def custom_kernel(data):
     return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
 '''
 
-FORGED_STATS = '''
-from multiprocessing.connection import Connection
+FORGED_STATS = PIPE_REWRITER + '''
 
-_send_bytes = Connection.send_bytes
-
-
-def _harness():
-    return next(m for m in _sys.modules.values() if hasattr(m, "RankResult") and hasattr(m, "decode"))
-
-
-def _forging_send(self, raw, *args):
-    harness = _harness()
-    message = harness.decode(bytes(raw))
-    if isinstance(message, tuple) and message[:2] == ("ask", "clock-end"):
-        report = message[2]
-        for kind in ("steps", "floor", "device"):
-            report[kind] = [value / 1000 for value in report[kind]]
-            _say("forged", kind)
-        raw = harness.encode(message)
-    return _send_bytes(self, raw, *args)
-
-
-Connection.send_bytes = _forging_send
+def _rewrite(message):
+    if not (isinstance(message, tuple) and message[:2] == ("ask", "clock-end")):
+        return None
+    report = message[2]
+    for kind in ("steps", "floor", "device"):
+        report[kind] = [value / 1000 for value in report[kind]]
+        _say("forged", kind)
+    return message
 
 
 def custom_kernel(data):
