@@ -38,7 +38,7 @@ test: setup
 # The GPU tests alone (world size 8 on whatever GPUs there are; ranks share them where there are fewer than 8, with an
 # NCCL for sharing obtained once, as make leaderboard does). Without a GPU every one skips, saying why.
 test-gpu: setup
-	$(PYTHON) -m pytest -q tests/test_gpu.py
+	$(PYTHON) -m pytest -q tests/test_gpu.py $(ARGS)
 
 # Every version x benchmark shape on what this machine has (GPUs: with anchors and this machine's speed of light).
 leaderboard: setup

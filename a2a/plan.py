@@ -212,14 +212,16 @@ def load_version(path: Path, name: str, trace: bool = False):
 def prebuild(paths: list[Path]) -> list[str]:
     """Builds the timed and trace extensions of `paths` all at once, one child process each (a build already in the
     cache costs an import); returns the failures, one line each. For a session that then runs many steps
-    (tools/gpu_session.sh): the evaluator never needs it."""
+    (tools/gpu_session.sh, tests/test_gpu.py): the evaluator never needs it. The builds are made with umask 0: the
+    ranks run as other uids (eval.Sandbox) and take each build folder's lock even when nothing needs building."""
     children = []
     for path in [p for p in paths if builds_device_code(p)]:
         for trace in ("0", "1"):
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, BUNDLE_DIRS)), A2A_TRACE=trace)
             children.append((f"{path.stem}{' (trace)' if trace == '1' else ''}",
                              subprocess.Popen([sys.executable, "-c", f"import {path.stem}"], cwd=path.parent, env=env,
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                             umask=0)))
     failures = []
     for name, child in children:
         _, stderr = child.communicate()

@@ -4,6 +4,7 @@ rank (a timing, a device that differs from the current one) skips with its reaso
 
 Every rank path here leaves the current device where the runner leaves it (cuda:0): the versions must take their
 device from their inputs, as on the leaderboard. Test helpers bind their own GPU work with eval.own_device."""
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,8 +16,8 @@ import pytest
 
 import eval as core
 from a2a import contract, sharing
-from a2a.harness import evaluate
-from a2a.plan import list_versions, load_version, make_plan, resolve_version
+from a2a.harness import evaluate, render
+from a2a.plan import list_versions, load_version, make_plan, prebuild, resolve_version
 from a2a.rows import parse_popcorn
 from a2a.launch import parallel_launch
 from tests.conftest import (ROOT, gpu_count, hanging_human_face, hanging_submission, requires_gpu, run_bundle,
@@ -43,6 +44,47 @@ def _sharing_problem():
 SHARING_PROBLEM = _sharing_problem()
 at_problem_size = pytest.mark.skipif(SHARING_PROBLEM is not None, reason=f"{PROBLEM_WS} ranks cannot run here: "
                                                                          f"{SHARING_PROBLEM}")
+
+
+class _DaemonHold:
+    """This module's hold on one MPS daemon for its runs of 8 ranks (sharing.shared_ranks keeps a daemon for as long
+    as any caller in the process holds it), let go for a test that must see a run start and stop its own."""
+
+    def __init__(self):
+        self.stack = contextlib.ExitStack()
+
+    def take(self) -> None:
+        if SHARING_PROBLEM is None:
+            self.stack.enter_context(sharing.shared_ranks(sharing.placement(PROBLEM_WS, gpu_count(), "nccl")))
+
+    def release(self) -> None:
+        self.stack.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_setup_for_every_test():
+    """What every test would otherwise set up again: one extension cache, the one the sandboxed ranks use, with
+    every version's timed and trace builds made side by side first (a fresh machine built them one after another,
+    test by test, inside the tests); and one MPS daemon, with its SM probe, held for every in-process run of 8
+    ranks (each would start its own)."""
+    core._prepare_rank_cache()
+    for name, sub in (("TORCH_EXTENSIONS_DIR", "torch_extensions"), ("TRITON_CACHE_DIR", "triton")):
+        os.environ.setdefault(name, str(core.RANK_CACHE / sub))
+    failures = prebuild(list_versions())
+    assert not failures, failures
+    hold = _DaemonHold()
+    hold.take()
+    yield hold
+    hold.release()
+
+
+@pytest.fixture
+def no_daemon_held(one_setup_for_every_test):
+    """For a test of a run's own MPS daemon: none of this module's is running while it runs (a second control
+    daemon on the same GPU is not a case the runs are built for)."""
+    one_setup_for_every_test.release()
+    yield
+    one_setup_for_every_test.take()
 
 
 def gpu_per_rank(ranks: int, why: str):
@@ -178,18 +220,18 @@ def _ran_where() -> str:
 @at_problem_size
 @pytest.mark.parametrize("version", [p.stem.split("_")[0] for p in list_versions()])
 def test_every_version_passes_at_the_problems_size(version):
-    """`python eval.py test vN --world-size 8` and `... leaderboard vN --world-size 8 --seed S`: all 9 official
-    tests, then the five benchmark shapes with a fresh secret seed and every run checked, on 8 ranks (sharing the
-    GPUs where there are fewer than 8)."""
-    seed = str(int(time.time()) % 100_000)
-    for mode, extra in (("test", []), ("leaderboard", ["--seed", seed])):
-        result = run_eval(mode, version, "--world-size", str(PROBLEM_WS), *extra, timeout=900)
-        print(result.stdout)  # the table, for `pytest -rP`: what each version did at the problem's size
-        assert result.returncode == 0, (mode, result.stdout[-3000:], result.stderr[-3000:])
-        assert f"{PROBLEM_WS} ranks on {min(gpu_count(), PROBLEM_WS)} GPU" in result.stdout, result.stdout[:500]
-        assert _ran_where() in result.stdout, result.stdout[:500]
-        rows = [line for line in result.stdout.splitlines() if line.startswith("|") and "pass" in line]
-        assert len(rows) == (9 if mode == "test" else 5), result.stdout[-3000:]
+    """What `python eval.py test vN --world-size 8` and `... leaderboard vN --world-size 8 --seed S` run: all 9
+    official tests, then the five benchmark shapes with a fresh secret seed and every run checked, on 8 ranks
+    (sharing the GPUs where there are fewer than 8)."""
+    seed = int(time.time()) % 100_000
+    for mode, section in (("test", "tests"), ("leaderboard", "benchmarks")):
+        result = evaluate(make_plan(version, section, PROBLEM_WS, "nccl", seed=seed), mode, **QUIET)
+        print(render(result))  # for `pytest -rP`: what each version did at the problem's size
+        assert result.exit_code == 0, (mode, [case["error"] for case in result.cases], result.void)
+        assert result.placement.startswith(f"{PROBLEM_WS} ranks on {min(gpu_count(), PROBLEM_WS)} GPU"), \
+            result.placement
+        assert _ran_where() in result.placement, result.placement
+        assert [case["status"] for case in result.cases] == ["pass"] * (9 if mode == "test" else 5), result.cases
 
 
 @at_problem_size
@@ -230,7 +272,7 @@ def test_no_rendezvous_fails_on_gpus_while_ports_churn(process_token):
 HANGS_ON_THE_GPU = hanging_submission(touch_the_gpu=True)
 
 
-def test_sigterm_ends_a_hanging_gpu_run(tmp_path, process_token):
+def test_sigterm_ends_a_hanging_gpu_run(tmp_path, process_token, no_daemon_held):
     """On one GPU the two ranks share it: the MPS daemon the run started must be gone too (it carries the token)."""
     process = hanging_human_face(tmp_path, process_token, HANGS_ON_THE_GPU)
     process.send_signal(signal.SIGTERM)
@@ -241,7 +283,7 @@ def test_sigterm_ends_a_hanging_gpu_run(tmp_path, process_token):
 
 @at_problem_size
 @pytest.mark.skipif(gpu_count() >= PROBLEM_WS, reason="with a GPU per rank nothing is shared and no MPS daemon runs")
-def test_a_killed_shared_run_leaves_no_mps_daemon(tmp_path, process_token):
+def test_a_killed_shared_run_leaves_no_mps_daemon(tmp_path, process_token, no_daemon_held):
     """SIGKILL to the human face of 8 ranks sharing the GPUs: no `finally` runs, yet the ranks die with their
     parents and the guardian stops the MPS daemon and its server and removes their folder."""
     process = hanging_human_face(tmp_path, process_token, HANGS_ON_THE_GPU, world_size=PROBLEM_WS)
@@ -270,7 +312,7 @@ def _processes_named(prefix: str) -> list:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _dispatched_rows(rank, world_size, version, spec):
+def _dispatched_rows(module, rank, world_size, version, spec):
     """Every row each local expert received is checked against what its source routed: the (src, token, k) set
     must match exactly and each row must equal the source's x row (times 1 + rank where the layout holds the
     expert's output) bit for bit."""
@@ -278,7 +320,6 @@ def _dispatched_rows(rank, world_size, version, spec):
 
     from reference import generate_input
 
-    module = _load(version)
     data = generate_input(**spec, rank=rank, world_size=world_size)
     module.custom_kernel(data)
     _sync(rank)
@@ -303,21 +344,11 @@ def _dispatched_rows(rank, world_size, version, spec):
     return received == expected, len(received)
 
 
-@pytest.mark.parametrize("version", P2P_VERSIONS)
-@at_problem_size
-def test_dispatch_delivers_each_pair_once_to_the_right_expert(version):
-    spec = dict(num_experts=64, experts_per_token=6, hidden_dim=2048, max_num_tokens=32, seed=1234)
-    results = parallel_launch(PROBLEM_WS, _dispatched_rows, version, spec, backend="nccl")
-    assert all(ok for ok, _ in results), results
-    assert sum(n for _, n in results) > 0
-
-
-def _pressure(rank, world_size, version, spec, repeats):
+def _pressure(module, rank, world_size, spec, repeats):
     import torch
 
     from reference import check_implementation, generate_input
 
-    module = _load(version)
     data = generate_input(**spec, rank=rank, world_size=world_size)
     first = module.custom_kernel(data).clone()
     identical = all(torch.equal(module.custom_kernel(data), first) for _ in range(repeats - 1))
@@ -328,13 +359,48 @@ def _pressure(rank, world_size, version, spec, repeats):
     return identical, [message for ok, message in fresh if not ok]
 
 
+DISPATCH_SPEC = dict(num_experts=64, experts_per_token=6, hidden_dim=2048, max_num_tokens=32, seed=1234)
+PRESSURE_SPEC = dict(num_experts=256, experts_per_token=8, hidden_dim=7168, max_num_tokens=256, seed=4)
+
+
+def _dispatch_then_pressure(rank, world_size, version):
+    """One group of 8 for both checks of a version (a group's start is most of a small check's time); the small
+    shape first, then the largest, so the version also resizes its buffers between calls, as in the official runs."""
+    module = _load(version)
+    return (_dispatched_rows(module, rank, world_size, version, DISPATCH_SPEC),
+            _pressure(module, rank, world_size, PRESSURE_SPEC, 20))
+
+
+_LAUNCHED: dict = {}  # (rank function, world size, version) -> its per-rank results, or the launch's error
+
+
+def _launched_once(fn, world_size: int, version: str) -> list:
+    """fn's launch for `version`, run once for the tests that read its results; each of them reports its error."""
+    key = (fn.__name__, world_size, version)
+    if key not in _LAUNCHED:
+        try:
+            _LAUNCHED[key] = parallel_launch(world_size, fn, version, backend="nccl", timeout_s=300)
+        except Exception as failed:
+            _LAUNCHED[key] = failed
+    if isinstance(_LAUNCHED[key], Exception):
+        raise _LAUNCHED[key]
+    return _LAUNCHED[key]
+
+
+@pytest.mark.parametrize("version", P2P_VERSIONS)
+@at_problem_size
+def test_dispatch_delivers_each_pair_once_to_the_right_expert(version):
+    dispatched = [dispatch for dispatch, _ in _launched_once(_dispatch_then_pressure, PROBLEM_WS, version)]
+    assert all(ok for ok, _ in dispatched), dispatched
+    assert sum(n for _, n in dispatched) > 0
+
+
 @pytest.mark.parametrize("version", P2P_VERSIONS)
 @at_problem_size
 def test_pressure_same_seed_bit_identical_then_fresh_seeds(version):
-    spec = dict(num_experts=256, experts_per_token=8, hidden_dim=7168, max_num_tokens=256, seed=4)
-    results = parallel_launch(PROBLEM_WS, _pressure, version, spec, 20, backend="nccl")
-    assert all(identical for identical, _ in results), "same input gave different outputs"
-    assert all(not failures for _, failures in results), results
+    pressured = [pressure for _, pressure in _launched_once(_dispatch_then_pressure, PROBLEM_WS, version)]
+    assert all(identical for identical, _ in pressured), "same input gave different outputs"
+    assert all(not failures for _, failures in pressured), pressured
 
 
 @at_problem_size
@@ -352,38 +418,30 @@ def test_survives_regrouping_with_gpus_reassigned(version, tmp_path):
     assert code == 0 and parse_popcorn(output).get("check") == "pass", output + stderr[-3000:]
 
 
-def _peer_never_comes(rank, world_size, version, spec):
+def _peer_never_comes(module, rank, spec):
+    """Rank 1 skips a call: rank 0's call must give up after the spin timeout instead of hanging, and say what it
+    waited for (its report thread prints to stderr, caught here)."""
+    import io
+
     import torch.distributed as dist
 
     from reference import generate_input
 
-    module = _load(version)
-    data = generate_input(**spec, rank=rank, world_size=world_size)
+    data = generate_input(**spec, rank=rank, world_size=2)
     module.custom_kernel(data)
     _sync(rank)
     dist.barrier()
     if rank == 0:
-        started = time.monotonic()
-        module.custom_kernel(data)
-        _sync(rank)
-        elapsed = time.monotonic() - started
-        time.sleep(0.5)  # the report thread polls every 20 ms
-        return elapsed
-    time.sleep(8)
-    return 0.0
-
-
-@pytest.mark.parametrize("version", P2P_VERSIONS)
-def test_spin_wait_gives_up_and_says_what_it_waited_for(version, capfd, monkeypatch):
-    """Rank 1 skips a call: rank 0's kernels give up after the 2 s spin timeout instead of hanging, and rank 0
-    says what it waited for."""
-    monkeypatch.setenv("A2A_SPIN_TIMEOUT_S", "2")
-    spec = dict(num_experts=8, experts_per_token=2, hidden_dim=256, max_num_tokens=8, seed=3)
-    elapsed, _ = parallel_launch(2, _peer_never_comes, version, spec, backend="nccl", timeout_s=120)
-    assert 2.0 <= elapsed < 8.0
-    printed = capfd.readouterr()
-    text = printed.out + printed.err
-    assert f"[a2a {version}] rank 0: gave up after 2000 ms waiting for the row count from rank 1" in text, text[-3000:]
+        said = io.StringIO()
+        with contextlib.redirect_stderr(said):
+            started = time.monotonic()
+            module.custom_kernel(data)
+            _sync(rank)
+            elapsed = time.monotonic() - started
+            time.sleep(0.5)  # the report thread polls every 20 ms
+        return elapsed, said.getvalue()
+    time.sleep(SPIN_TIMEOUT_S + 3)
+    return 0.0, ""
 
 
 def _phases_in_order(records, phases) -> bool:
@@ -399,14 +457,13 @@ def _phases_in_order(records, phases) -> bool:
     return all([phase for _, phase in sorted(seen)] == sorted(phase for _, phase in seen) for seen in by_warp.values())
 
 
-def _trace_build_matches(rank, world_size, version, spec):
+def _trace_build_matches(timed, rank, version, spec):
     import torch
 
     from reference import generate_input
 
-    timed = _load(version, f"{version}_timed")
     traced = _load(version, f"{version}_traced", trace=True)
-    data = generate_input(**spec, rank=rank, world_size=world_size)
+    data = generate_input(**spec, rank=rank, world_size=2)
     expected = timed.custom_kernel(data).clone()
     outputs = [traced.custom_kernel(data) for _ in range(3)]
     traced.trace_take()
@@ -416,14 +473,36 @@ def _trace_build_matches(rank, world_size, version, spec):
     return all(torch.equal(out, expected) for out in outputs), named, _phases_in_order(records, traced.TRACE_PHASES)
 
 
+SPIN_TIMEOUT_S = 2
+TRACE_SPEC = dict(num_experts=256, experts_per_token=8, hidden_dim=7168, max_num_tokens=128, seed=11)
+GIVE_UP_SPEC = dict(num_experts=8, experts_per_token=2, hidden_dim=256, max_num_tokens=8, seed=3)
+
+
+def _trace_then_give_up(rank, world_size, version):
+    """One group of 2 for a version's trace build and its give-up (the give-up last: it leaves the call unfinished).
+    The spin timeout is read at import, so it is set before the first instance loads; the timed instance loads
+    before the trace build (whose switch stays on in this process)."""
+    os.environ["A2A_SPIN_TIMEOUT_S"] = str(SPIN_TIMEOUT_S)
+    timed = _load(version, f"{version}_timed")
+    return _trace_build_matches(timed, rank, version, TRACE_SPEC), _peer_never_comes(timed, rank, GIVE_UP_SPEC)
+
+
+@pytest.mark.parametrize("version", P2P_VERSIONS)
+def test_spin_wait_gives_up_and_says_what_it_waited_for(version):
+    """Rank 0's kernels give up after the 2 s spin timeout instead of hanging, and rank 0 says what it waited for."""
+    (_, (elapsed, said)), _ = _launched_once(_trace_then_give_up, 2, version)
+    assert SPIN_TIMEOUT_S <= elapsed < SPIN_TIMEOUT_S + 3, elapsed
+    assert (f"[a2a {version}] rank 0: gave up after {SPIN_TIMEOUT_S * 1000} ms waiting for the row count from "
+            "rank 1") in said, said
+
+
 @pytest.mark.parametrize("version", P2P_VERSIONS)
 def test_trace_build_is_bit_identical_and_names_its_phases_in_order(version):
-    spec = dict(num_experts=256, experts_per_token=8, hidden_dim=7168, max_num_tokens=128, seed=11)
-    results = parallel_launch(2, _trace_build_matches, version, spec, backend="nccl")
+    traced = [trace for trace, _ in _launched_once(_trace_then_give_up, 2, version)]
     module_phases = _load_phases(version)
-    assert all(same for same, _, _ in results)
-    assert all(named == set(module_phases) for _, named, _ in results), results
-    assert all(ordered for _, _, ordered in results)
+    assert all(same for same, _, _ in traced)
+    assert all(named == set(module_phases) for _, named, _ in traced), traced
+    assert all(ordered for _, _, ordered in traced)
 
 
 def _load_phases(version):
