@@ -16,7 +16,7 @@ A ?= $(word $(words $(wordlist 2,$(words $(VERSIONS)),$(VERSIONS))),$(VERSIONS))
 B ?= $(lastword $(VERSIONS))
 CASE ?= benchmarks:0
 
-.PHONY: setup test test-gpu check-device leaderboard stability sol trace diff sweep nccl clean
+.PHONY: setup test test-gpu test-gpu-full check-device leaderboard stability sol trace diff sweep nccl clean
 
 setup:
 ifeq ($(HAVE_DEPS),)
@@ -36,8 +36,12 @@ test: setup
 	$(PYTHON) -m pytest -q tests
 
 # The GPU tests alone (world size 8 on whatever GPUs there are; ranks share them where there are fewer than 8, with an
-# NCCL for sharing obtained once, as make leaderboard does). Without a GPU every one skips, saying why.
+# NCCL for sharing obtained once, as make leaderboard does). Without a GPU every one skips, saying why. test-gpu leaves
+# out the runner's timed modes for the versions between v1 and the newest (marked `full`); test-gpu-full runs them.
 test-gpu: setup
+	$(PYTHON) -m pytest -q -m "not full" tests/test_gpu.py $(ARGS)
+
+test-gpu-full: setup
 	$(PYTHON) -m pytest -q tests/test_gpu.py $(ARGS)
 
 # Every version x benchmark shape on what this machine has (GPUs: with anchors and this machine's speed of light).

@@ -38,7 +38,9 @@ import re
 import select
 import signal
 import stat
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 from datetime import timedelta
@@ -52,8 +54,9 @@ __all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything
     "Tampering", "Terminated", "TestCase", "UserError", "WARMUP_CALLS", "all_ok", "ask_owner", "bound",
     "calculate_extra_stats", "cantor_combine", "case_problem", "check_apart", "checked", "claim_run", "clone_data",
     "die_with_parent", "environment_with", "expected_output", "get_test_cases", "import_submission",
-    "install_signal_handlers", "kill_tree", "measure", "nccl_version_tuple", "own_device", "rank_device",
-    "rank_failures", "release_uid", "shipped", "snapshot", "spec_line", "validate_cases", "version_text",
+    "install_signal_handlers", "kill_tree", "measure", "nccl_version_tuple", "own_device", "owned_tempdir",
+    "prepare_rank_cache", "rank_device", "rank_failures", "release_uid", "shipped", "snapshot", "spec_line",
+    "validate_cases", "version_text",
 ]
 HERE = Path(__file__).resolve().parent
 MODES = ("test", "benchmark", "leaderboard", "profile")
@@ -186,13 +189,35 @@ def claim_run(inherit: bool = False) -> None:
         os.environ[RUN_OWNER] = f"{os.getpid()}:{_start_time(os.getpid())}"
 
 
+TEMP_OWNER_MARK = ".a2a-owner"  # in a folder of owned_tempdir: pid:start time of the process that made it
+
+
+@contextlib.contextmanager
+def owned_tempdir(what: str):
+    """A temporary folder (a staged bundle, the clock's bundles) removed on the way out, or, when its process is
+    killed before it can remove it, by the next command's sweep_orphans (it names its maker)."""
+    with tempfile.TemporaryDirectory(prefix=f"a2a-{what}-") as tmp:
+        Path(tmp, TEMP_OWNER_MARK).write_text(f"{os.getpid()}:{_start_time(os.getpid())}")
+        yield Path(tmp)
+
+
+def _remove_orphan_tempdirs() -> None:
+    for folder in Path(tempfile.gettempdir()).glob("a2a-*"):
+        with contextlib.suppress(OSError, ValueError):
+            pid, start = (folder / TEMP_OWNER_MARK).read_text().split(":")
+            if _start_time(int(pid)) != start:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
 def sweep_orphans() -> list[int]:
     """SIGKILLs every process whose owner (RUN_OWNER in its environment) is gone: what a run left after a SIGKILL
     took its owner before the owner could end it (a submission's forked children re-parented to init, a rank whose
-    parent died). A live owner's processes are left alone. Returns the pids killed."""
+    parent died), and removes the temporary folders of processes that are gone. A live owner's processes and
+    folders are left alone. Returns the pids killed."""
     killed = []
     with contextlib.suppress(OSError):
         _release_stale_uids()
+    _remove_orphan_tempdirs()
     for pid, environ in other_processes():
         matched = re.search(rb"(?:^|\0)" + RUN_OWNER.encode() + rb"=(\d+):(\d+)", environ)
         if not matched or _start_time(int(matched[1])) == matched[2].decode():
@@ -351,7 +376,7 @@ class Sandbox:
         self._own = os.open("/proc/self/ns/pid", os.O_RDONLY)
         self.guards.pid_namespace = self.guards.private_proc = True
         self.expose: tuple = ()
-        _prepare_rank_cache()
+        prepare_rank_cache()
         for name in ("TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR"):  # caches a caller named: the ranks must write them
             if os.environ.get(name) and not rank_writable(Path(os.environ[name])):
                 self.guards.off.append(f"the ranks keep this user's uid: {name}={os.environ[name]} cannot be made "
@@ -464,8 +489,9 @@ def rank_writable(folder: Path) -> bool:
     return not exposure([folder])[1]
 
 
-def _prepare_rank_cache() -> None:
-    """The ranks' caches and home, writable by every run's rank uid (ranks create files with umask 0)."""
+def prepare_rank_cache() -> dict:
+    """The ranks' caches and home, writable by every run's rank uid (ranks create files with umask 0); returns the
+    cache variables a sandboxed rank gets unless its caller named its own (the builds they find there)."""
     for sub in ("home", "torch_extensions", "triton"):
         folder = RANK_CACHE / sub
         folder.mkdir(parents=True, exist_ok=True)
@@ -473,6 +499,8 @@ def _prepare_rank_cache() -> None:
             os.chmod(folder, 0o1777)
     with contextlib.suppress(OSError):
         os.chmod(RANK_CACHE, 0o755)
+    return {"TORCH_EXTENSIONS_DIR": str(RANK_CACHE / "torch_extensions"),
+            "TRITON_CACHE_DIR": str(RANK_CACHE / "triton")}
 
 
 UID_RECORDS = RANK_CACHE / "owners"  # uid -> the command that ran ranks as it, and since when (release_uid)
@@ -593,8 +621,8 @@ def enter_rank_sandbox(sandbox: Optional[RankSandbox]) -> None:
         os.setuid(sandbox.uid)
         os.umask(0)
         os.environ.update(HOME=sandbox.home, USER=f"a2a-rank-{sandbox.uid}", LOGNAME=f"a2a-rank-{sandbox.uid}")
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(RANK_CACHE / "torch_extensions"))
-        os.environ.setdefault("TRITON_CACHE_DIR", str(RANK_CACHE / "triton"))
+        for name, folder in (("TORCH_EXTENSIONS_DIR", "torch_extensions"), ("TRITON_CACHE_DIR", "triton")):
+            os.environ.setdefault(name, str(RANK_CACHE / folder))
 
 
 # --------------------------------------------------------------------------------------------------------------

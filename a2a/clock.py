@@ -478,15 +478,13 @@ class Clock:
 
 def time_entries(plan, entries: list, settings: Settings, progress=print) -> Run:
     """Stages each version as a bundle (what its pool's workers import) and runs the clock."""
-    import tempfile
-
     from a2a.plan import stage
 
-    with tempfile.TemporaryDirectory(prefix="a2a-clock-") as tmp:
+    with core.owned_tempdir("clock") as tmp:
         bundles = {}
         for entry in entries:
             if entry.kind == "version":
-                bundles[entry.name] = stage(Path(entry.path), Path(tmp) / f"bundle{len(bundles)}",
+                bundles[entry.name] = stage(Path(entry.path), tmp / f"bundle{len(bundles)}",
                                                     plan.task_path, plan.task, test_files=False)
         progress(f"clock: {len(entries)} entries x {len(plan.case_args)} shapes, {settings.steps} idle + "
                  f"{settings.steps} held steps per visit, rounds {settings.min_rounds}-{settings.max_rounds}, time cap "

@@ -19,7 +19,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -59,8 +58,8 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
         raise UserError(f"unknown mode '{mode}' (expected one of {', '.join(core.MODES)})")
     path = version or plan.version
     where = plan.placement
-    with tempfile.TemporaryDirectory(prefix=f"a2a-{path.stem}-") as tmp, sharing.shared_ranks(where) as share_env:
-        bundle = stage(path, Path(tmp) / "bundle", plan.task_path, plan.task, test_files=False)
+    with core.owned_tempdir(path.stem) as tmp, sharing.shared_ranks(where) as share_env:
+        bundle = stage(path, tmp / "bundle", plan.task_path, plan.task, test_files=False)
         (bundle / "cases.txt").write_text("\n".join(case.spec for case in plan.cases) + "\n")
         # POPCORN_GPUS is the pool's size (the runner sets it from its machine); each case line carries its own world
         # size. Both are the runner's protocol: the child re-reads its cases as the runner's would, and the results
@@ -73,8 +72,8 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
         if plan.timeout_s:
             env["A2A_TIMEOUT"] = str(plan.timeout_s)
         if cold:
-            env["TORCH_EXTENSIONS_DIR"] = str(Path(tmp) / "extensions")
-            env["TRITON_CACHE_DIR"] = str(Path(tmp) / "triton")
+            env["TORCH_EXTENSIONS_DIR"] = str(tmp / "extensions")
+            env["TRITON_CACHE_DIR"] = str(tmp / "triton")
         placement = sharing.describe_run(where, share_env)
         progress(f"{mode} {path.stem}: {len(plan.cases)} case(s), {placement}, backend {plan.backend}"
                  + ("" if plan.backend == "nccl" else " (CPU: timings are CPU timings)")

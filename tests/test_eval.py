@@ -272,3 +272,21 @@ def test_extra_stats_carry_quantiles_that_rows_read_back():
             "benchmark.0.p90": "3700", "benchmark.0.device_p90": "1200"}
     (row,) = rows_from_keys(keys, "benchmark")
     assert (row["p50_us"], row["p90_us"], row["device_p90_us"]) == (2.5, 3.7, 1.2)
+
+
+def test_a_killed_commands_temporary_folder_goes_with_the_next_sweep():
+    """SIGKILL runs no clean-up: the folder a killed command staged in stays until the next command's sweep, which
+    removes it because its maker is gone, and leaves a live maker's folder alone."""
+    import eval as core
+
+    maker = subprocess.Popen([sys.executable, "-c", "import time, eval\nwith eval.owned_tempdir('killed') as folder:\n"
+                              "    print(folder, flush=True)\n    time.sleep(600)\n"], cwd=ROOT,
+                             stdout=subprocess.PIPE, text=True)
+    left = Path(maker.stdout.readline().strip())
+    maker.kill()
+    maker.wait()
+    assert left.is_dir(), left
+    with core.owned_tempdir("alive") as alive:
+        core.sweep_orphans()
+        assert alive.is_dir()
+    assert not left.exists() and not alive.exists()

@@ -110,11 +110,15 @@ def hipify(source: Path) -> Path:
     return Path(entry.hipified_path) if entry is not None and entry.hipified_path else source
 
 
+_LIB_FOLDERS: list = []  # held for the life of the process (a TemporaryDirectory removes itself at exit)
+
+
 @functools.lru_cache(maxsize=None)
 def device_libs(target: str) -> Path:
     """A device-library folder for `target`: Debian's bitcode, plus oclc_isa_version_<n>.bc made from its constant
-    (Debian's 5.2 library predates gfx942 and gfx950)."""
-    folder = Path(tempfile.mkdtemp(prefix=f"a2a-{target}-libs-"))
+    (Debian's 5.2 library predates gfx942 and gfx950). Removed when this process ends."""
+    _LIB_FOLDERS.append(tempfile.TemporaryDirectory(prefix=f"a2a-{target}-libs-"))
+    folder = Path(_LIB_FOLDERS[-1].name)
     for bitcode in DEBIAN_DEVICE_LIBS.glob("*.bc"):
         (folder / bitcode.name).symlink_to(bitcode)
     (folder / "isa.ll").write_text(
