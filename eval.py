@@ -180,13 +180,23 @@ def _start_time(pid: int) -> Optional[str]:
         return None
 
 
+def _own_mark() -> str:
+    """`pid:start time` of this process: what names it as an owner after its pid is reused."""
+    return f"{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def _gone(pid, start: str) -> bool:
+    """Whether the process a mark names has ended (its pid is free, or another process's now)."""
+    return _start_time(int(pid)) != start
+
+
 def claim_run(inherit: bool = False) -> None:
     """First ends what earlier runs left behind (sweep_orphans), then marks this command as the owner of every
     process it will start. `inherit`: keep an owner already named (the protocol face under the human face, which
     ends it on its way out)."""
     sweep_orphans()
     if not (inherit and os.environ.get(RUN_OWNER)):
-        os.environ[RUN_OWNER] = f"{os.getpid()}:{_start_time(os.getpid())}"
+        os.environ[RUN_OWNER] = _own_mark()
 
 
 TEMP_OWNER_MARK = ".a2a-owner"  # in a folder of owned_tempdir: pid:start time of the process that made it
@@ -197,15 +207,14 @@ def owned_tempdir(what: str):
     """A temporary folder (a staged bundle, the clock's bundles) removed on the way out, or, when its process is
     killed before it can remove it, by the next command's sweep_orphans (it names its maker)."""
     with tempfile.TemporaryDirectory(prefix=f"a2a-{what}-") as tmp:
-        Path(tmp, TEMP_OWNER_MARK).write_text(f"{os.getpid()}:{_start_time(os.getpid())}")
+        Path(tmp, TEMP_OWNER_MARK).write_text(_own_mark())
         yield Path(tmp)
 
 
 def _remove_orphan_tempdirs() -> None:
     for folder in Path(tempfile.gettempdir()).glob("a2a-*"):
         with contextlib.suppress(OSError, ValueError):
-            pid, start = (folder / TEMP_OWNER_MARK).read_text().split(":")
-            if _start_time(int(pid)) != start:
+            if _gone(*(folder / TEMP_OWNER_MARK).read_text().split(":")):
                 shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -220,7 +229,7 @@ def sweep_orphans() -> list[int]:
     _remove_orphan_tempdirs()
     for pid, environ in other_processes():
         matched = re.search(rb"(?:^|\0)" + RUN_OWNER.encode() + rb"=(\d+):(\d+)", environ)
-        if not matched or _start_time(int(matched[1])) == matched[2].decode():
+        if not matched or not _gone(matched[1], matched[2].decode()):
             continue
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -269,6 +278,9 @@ RANK_UID_BASE, RANK_UID_SPAN = 60000, 5000
 SHARED_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
 # Extension and Triton caches the ranks can write as their uid, kept between runs (A2A_RANK_CACHE moves it).
 RANK_CACHE = Path(os.environ.get("A2A_RANK_CACHE", "/var/tmp/a2a-rank-cache"))
+# The caches a sandboxed rank uses unless its caller named its own (prepare_rank_cache makes them).
+RANK_CACHE_ENV = {"TORCH_EXTENSIONS_DIR": str(RANK_CACHE / "torch_extensions"),
+                  "TRITON_CACHE_DIR": str(RANK_CACHE / "triton")}
 # The namespace's guardian and its init. The guardian, a tiny process outside the namespace, forks the init into
 # it, says its pid, then waits for its owner's pipe to close (the owner is done, or was killed: SIGKILL included);
 # then it kills the init (the kernel ends everything in the namespace with it) and, unless the owner said "keep",
@@ -377,14 +389,14 @@ class Sandbox:
         self.guards.pid_namespace = self.guards.private_proc = True
         self.expose: tuple = ()
         prepare_rank_cache()
-        for name in ("TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR"):  # caches a caller named: the ranks must write them
+        for name in RANK_CACHE_ENV:  # caches a caller named: the ranks must write them
             if os.environ.get(name) and not rank_writable(Path(os.environ[name])):
                 self.guards.off.append(f"the ranks keep this user's uid: {name}={os.environ[name]} cannot be made "
                                        "writable for another uid")
                 return
         needed = [Path(sys.executable), Path(os.__file__).parent, HERE, Path.cwd(), RANK_CACHE, *map(Path, sys.path),
                   *map(Path, reach),
-                  *(Path(os.environ[n]) for n in ("TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR") if os.environ.get(n))]
+                  *(Path(os.environ[n]) for n in RANK_CACHE_ENV if os.environ.get(n))]
         pairs, unreachable = exposure([p for p in needed if str(p) and p.exists()])
         if unreachable:
             self.guards.off.append(f"the ranks keep this user's uid: {unreachable} is not readable by other users")
@@ -499,8 +511,7 @@ def prepare_rank_cache() -> dict:
             os.chmod(folder, 0o1777)
     with contextlib.suppress(OSError):
         os.chmod(RANK_CACHE, 0o755)
-    return {"TORCH_EXTENSIONS_DIR": str(RANK_CACHE / "torch_extensions"),
-            "TRITON_CACHE_DIR": str(RANK_CACHE / "triton")}
+    return dict(RANK_CACHE_ENV)
 
 
 UID_RECORDS = RANK_CACHE / "owners"  # uid -> the command that ran ranks as it, and since when (release_uid)
@@ -512,7 +523,7 @@ def _record_uid(uid: int, since_ns: int) -> None:
     UID_RECORDS.mkdir(parents=True, exist_ok=True)
     record = UID_RECORDS / str(uid)
     if not record.exists():
-        record.write_text(f"{os.getpid()}:{_start_time(os.getpid())}:{since_ns}")
+        record.write_text(f"{_own_mark()}:{since_ns}")
 
 
 def release_uid(uid: int) -> list[str]:
@@ -536,7 +547,7 @@ def _release_stale_uids() -> None:
     for record in UID_RECORDS.iterdir():
         with contextlib.suppress(OSError, ValueError, IndexError):
             pid, start, _ = record.read_text().split(":")
-            if _start_time(int(pid)) != start:
+            if _gone(pid, start):
                 release_uid(int(record.name))
 
 
@@ -621,8 +632,8 @@ def enter_rank_sandbox(sandbox: Optional[RankSandbox]) -> None:
         os.setuid(sandbox.uid)
         os.umask(0)
         os.environ.update(HOME=sandbox.home, USER=f"a2a-rank-{sandbox.uid}", LOGNAME=f"a2a-rank-{sandbox.uid}")
-        for name, folder in (("TORCH_EXTENSIONS_DIR", "torch_extensions"), ("TRITON_CACHE_DIR", "triton")):
-            os.environ.setdefault(name, str(RANK_CACHE / folder))
+        for name, folder in RANK_CACHE_ENV.items():
+            os.environ.setdefault(name, folder)
 
 
 # --------------------------------------------------------------------------------------------------------------

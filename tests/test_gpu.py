@@ -88,8 +88,9 @@ def gpu_per_rank(ranks: int, why: str):
     """Skips a test whose claim needs `ranks` GPUs, one per rank, saying why sharing one cannot make it."""
     return pytest.mark.skipif(gpu_count() < ranks, reason=f"needs {ranks} GPUs, one per rank ({why}); this machine "
                                                           f"has {gpu_count()}")
+VERSIONS = [p.stem.split("_")[0] for p in list_versions()]
 # Every version with its own device code (v2 on): the P2P line.
-P2P_VERSIONS = [p.stem.split("_")[0] for p in list_versions() if int(p.stem.split("_")[0][1:]) >= 2]
+P2P_VERSIONS = [version for version in VERSIONS if int(version[1:]) >= 2]
 # Whether dispatch-recv's expert-major rows already hold the expert's output (v2 scales them in place; from v3 the
 # expert is fused into combine-send and the layout keeps the dispatched input).
 EXPERT_IN_LAYOUT = {version: version == "v2" for version in P2P_VERSIONS}
@@ -180,7 +181,6 @@ def test_no_harness_path_sets_the_current_device(tmp_path):
     assert all("B/A" in row for row in rows), rows
 
 
-VERSIONS = [p.stem.split("_")[0] for p in list_versions()]
 # Every change runs every version's official tests, and every mode of the torch version and the newest; the runner's
 # timed modes of the versions between are `make test-gpu-full` (pytest -m full): each is about a minute and a half of
 # an H100 per version and face, most of the suite's time (WORKLOG, "make test-gpu in parts").
@@ -424,7 +424,7 @@ def test_survives_regrouping_with_gpus_reassigned(version, tmp_path):
     assert code == 0 and parse_popcorn(output).get("check") == "pass", output + stderr[-3000:]
 
 
-def _peer_never_comes(module, rank, spec):
+def _peer_never_comes(module, rank, world_size, spec):
     """Rank 1 skips a call: rank 0's call must give up after the spin timeout instead of hanging, and say what it
     waited for (its report thread prints to stderr, caught here)."""
     import io
@@ -433,7 +433,7 @@ def _peer_never_comes(module, rank, spec):
 
     from reference import generate_input
 
-    data = generate_input(**spec, rank=rank, world_size=2)
+    data = generate_input(**spec, rank=rank, world_size=world_size)
     module.custom_kernel(data)
     _sync(rank)
     dist.barrier()
@@ -463,13 +463,13 @@ def _phases_in_order(records, phases) -> bool:
     return all([phase for _, phase in sorted(seen)] == sorted(phase for _, phase in seen) for seen in by_warp.values())
 
 
-def _trace_build_matches(timed, rank, version, spec):
+def _trace_build_matches(timed, rank, world_size, version, spec):
     import torch
 
     from reference import generate_input
 
     traced = _load(version, f"{version}_traced", trace=True)
-    data = generate_input(**spec, rank=rank, world_size=2)
+    data = generate_input(**spec, rank=rank, world_size=world_size)
     expected = timed.custom_kernel(data).clone()
     outputs = [traced.custom_kernel(data) for _ in range(3)]
     traced.trace_take()
@@ -490,7 +490,8 @@ def _trace_then_give_up(rank, world_size, version):
     before the trace build (whose switch stays on in this process)."""
     os.environ["A2A_SPIN_TIMEOUT_S"] = str(SPIN_TIMEOUT_S)
     timed = _load(version, f"{version}_timed")
-    return _trace_build_matches(timed, rank, version, TRACE_SPEC), _peer_never_comes(timed, rank, GIVE_UP_SPEC)
+    return (_trace_build_matches(timed, rank, world_size, version, TRACE_SPEC),
+            _peer_never_comes(timed, rank, world_size, GIVE_UP_SPEC))
 
 
 @pytest.mark.parametrize("version", P2P_VERSIONS)
