@@ -54,18 +54,22 @@ def shared_folder(path: Path) -> Path:
     return path
 
 
+def reachable(folder: Path) -> Path:
+    """`folder` (one of pytest's temporary folders), writable by the ranks' uid, with every folder above it
+    searchable (pytest makes them private to this user)."""
+    shared_folder(folder)
+    base = folder.parent
+    while base != base.parent and base.name != "tmp":
+        if base.stat().st_uid == os.getuid():
+            base.chmod(base.stat().st_mode | 0o055)
+        base = base.parent
+    return folder
+
+
 @pytest.fixture(autouse=True)
 def _reachable_tmp_path(request):
-    """A test's tmp_path, writable by the ranks' uid, with every folder above it searchable (pytest makes them
-    private to this user)."""
     if "tmp_path" in request.fixturenames:
-        tmp_path = request.getfixturevalue("tmp_path")
-        shared_folder(tmp_path)
-        base = tmp_path.parent
-        while base != base.parent and base.name != "tmp":
-            if base.stat().st_uid == os.getuid():
-                base.chmod(base.stat().st_mode | 0o055)
-            base = base.parent
+        reachable(request.getfixturevalue("tmp_path"))
     yield
 
 

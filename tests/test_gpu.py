@@ -4,6 +4,7 @@ rank (a timing, a device that differs from the current one) skips with its reaso
 
 Every rank path here leaves the current device where the runner leaves it (cuda:0): the versions must take their
 device from their inputs, as on the leaderboard. Test helpers bind their own GPU work with eval.own_device."""
+import concurrent.futures
 import contextlib
 import os
 import signal
@@ -20,10 +21,12 @@ from a2a.harness import evaluate, render
 from a2a.plan import list_versions, load_version, make_plan, prebuild, resolve_version
 from a2a.rows import parse_popcorn
 from a2a.launch import parallel_launch
-from tests.conftest import (ROOT, gpu_count, hanging_human_face, hanging_submission, requires_gpu, run_bundle,
-                            run_eval, v1_kernel_source, wait_until_gone)
+from tests.conftest import (ROOT, gpu_count, hanging_human_face, hanging_submission, reachable, requires_gpu,
+                            run_bundle, run_eval, v1_kernel_source, wait_until_gone)
 
-pytestmark = [pytest.mark.gpu, requires_gpu]
+# One process runs this file (pytest-xdist's loadgroup keeps the group on one worker): its setup, the MPS daemon and
+# the side-by-side runs below are the module's own.
+pytestmark = [pytest.mark.gpu, requires_gpu, pytest.mark.xdist_group("gpu")]
 PROBLEM_WS = 8  # the problem's world size (every official case)
 
 
@@ -61,27 +64,74 @@ class _DaemonHold:
         self.stack.close()
 
 
+class _SideBySide:
+    """Runs that need no peer beyond their own ranks and no quiet GPU (the staged bundles at the largest world size
+    with a GPU per rank), started together when the module sets up and read by their tests later, while the runs
+    of 8 go on in the foreground. Runs on the runner's fixed port take turns on one thread; runs on a private port
+    each have their own. A test whose claim needs a quiet GPU (a timing, a process count) waits for all of them
+    first (fixture `quiet_gpu`)."""
+
+    def __init__(self):
+        self.fixed_port = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        self.private_port = concurrent.futures.ThreadPoolExecutor(max_workers=16)
+        self.runs: dict = {}
+
+    def start(self, key, fn, *args, private: bool) -> None:
+        self.runs[key] = (self.private_port if private else self.fixed_port).submit(fn, *args)
+
+    def result(self, key):
+        return self.runs[key].result(timeout=900)
+
+    def wait(self) -> None:
+        concurrent.futures.wait(list(self.runs.values()))
+
+    def close(self) -> None:
+        for pool in (self.fixed_port, self.private_port):
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
 @pytest.fixture(scope="module", autouse=True)
-def one_setup_for_every_test():
+def one_setup_for_every_test(request, tmp_path_factory):
     """What every test would otherwise set up again: one extension cache, the one the sandboxed ranks use, with
     every version's timed and trace builds made side by side first (a fresh machine built them one after another,
-    test by test, inside the tests); and one MPS daemon, with its SM probe, held for every in-process run of 8
-    ranks (each would start its own)."""
+    test by test, inside the tests); one MPS daemon, with its SM probe, held for every in-process run of 8 ranks
+    (each would start its own); and the selected staged-bundle runs started side by side."""
     failures = prebuild(list_versions())
     assert not failures, failures
     hold = _DaemonHold()
     hold.take()
-    yield hold
+    side = _SideBySide()
+    selected = {tuple(item.callspec.params.values()) for item in request.session.items
+                if item.originalname == "test_the_staged_bundle_passes_the_protocol_face_in_every_mode"}
+    for version, mode in sorted(selected):
+        private = version not in EVERY_MODE
+        side.start((version, mode), _run_staged, reachable(tmp_path_factory.mktemp(f"staged_{version}_{mode}")),
+                   version, mode, private, private=private)
+    yield hold, side
+    side.close()
     hold.release()
 
 
 @pytest.fixture
-def no_daemon_held(one_setup_for_every_test):
+def side_by_side(one_setup_for_every_test):
+    return one_setup_for_every_test[1]
+
+
+@pytest.fixture
+def quiet_gpu(one_setup_for_every_test):
+    """For a test whose claim needs the GPU to itself (a timing, the processes a run leaves): every side-by-side run
+    has ended."""
+    one_setup_for_every_test[1].wait()
+
+
+@pytest.fixture
+def no_daemon_held(one_setup_for_every_test, quiet_gpu):
     """For a test of a run's own MPS daemon: none of this module's is running while it runs (a second control
     daemon on the same GPU is not a case the runs are built for)."""
-    one_setup_for_every_test.release()
+    hold = one_setup_for_every_test[0]
+    hold.release()
     yield
-    one_setup_for_every_test.take()
+    hold.take()
 
 
 def gpu_per_rank(ranks: int, why: str):
@@ -168,6 +218,7 @@ def test_a_submission_on_the_current_device_fails_as_on_the_runner(tmp_path):
     assert "device mismatch: cuda:0 != cuda:1" in keys["test.0.error"], keys["test.0.error"]
 
 
+@gpu_per_rank(2, "on one GPU every rank's device is cuda:0, the current one, so setting it changes nothing")
 def test_no_harness_path_sets_the_current_device(tmp_path):
     from a2a import diffing, timeline
 
@@ -181,31 +232,27 @@ def test_no_harness_path_sets_the_current_device(tmp_path):
     assert all("B/A" in row for row in rows), rows
 
 
-# Every change runs every version's official tests, and every mode of the torch version and the newest; the runner's
-# timed modes of the versions between are `make test-gpu-full` (pytest -m full): each is about a minute and a half of
-# an H100 per version and face, most of the suite's time (WORKLOG, "make test-gpu in parts").
+# Every change runs every version's official tests through the protocol face, and every mode of the torch version
+# and the newest; the runner's timed modes of the versions between are `make test-gpu-full` (pytest -m full): each is
+# about a minute and a half of an H100 per version and face (WORKLOG, "make test-gpu in parts").
 EVERY_MODE = {VERSIONS[0], VERSIONS[-1]}
 
 
-def _by_mode(modes: tuple) -> list:
-    return [pytest.param(version, mode, marks=[] if mode == "test" or version in EVERY_MODE else [pytest.mark.full])
-            for version in VERSIONS for mode in modes]
+def _by_mode(modes: tuple, every_mode: set = EVERY_MODE, every_test: bool = True) -> list:
+    """(version, mode) for every version and mode: `full` unless the version runs in every mode, or the mode is
+    test and every version's tests run."""
+    return [pytest.param(version, mode, marks=[] if version in every_mode or (mode == "test" and every_test)
+                         else [pytest.mark.full]) for version in VERSIONS for mode in modes]
 
 
-@pytest.mark.parametrize("version, mode", _by_mode(("test", "benchmark", "leaderboard")))
-def test_the_staged_bundle_passes_the_protocol_face_in_every_mode(tmp_path, version, mode):
-    """Exactly what the runner runs, at the largest world size with a GPU per rank (one rank on one GPU: the
-    protocol face refuses more ranks than GPUs, as the runner does): a spawn pool of that many workers, each rank in
-    another process from case to case, the fixed port, no set_device; the official tests, or the benchmark shapes
-    timed (leaderboard mode: a fresh secret seed, a check of every run)."""
-    bundle = _staged(tmp_path, version)
+def _run_staged(folder: Path, version: str, mode: str, private: bool) -> tuple:
+    """One staged bundle run at the largest world size with a GPU per rank (test_the_staged_bundle_..., started
+    side by side when the module sets up): (exit code, POPCORN output, stderr)."""
+    bundle = _staged(folder, version)
     test_file = _official_cases(bundle, "tests" if mode == "test" else "benchmarks", largest())
     seed = {"POPCORN_SEED": str(int(time.time()) % 100_000)} if mode == "leaderboard" else {}
-    code, output, stderr = run_bundle(bundle, mode, test_file, _nccl(largest(), **seed))
-    keys = parse_popcorn(output)
-    assert code == 0 and keys.get("check") == "pass", (mode, output[-2000:], stderr[-3000:])
-    counted = int(keys["test-count" if mode == "test" else "benchmark-count"])
-    assert counted == (9 if mode == "test" else 5), keys
+    port = {"A2A_RENDEZVOUS": "private"} if private else {}
+    return run_bundle(bundle, mode, test_file, _nccl(largest(), **seed, **port))
 
 
 def test_the_protocol_face_refuses_more_ranks_than_gpus(tmp_path):
@@ -225,11 +272,13 @@ def _ran_where() -> str:
 
 
 @at_problem_size
-@pytest.mark.parametrize("version, mode", _by_mode(("test", "leaderboard")))
+@pytest.mark.parametrize("version, mode", _by_mode(("test", "leaderboard"), {VERSIONS[-1]}, every_test=False))
 def test_every_version_passes_at_the_problems_size(version, mode):
     """What `python eval.py test vN --world-size 8` or `... leaderboard vN --world-size 8 --seed S` runs: all 9
     official tests, or the five benchmark shapes with a fresh secret seed and every run checked, on 8 ranks
-    (sharing the GPUs where there are fewer than 8)."""
+    (sharing the GPUs where there are fewer than 8), a group per case as on the runner. The newest every time;
+    the others with `full` (each version's official tests at this size run every time in one group of 8,
+    test_every_version_passes_the_official_tests_in_one_group_of_8)."""
     section = "tests" if mode == "test" else "benchmarks"
     result = evaluate(make_plan(version, section, PROBLEM_WS, "nccl", seed=int(time.time()) % 100_000), mode,
                       **QUIET)
@@ -252,69 +301,8 @@ def test_a_cold_start_fits_the_first_test(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The harness on GPUs
-# --------------------------------------------------------------------------------------------------------------
-
-
-def test_benchmark_reports_device_time_and_floor():
-    (case,) = evaluate(make_plan("v1", "benchmarks:0", 2, "nccl"), "benchmark", **QUIET).cases
-    assert case["status"] == "pass"
-    assert 0 < case["device_mean_us"] < case["mean_us"] and 0 < case["floor_mean_us"] < case["mean_us"]
-
-
-def test_no_rendezvous_fails_on_gpus_while_ports_churn(process_token):
-    churn = subprocess.Popen([sys.executable, str(ROOT / "tests" / "port_churn.py"), "600"],
-                             env={**os.environ, "A2A_TEST_TOKEN": process_token})
-    try:
-        time.sleep(3)
-        for version in ("v1", "v2", "v1"):
-            result = evaluate(make_plan(version, "tests:0,1", 2, "nccl"), "test", **QUIET)
-            assert result.exit_code == 0 and [c["status"] for c in result.cases] == ["pass", "pass"], result.cases
-    finally:
-        churn.kill()
-        churn.wait()
-
-
-HANGS_ON_THE_GPU = hanging_submission(touch_the_gpu=True)
-
-
-def test_sigterm_ends_a_hanging_gpu_run(tmp_path, process_token, no_daemon_held):
-    """On one GPU the two ranks share it: the MPS daemon the run started must be gone too (it carries the token)."""
-    process = hanging_human_face(tmp_path, process_token, HANGS_ON_THE_GPU)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 128 + signal.SIGTERM, stderr
-    assert not wait_until_gone(process_token, 20), "processes left behind"
-
-
-@at_problem_size
-@pytest.mark.skipif(gpu_count() >= PROBLEM_WS, reason="with a GPU per rank nothing is shared and no MPS daemon runs")
-def test_a_killed_shared_run_leaves_no_mps_daemon(tmp_path, process_token, no_daemon_held):
-    """SIGKILL to the human face of 8 ranks sharing the GPUs: no `finally` runs, yet the ranks die with their
-    parents and the guardian stops the MPS daemon and its server and removes their folder."""
-    process = hanging_human_face(tmp_path, process_token, HANGS_ON_THE_GPU, world_size=PROBLEM_WS)
-    mps = [pid for pid in _processes_named("nvidia-cuda-mps")]
-    assert mps, "no MPS daemon ran for the shared ranks"
-    process.kill()
-    process.communicate(timeout=60)
-    assert not wait_until_gone(process_token, 30), "processes left behind"
-    assert not [pid for pid in _processes_named("nvidia-cuda-mps") if pid in mps], "the MPS daemon outlived the run"
-
-
-def _processes_named(prefix: str) -> list:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if Path(f"/proc/{entry}/comm").read_text().startswith(prefix):
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
-
-# --------------------------------------------------------------------------------------------------------------
-# P2P versions. Each rank loads the version file itself; load_inline finds the build or makes it (one rank builds).
+# Every version at the problem's size in one group of 8; regrouping; the staged bundles (side by side since setup).
+# Each rank loads the version file itself, from the builds the module's setup made.
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -369,23 +357,43 @@ DISPATCH_SPEC = dict(num_experts=64, experts_per_token=6, hidden_dim=2048, max_n
 PRESSURE_SPEC = dict(num_experts=256, experts_per_token=8, hidden_dim=7168, max_num_tokens=256, seed=4)
 
 
-def _dispatch_then_pressure(rank, world_size, version):
-    """One group of 8 for both checks of a version (a group's start is most of a small check's time); the small
-    shape first, then the largest, so the version also resizes its buffers between calls, as in the official runs."""
-    module = _load(version)
-    return (_dispatched_rows(module, rank, world_size, version, DISPATCH_SPEC),
-            _pressure(module, rank, world_size, PRESSURE_SPEC, 20))
+def _every_version_at_8(rank, world_size, official: list) -> dict:
+    """One group of 8 for every version (one NCCL setup and one MPS daemon: a group's start is most of a small
+    check's time): each version's official tests, then for the P2P ones the dispatch check on a small shape and the
+    pressure check on the largest, so each also resizes its buffers between calls, as in the official runs. A
+    version's failure is its own entry; a barrier brings every rank to the next version together."""
+    import torch.distributed as dist
+
+    from reference import check_implementation, generate_input
+
+    found = {}
+    for version in VERSIONS:
+        dist.barrier()
+        entry = found[version] = {"official": None, "dispatch": None, "pressure": None, "error": None}
+        try:
+            module = _load(version)
+            entry["official"] = []
+            for args in official:
+                data = generate_input(**args, rank=rank)
+                ok, message = check_implementation(data, module.custom_kernel(data))
+                entry["official"].append("" if ok else f"seed {args['seed']}: {message}")
+            if version in P2P_VERSIONS:
+                entry["dispatch"] = _dispatched_rows(module, rank, world_size, version, DISPATCH_SPEC)
+                entry["pressure"] = _pressure(module, rank, world_size, PRESSURE_SPEC, 20)
+        except Exception as failed:  # this version's failure; the next ones still run
+            entry["error"] = f"rank {rank}: {type(failed).__name__}: {failed}"
+    return found
 
 
-_LAUNCHED: dict = {}  # (rank function, world size, version) -> its per-rank results, or the launch's error
+_LAUNCHED: dict = {}  # (rank function, world size) -> its per-rank results, or the launch's error
 
 
-def _launched_once(fn, world_size: int, version: str) -> list:
-    """fn's launch for `version`, run once for the tests that read its results; each of them reports its error."""
-    key = (fn.__name__, world_size, version)
+def _launched_once(fn, world_size: int, *args) -> list:
+    """fn's launch, run once for the tests that read its results; each of them reports its error."""
+    key = (fn.__name__, world_size)
     if key not in _LAUNCHED:
         try:
-            _LAUNCHED[key] = parallel_launch(world_size, fn, version, backend="nccl", timeout_s=300)
+            _LAUNCHED[key] = parallel_launch(world_size, fn, *args, backend="nccl", timeout_s=600)
         except Exception as failed:
             _LAUNCHED[key] = failed
     if isinstance(_LAUNCHED[key], Exception):
@@ -393,10 +401,28 @@ def _launched_once(fn, world_size: int, version: str) -> list:
     return _LAUNCHED[key]
 
 
+def _at_8(version: str) -> list:
+    """Every rank's entry for `version` from the one group of 8 (its error, if any, fails the test reading it)."""
+    official = [dict(case.args) for case in make_plan("v1", "tests", PROBLEM_WS, "nccl").cases]
+    entries = [found[version] for found in _launched_once(_every_version_at_8, PROBLEM_WS, official)]
+    errors = [entry["error"] for entry in entries if entry["error"]]
+    assert not errors, errors
+    return entries
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@at_problem_size
+def test_every_version_passes_the_official_tests_in_one_group_of_8(version):
+    """All 9 official tests at the problem's size for every version, in one group of 8 ranks that runs them all
+    (the runner's own path, a group per case, is test_every_version_passes_at_the_problems_size)."""
+    failed = [message for entry in _at_8(version) for message in entry["official"] if message]
+    assert not failed and all(len(entry["official"]) == 9 for entry in _at_8(version)), failed
+
+
 @pytest.mark.parametrize("version", P2P_VERSIONS)
 @at_problem_size
 def test_dispatch_delivers_each_pair_once_to_the_right_expert(version):
-    dispatched = [dispatch for dispatch, _ in _launched_once(_dispatch_then_pressure, PROBLEM_WS, version)]
+    dispatched = [entry["dispatch"] for entry in _at_8(version)]
     assert all(ok for ok, _ in dispatched), dispatched
     assert sum(n for _, n in dispatched) > 0
 
@@ -404,24 +430,110 @@ def test_dispatch_delivers_each_pair_once_to_the_right_expert(version):
 @pytest.mark.parametrize("version", P2P_VERSIONS)
 @at_problem_size
 def test_pressure_same_seed_bit_identical_then_fresh_seeds(version):
-    pressured = [pressure for _, pressure in _launched_once(_dispatch_then_pressure, PROBLEM_WS, version)]
+    pressured = [entry["pressure"] for entry in _at_8(version)]
     assert all(identical for identical, _ in pressured), "same input gave different outputs"
     assert all(not failures for _, failures in pressured), pressured
 
 
 @at_problem_size
-@pytest.mark.parametrize("version", P2P_VERSIONS)
+@pytest.mark.parametrize("version", [pytest.param(version, marks=[] if version == P2P_VERSIONS[-1] else
+                                                  [pytest.mark.full]) for version in P2P_VERSIONS])
 def test_survives_regrouping_with_gpus_reassigned(version, tmp_path):
     """One pool of 8, groups of changing size in a row: each worker gets another rank (GPU) from case to case. Where
-    the 8 ranks share the GPUs, the bundle gets the human face's sharing (A2A_SHARE and the MPS daemon)."""
+    the 8 ranks share the GPUs, the bundle gets the human face's sharing (A2A_SHARE and the MPS daemon). A private
+    port: the staged runs on the fixed one may be going on side by side. The newest every time, the others with
+    `full`."""
     bundle = _staged(tmp_path, version)
     sizes = [PROBLEM_WS, 2, PROBLEM_WS, 2, 2]
     lines = [f"num_experts: 64; experts_per_token: 6; hidden_dim: 2048; max_num_tokens: 32; seed: {i}; "
              f"world_size: {ws}" for i, ws in enumerate(sizes)]
     (bundle / "mixed.txt").write_text("\n".join(lines) + "\n")
     with sharing.shared_ranks(sharing.placement(PROBLEM_WS, gpu_count(), "nccl")) as share_env:
-        code, output, stderr = run_bundle(bundle, "test", "mixed.txt", _nccl(PROBLEM_WS, **share_env))
+        code, output, stderr = run_bundle(bundle, "test", "mixed.txt",
+                                          _nccl(PROBLEM_WS, A2A_RENDEZVOUS="private", **share_env))
     assert code == 0 and parse_popcorn(output).get("check") == "pass", output + stderr[-3000:]
+
+
+@pytest.mark.parametrize("version, mode", _by_mode(("test", "benchmark", "leaderboard")))
+def test_the_staged_bundle_passes_the_protocol_face_in_every_mode(side_by_side, version, mode):
+    """Exactly what the runner runs, at the largest world size with a GPU per rank (one rank on one GPU: the
+    protocol face refuses more ranks than GPUs, as the runner does): a spawn pool of that many workers, each rank in
+    another process from case to case, no set_device; the official tests, or the benchmark shapes timed
+    (leaderboard mode: a fresh secret seed, a check of every run). The torch version and the newest run on the
+    runner's fixed port, one after another; the versions between on private ports, side by side (the module starts
+    every selected run when it sets up)."""
+    code, output, stderr = side_by_side.result((version, mode))
+    keys = parse_popcorn(output)
+    assert code == 0 and keys.get("check") == "pass", (mode, output[-2000:], stderr[-3000:])
+    counted = int(keys["test-count" if mode == "test" else "benchmark-count"])
+    assert counted == (9 if mode == "test" else 5), keys
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The harness on GPUs
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_benchmark_reports_device_time_and_floor():
+    (case,) = evaluate(make_plan("v1", "benchmarks:0", 2, "nccl"), "benchmark", **QUIET).cases
+    assert case["status"] == "pass"
+    assert 0 < case["device_mean_us"] < case["mean_us"] and 0 < case["floor_mean_us"] < case["mean_us"]
+
+
+def test_no_rendezvous_fails_on_gpus_while_ports_churn(process_token, quiet_gpu):
+    churn = subprocess.Popen([sys.executable, str(ROOT / "tests" / "port_churn.py"), "600"],
+                             env={**os.environ, "A2A_TEST_TOKEN": process_token})
+    try:
+        time.sleep(3)
+        for version in ("v1", "v2", "v1"):
+            result = evaluate(make_plan(version, "tests:0,1", 2, "nccl"), "test", **QUIET)
+            assert result.exit_code == 0 and [c["status"] for c in result.cases] == ["pass", "pass"], result.cases
+    finally:
+        churn.kill()
+        churn.wait()
+
+
+HANGS_ON_THE_GPU = hanging_submission(touch_the_gpu=True)
+
+
+def test_sigterm_ends_a_hanging_gpu_run(tmp_path, process_token, no_daemon_held):
+    """On one GPU the two ranks share it: the MPS daemon the run started must be gone too (it carries the token)."""
+    process = hanging_human_face(tmp_path, process_token, HANGS_ON_THE_GPU)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert not wait_until_gone(process_token, 20), "processes left behind"
+
+
+@at_problem_size
+@pytest.mark.skipif(gpu_count() >= PROBLEM_WS, reason="with a GPU per rank nothing is shared and no MPS daemon runs")
+def test_a_killed_shared_run_leaves_no_mps_daemon(tmp_path, process_token, no_daemon_held):
+    """SIGKILL to the human face of 8 ranks sharing the GPUs: no `finally` runs, yet the ranks die with their
+    parents and the guardian stops the MPS daemon and its server and removes their folder."""
+    process = hanging_human_face(tmp_path, process_token, HANGS_ON_THE_GPU, world_size=PROBLEM_WS)
+    mps = [pid for pid in _processes_named("nvidia-cuda-mps")]
+    assert mps, "no MPS daemon ran for the shared ranks"
+    process.kill()
+    process.communicate(timeout=60)
+    assert not wait_until_gone(process_token, 30), "processes left behind"
+    assert not [pid for pid in _processes_named("nvidia-cuda-mps") if pid in mps], "the MPS daemon outlived the run"
+
+
+def _processes_named(prefix: str) -> list:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if Path(f"/proc/{entry}/comm").read_text().startswith(prefix):
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+# --------------------------------------------------------------------------------------------------------------
+# P2P versions in one group of 2: the trace build and the spin-wait's give-up
+# --------------------------------------------------------------------------------------------------------------
 
 
 def _peer_never_comes(module, rank, world_size, spec):
@@ -445,8 +557,9 @@ def _peer_never_comes(module, rank, world_size, spec):
             _sync(rank)
             elapsed = time.monotonic() - started
             time.sleep(0.5)  # the report thread polls every 20 ms
+        dist.barrier()
         return elapsed, said.getvalue()
-    time.sleep(SPIN_TIMEOUT_S + 3)
+    dist.barrier()  # held here until rank 0 has given up: no call of rank 1's can answer rank 0's
     return 0.0, ""
 
 
@@ -484,20 +597,45 @@ TRACE_SPEC = dict(num_experts=256, experts_per_token=8, hidden_dim=7168, max_num
 GIVE_UP_SPEC = dict(num_experts=8, experts_per_token=2, hidden_dim=256, max_num_tokens=8, seed=3)
 
 
-def _trace_then_give_up(rank, world_size, version):
-    """One group of 2 for a version's trace build and its give-up (the give-up last: it leaves the call unfinished).
-    The spin timeout is read at import, so it is set before the first instance loads; the timed instance loads
-    before the trace build (whose switch stays on in this process)."""
+def _every_trace_then_give_up(rank, world_size) -> dict:
+    """One group of 2 for every P2P version's trace build and then its give-up (the give-up last: it leaves that
+    version's call unfinished). The spin timeout is read at import, so it is set before the first instance loads;
+    every timed instance loads before the first trace build (whose switch stays on in this process). A version's
+    failure is its own entry; a barrier brings both ranks to the next version together."""
+    import torch.distributed as dist
+
     os.environ["A2A_SPIN_TIMEOUT_S"] = str(SPIN_TIMEOUT_S)
-    timed = _load(version, f"{version}_timed")
-    return (_trace_build_matches(timed, rank, world_size, version, TRACE_SPEC),
-            _peer_never_comes(timed, rank, world_size, GIVE_UP_SPEC))
+    found = {version: {"trace": None, "give_up": None, "error": None} for version in P2P_VERSIONS}
+    timed = {}
+    for version in P2P_VERSIONS:
+        try:
+            timed[version] = _load(version, f"{version}_timed")
+        except Exception as failed:
+            found[version]["error"] = f"rank {rank}: {type(failed).__name__}: {failed}"
+    for version in P2P_VERSIONS:
+        dist.barrier()
+        if version not in timed:
+            continue
+        try:
+            found[version]["trace"] = _trace_build_matches(timed[version], rank, world_size, version, TRACE_SPEC)
+            found[version]["give_up"] = _peer_never_comes(timed[version], rank, world_size, GIVE_UP_SPEC)
+        except Exception as failed:  # this version's failure; the next ones still run
+            found[version]["error"] = f"rank {rank}: {type(failed).__name__}: {failed}"
+    return found
+
+
+def _at_2(version: str) -> list:
+    """Both ranks' entries for `version` from the one group of 2 (its error, if any, fails the test reading it)."""
+    entries = [found[version] for found in _launched_once(_every_trace_then_give_up, 2)]
+    errors = [entry["error"] for entry in entries if entry["error"]]
+    assert not errors, errors
+    return entries
 
 
 @pytest.mark.parametrize("version", P2P_VERSIONS)
 def test_spin_wait_gives_up_and_says_what_it_waited_for(version):
     """Rank 0's kernels give up after the 2 s spin timeout instead of hanging, and rank 0 says what it waited for."""
-    (_, (elapsed, said)), _ = _launched_once(_trace_then_give_up, 2, version)
+    elapsed, said = _at_2(version)[0]["give_up"]
     assert SPIN_TIMEOUT_S <= elapsed < SPIN_TIMEOUT_S + 3, elapsed
     assert (f"[a2a {version}] rank 0: gave up after {SPIN_TIMEOUT_S * 1000} ms waiting for the row count from "
             "rank 1") in said, said
@@ -505,7 +643,7 @@ def test_spin_wait_gives_up_and_says_what_it_waited_for(version):
 
 @pytest.mark.parametrize("version", P2P_VERSIONS)
 def test_trace_build_is_bit_identical_and_names_its_phases_in_order(version):
-    traced = [trace for trace, _ in _launched_once(_trace_then_give_up, 2, version)]
+    traced = [entry["trace"] for entry in _at_2(version)]
     module_phases = _load_phases(version)
     assert all(same for same, _, _ in traced)
     assert all(set(named) == set(module_phases) for _, named, _ in traced), traced
