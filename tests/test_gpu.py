@@ -238,11 +238,9 @@ def test_no_harness_path_sets_the_current_device(tmp_path):
 EVERY_MODE = {VERSIONS[0], VERSIONS[-1]}
 
 
-def _by_mode(modes: tuple, every_mode: set = EVERY_MODE, every_test: bool = True) -> list:
-    """(version, mode) for every version and mode: `full` unless the version runs in every mode, or the mode is
-    test and every version's tests run."""
-    return [pytest.param(version, mode, marks=[] if version in every_mode or (mode == "test" and every_test)
-                         else [pytest.mark.full]) for version in VERSIONS for mode in modes]
+def _by_mode(modes: tuple) -> list:
+    return [pytest.param(version, mode, marks=[] if mode == "test" or version in EVERY_MODE else [pytest.mark.full])
+            for version in VERSIONS for mode in modes]
 
 
 def _run_staged(folder: Path, version: str, mode: str, private: bool) -> tuple:
@@ -271,22 +269,28 @@ def _ran_where() -> str:
     return "shared through MPS" if gpu_count() < PROBLEM_WS else "one each"
 
 
+# The runner's own path at the problem's size: the newest's official tests, and its leaderboard mode on the largest
+# benchmark shape, every time; every version's official tests and all five shapes with `full`.
+AT_8_BY_THE_RUNNER = [pytest.param(version, mode, cases, marks=[] if (version, cases) in
+                                   ((VERSIONS[-1], "tests"), (VERSIONS[-1], "benchmarks:4")) else [pytest.mark.full])
+                      for version in VERSIONS for mode, cases in (("test", "tests"), ("leaderboard", "benchmarks"))]
+AT_8_BY_THE_RUNNER.append(pytest.param(VERSIONS[-1], "leaderboard", "benchmarks:4"))
+
+
 @at_problem_size
-@pytest.mark.parametrize("version, mode", _by_mode(("test", "leaderboard"), {VERSIONS[-1]}, every_test=False))
-def test_every_version_passes_at_the_problems_size(version, mode):
-    """What `python eval.py test vN --world-size 8` or `... leaderboard vN --world-size 8 --seed S` runs: all 9
-    official tests, or the five benchmark shapes with a fresh secret seed and every run checked, on 8 ranks
-    (sharing the GPUs where there are fewer than 8), a group per case as on the runner. The newest every time;
-    the others with `full` (each version's official tests at this size run every time in one group of 8,
-    test_every_version_passes_the_official_tests_in_one_group_of_8)."""
-    section = "tests" if mode == "test" else "benchmarks"
-    result = evaluate(make_plan(version, section, PROBLEM_WS, "nccl", seed=int(time.time()) % 100_000), mode,
-                      **QUIET)
+@pytest.mark.parametrize("version, mode, cases", AT_8_BY_THE_RUNNER)
+def test_every_version_passes_at_the_problems_size(version, mode, cases):
+    """What `python eval.py test vN --world-size 8` or `... leaderboard vN --world-size 8 --seed S` runs: the
+    official tests, or benchmark shapes with a fresh secret seed and every run checked, on 8 ranks (sharing the GPUs
+    where there are fewer than 8), a group per case as on the runner (each version's official tests at this size
+    also run every time in one group of 8, test_every_version_passes_the_official_tests_in_one_group_of_8)."""
+    plan = make_plan(version, cases, PROBLEM_WS, "nccl", seed=int(time.time()) % 100_000)
+    result = evaluate(plan, mode, **QUIET)
     print(render(result))  # for `pytest -rP`: what each version did at the problem's size
     assert result.exit_code == 0, (mode, [case["error"] for case in result.cases], result.void)
     assert result.placement.startswith(f"{PROBLEM_WS} ranks on {min(gpu_count(), PROBLEM_WS)} GPU"), result.placement
     assert _ran_where() in result.placement, result.placement
-    assert [case["status"] for case in result.cases] == ["pass"] * (9 if mode == "test" else 5), result.cases
+    assert [case["status"] for case in result.cases] == ["pass"] * len(plan.cases), result.cases
 
 
 @at_problem_size
@@ -369,6 +373,7 @@ def _every_version_at_8(rank, world_size, official: list) -> dict:
     found = {}
     for version in VERSIONS:
         dist.barrier()
+        started = time.monotonic()
         entry = found[version] = {"official": None, "dispatch": None, "pressure": None, "error": None}
         try:
             module = _load(version)
@@ -382,6 +387,7 @@ def _every_version_at_8(rank, world_size, official: list) -> dict:
                 entry["pressure"] = _pressure(module, rank, world_size, PRESSURE_SPEC, 20)
         except Exception as failed:  # this version's failure; the next ones still run
             entry["error"] = f"rank {rank}: {type(failed).__name__}: {failed}"
+        entry["seconds"] = time.monotonic() - started
     return found
 
 
@@ -415,8 +421,10 @@ def _at_8(version: str) -> list:
 def test_every_version_passes_the_official_tests_in_one_group_of_8(version):
     """All 9 official tests at the problem's size for every version, in one group of 8 ranks that runs them all
     (the runner's own path, a group per case, is test_every_version_passes_at_the_problems_size)."""
-    failed = [message for entry in _at_8(version) for message in entry["official"] if message]
-    assert not failed and all(len(entry["official"]) == 9 for entry in _at_8(version)), failed
+    entries = _at_8(version)
+    print(f"{version} in the group of 8: {max(entry['seconds'] for entry in entries):.1f} s")  # for `pytest -rP`
+    failed = [message for entry in entries for message in entry["official"] if message]
+    assert not failed and all(len(entry["official"]) == 9 for entry in entries), failed
 
 
 @pytest.mark.parametrize("version", P2P_VERSIONS)
@@ -733,8 +741,9 @@ def test_the_floors_time_a_case_at_one_rank_and_at_the_problems_size():
 
 def test_the_clock_does_not_depend_on_the_entries_order():
     """A,B against B,A (issue #37): each entry's held device time and call time in one order lies within its
-    interval in the other."""
-    runs = [_clock(["v7", "v8"], "benchmarks:0,4", 1, 6, order=order) for order in (("v7", "v8"), ("v8", "v7"))]
+    interval in the other (on the smallest shape, where a call is mostly its fixed cost and an order's warm-up
+    would show most)."""
+    runs = [_clock(["v7", "v8"], "benchmarks:0", 1, 6, order=order) for order in (("v7", "v8"), ("v8", "v7"))]
     for run in runs:
         assert not run.failed and not run.throttled, (run.failed, run.throttled)
     for name in ("v7", "v8"):

@@ -52,10 +52,9 @@ build() {  # load_inline extensions, timed and trace builds, in parallel (a2a.pl
   $py - "${1:-}" <<'PY'
 import sys
 from pathlib import Path
-from a2a import plan, probes
+from a2a import plan
 versions = [Path(f).resolve() for f in sys.argv[1].split(",") if f] or plan.list_versions()
 failures = plan.prebuild(versions)
-probes.extension()
 print("\n".join(failures) or "built every extension")
 sys.exit(1 if failures else 0)
 PY
