@@ -1,14 +1,14 @@
 # Two commands do everything: `make leaderboard` (the main job) and `make test`. Both set themselves up.
 # Every command runs through `python -m a2a.cli NAME` (a2a/cli.py, COMMANDS: the one list, tools/gpu_session.sh's too).
-# Where python3 already has torch, pandas, tabulate, yaml, scipy, matplotlib and pytest (the GPU machines), it is used
-# as is; otherwise a .venv is made with the CPU build of torch (CI and fresh machines).
+# Where python3 already has torch, pandas, tabulate, yaml, scipy, matplotlib, pytest and pytest-xdist (the GPU
+# machines), it is used as is; otherwise a .venv is made with the CPU build of torch (CI and fresh machines).
 SHELL := /bin/bash
-HAVE_DEPS := $(shell python3 -c 'import torch, triton, pandas, tabulate, yaml, scipy, matplotlib, pytest' >/dev/null 2>&1 && echo yes)
+HAVE_DEPS := $(shell python3 -c 'import torch, triton, pandas, tabulate, yaml, scipy, matplotlib, pytest, xdist' >/dev/null 2>&1 && echo yes)
 PYTHON := $(if $(HAVE_DEPS),python3,.venv/bin/python)
 # Triton's wheel carries its own compilers for NVIDIA and AMD (make check-device compiles v7 on with them, no GPU);
 # 3.6.0 is what the H200 machines run. The ziglang wheel carries clang 20, the first with gfx950 (MI355X), for the
 # C++ versions' gfx950 code objects (Debian bookworm stops at clang-19).
-CPU_DEPS := torch==2.13.0 triton==3.6.0 ziglang==0.15.1 numpy pandas tabulate pyyaml pytest matplotlib scipy
+CPU_DEPS := torch==2.13.0 triton==3.6.0 ziglang==0.15.1 numpy pandas tabulate pyyaml pytest pytest-xdist matplotlib scipy
 # The newest version by default (and, for diff, the one before it).
 VERSIONS := $(basename $(notdir $(shell ls submissions/all2all/v*.py | sort -V)))
 V ?= $(lastword $(VERSIONS))
@@ -21,7 +21,7 @@ CASE ?= benchmarks:0
 setup:
 ifeq ($(HAVE_DEPS),)
 	@test -x .venv/bin/python || python3 -m venv .venv
-	@.venv/bin/python -c 'import torch, triton, ziglang, pandas, tabulate, yaml, scipy, matplotlib, pytest' 2>/dev/null || \
+	@.venv/bin/python -c 'import torch, triton, ziglang, pandas, tabulate, yaml, scipy, matplotlib, pytest, xdist' 2>/dev/null || \
 		.venv/bin/python -m pip install --quiet --disable-pip-version-check $(CPU_DEPS)
 endif
 
@@ -32,8 +32,13 @@ check-device: setup
 	$(PYTHON) -m a2a.cli check-device
 
 # The suite holds the whole device-code check too (tests/test_check_device.py runs make check-device's tool).
+# TEST_WORKERS=N runs its tests in N processes side by side (pytest-xdist; a module marked xdist_group runs in one of
+# them: the GPU tests, one process holding the GPUs; a test marked `alone` runs while no other does). The default, 0,
+# runs them in this process: on 2 cores two workers took 16.6-16.9 min against 23.8 for one (without the device
+# check), and a timing test failed under the contention (tests/test_clock.py, the stopping rule): CI runs one.
+TEST_WORKERS ?= 0
 test: setup
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 # The GPU tests alone (world size 8 on whatever GPUs there are; ranks share them where there are fewer than 8, with an
 # NCCL for sharing obtained once, as make leaderboard does). Without a GPU every one skips, saying why. test-gpu leaves

@@ -17,6 +17,7 @@ floor, import time), A2A_RANK_PREFIX, A2A_TIMEOUT, A2A_RENDEZVOUS=private (ranks
 a port the OS gave it, instead of the runner's fixed port), A2A_SHARE=mps (more ranks than GPUs: rank r on
 cuda:(r mod GPUs), sharing through the MPS daemon the human face holds; a2a/sharing.py) with A2A_NCCL_VERSION (the
 NCCL every rank must have loaded). Without A2A_SHARE a bundle refuses more ranks than GPUs, as the runner does.
+A2A_MASTER_PORT moves the fixed port (parallel test workers); the runner never sets it.
 
 Also the library the human face and the tools build on: `__all__` below, exactly the names they use
 (tests/test_layers.py holds it to them). Its heart is the rank API: RankPool, rank_device, own_device, clone_data,
@@ -72,6 +73,9 @@ OFFICIAL_TIMEOUT_S = {"test": 60, "benchmark": 180, "leaderboard": 180, "profile
 # After one rank of a case has failed, how long the others get to return before the watchdog kills them.
 FAILED_PEER_GRACE_S = 10.0
 DEFAULT_MASTER_PORT = 12356  # the runner's fixed rendezvous port
+# Moves the protocol face's fixed port (never set by the runner): runs side by side on one machine, such as the test
+# suite's parallel workers, each on a port of its own.
+MASTER_PORT_ENV = "A2A_MASTER_PORT"
 MPS_DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # where MPS clients look when CUDA_MPS_PIPE_DIRECTORY is unset
 MAX_REPEATS = 100
 LEADERBOARD_SEED_STEP = 13  # the runner's step between leaderboard mode's seeds (the judge draws its own)
@@ -343,6 +347,14 @@ class Guards:
         return "guards off: " + "; ".join(self.off)
 
 
+def _ended(pid: int) -> bool:
+    """Whether `pid` has exited: gone, or a zombie its parent has not reaped."""
+    try:
+        return process_stat(pid)[0] == "Z"
+    except OSError:
+        return True
+
+
 def _ns_inode(pid: int) -> Optional[int]:
     try:
         return os.stat(f"/proc/{pid}/ns/pid").st_ino
@@ -424,11 +436,13 @@ class Sandbox:
             libc.setns(self._own, CLONE_NEWPID)
 
     def members(self) -> list[int]:
-        """Every process in the ranks' namespace but its init (pids as this process sees them)."""
+        """Every process in the ranks' namespace but its init and the ended ones (pids as this process sees them). A
+        zombie, a rank's child that the rank never reaps, has already released all it held (the rendezvous port
+        too): waiting for it to go would wait out every deadline below."""
         if self.inode is None:
             return []
         return [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != self.init_pid
-                and _ns_inode(int(e)) == self.inode]
+                and _ns_inode(int(e)) == self.inode and not _ended(int(e))]
 
     def sweep(self, keep: set) -> list[int]:
         """SIGKILLs what the submission started in the namespace (everything but `keep`, the live workers): between
@@ -2473,8 +2487,8 @@ def _sharing_asked() -> bool:
 
 
 def _port_free(port: int) -> None:
-    """The runner's fixed rendezvous port must be free before any rank binds it: another evaluator holding it
-    would make every case fail at its rendezvous."""
+    """The fixed rendezvous port must be free before any rank binds it: another evaluator holding it would make
+    every case fail at its rendezvous."""
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -2482,8 +2496,20 @@ def _port_free(port: int) -> None:
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:
-            raise UserError(f"port {port}, the runner's rendezvous port, is in use (another evaluator on this "
-                            "machine?); wait for it to finish") from None
+            named = "the runner's rendezvous port" if port == DEFAULT_MASTER_PORT else \
+                f"the rendezvous port {MASTER_PORT_ENV} names"
+            raise UserError(f"port {port}, {named}, is in use (another evaluator on this machine?); wait for it to "
+                            "finish") from None
+
+
+def _master_port() -> int:
+    """The fixed rendezvous port: the runner's, or A2A_MASTER_PORT's."""
+    text = os.environ.get(MASTER_PORT_ENV)
+    if text is None:
+        return DEFAULT_MASTER_PORT
+    if not re.fullmatch(r"[0-9]{1,5}", text.strip()) or not 1 <= int(text) <= 65535:
+        raise UserError(f"{MASTER_PORT_ENV} must be a port number from 1 to 65535, not '{text[:40]}'")
+    return int(text)
 
 
 def protocol_main() -> int:
@@ -2494,6 +2520,7 @@ def protocol_main() -> int:
     mode, test_file = sys.argv[1], sys.argv[2]
     try:
         fd, seed, n_gpus = _environment()
+        master_port = _master_port()
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -2513,10 +2540,10 @@ def protocol_main() -> int:
         validate_cases(tests, n_gpus, backend, torch.cuda.device_count(), shared=_sharing_asked())
         timeout = os.environ.get("A2A_TIMEOUT")
         if os.environ.get("A2A_RENDEZVOUS") != "private":
-            _port_free(DEFAULT_MASTER_PORT)
+            _port_free(master_port)
         with PopcornOutput(fd) as logger:
             pool = RankPool(n_gpus, backend, None if os.environ.get("A2A_RENDEZVOUS") == "private"
-                            else DEFAULT_MASTER_PORT, bool(os.environ.get("A2A_RANK_PREFIX")))
+                            else master_port, bool(os.environ.get("A2A_RANK_PREFIX")))
             run = ProtocolRun(logger, pool, backend, bool(os.environ.get("A2A_EXTRA")),
                               float(timeout) if timeout else None)
             if run.extra:

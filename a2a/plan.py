@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.metadata
 import importlib.util
 import os
 import platform
@@ -55,7 +56,18 @@ def commit() -> str:
         return "unknown"
 
 
+def _torch_build_without_gpus() -> bool:
+    """Whether the installed torch is a CPU build (its version's local label, `+cpu`), told from its metadata
+    without importing it (seconds on a CPU, for a command that may need torch for nothing else)."""
+    try:
+        return importlib.metadata.version("torch").endswith("+cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
 def machine_gpus() -> int:
+    if _torch_build_without_gpus():
+        return 0
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -64,10 +76,12 @@ def machine_gpus() -> int:
 def run_meta(backend: str, world_size: int, mode: str, where: Optional[sharing.Placement] = None) -> dict:
     """What every saved result carries: device, world size, where the ranks ran (`placement`: one GPU each, or
     shared through MPS; `ranks`: ws8, ws8-on-1gpu), backend, mode, date, commit."""
-    import torch
+    if backend == "nccl":
+        import torch
 
-    device = torch.cuda.get_device_name(0) if backend == "nccl" else \
-        f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+        device = torch.cuda.get_device_name(0)
+    else:
+        device = f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
     where = where or sharing.placement(world_size, machine_gpus() if backend == "nccl" else 0, backend)
     return {"device": device, "world_size": world_size, "placement": where.describe(), "shared_gpus": where.shared,
             "ranks": where.slug(), "backend": backend, "mode": mode, "date": datetime.date.today().isoformat(),
@@ -327,20 +341,23 @@ def make_plan(versions, selector: str = "tests", world_size: Optional[int] = Non
     if distinct and len(set(paths)) < len(paths):
         twice = sorted({p.stem for p in paths if paths.count(p) > 1})
         raise UserError(f"{', '.join(twice)} named more than once (by name or path): each version runs once")
-    gpus = machine_gpus()
     if backend not in (None, "nccl", "gloo"):
         raise UserError(f"--backend {backend}: expected nccl or gloo")
-    backend = backend or ("nccl" if gpus else "gloo")
-    if backend == "nccl" and not gpus:
-        raise UserError("--backend nccl needs GPUs and this machine has none; use --backend gloo")
-    world_size = world_size if world_size is not None else (min(gpus, 8) if backend == "nccl" else 2)
-    if world_size < 1:
+    if world_size is not None and world_size < 1:
         raise UserError(f"--world-size must be at least 1, not {world_size}")
     if timeout_s is not None and not timeout_s >= MIN_TIMEOUT_S:
         raise UserError(f"--timeout must be at least {MIN_TIMEOUT_S:g} s (a case's group setup alone takes about "
                         f"that), not {timeout_s:g}")
     if seed is not None and not 0 <= seed <= core.SEED_MAX:
         raise UserError(f"--seed must be from 0 to {core.SEED_MAX}, not {seed}")
+    task = load_task(task_path)
+    selected = select_cases(task, selector)
+    # Counted only now: on a GPU machine it imports torch (seconds), and bad input above is refused before that.
+    gpus = machine_gpus()
+    backend = backend or ("nccl" if gpus else "gloo")
+    if backend == "nccl" and not gpus:
+        raise UserError("--backend nccl needs GPUs and this machine has none; use --backend gloo")
+    world_size = world_size if world_size is not None else (min(gpus, 8) if backend == "nccl" else 2)
     skipped = []
     if backend == "gloo" and gpu_only != "keep":
         for path in [p for p in paths if builds_device_code(p)]:
@@ -348,9 +365,8 @@ def make_plan(versions, selector: str = "tests", world_size: Optional[int] = Non
                 raise UserError(f"{path.stem} builds GPU code (load_inline or Triton) and cannot run on gloo/CPU")
             skipped.append(f"skipped {path.stem}: it builds GPU code (load_inline or Triton) and this run is on CPU/gloo")
             paths.remove(path)
-    task = load_task(task_path)
     cases = []
-    for test in select_cases(task, selector):
+    for test in selected:
         args = {**test.args, "world_size": world_size}
         case = core.TestCase(args=args, spec=core.spec_line(args))
         if seed is not None:

@@ -10,9 +10,18 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from a2a.plan import ROOT, use_bundle_modules  # noqa: E402
+from eval import DEFAULT_MASTER_PORT, MASTER_PORT_ENV  # noqa: E402
 
 use_bundle_modules()
 V1 = ROOT / "submissions" / "all2all" / "v1_torch_sort.py"
+
+# pytest-xdist's workers run side by side, and a protocol face binds a fixed rendezvous port: each worker past the
+# first moves the faces it starts to a port of its own (eval.MASTER_PORT_ENV, inherited by every child), 100 apart
+# since a pool moves one port up after a watchdog kill. The first worker, and a run without xdist, keep the runner's.
+WORKER_INDEX = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+PROTOCOL_PORT = DEFAULT_MASTER_PORT + 100 * WORKER_INDEX
+if WORKER_INDEX:
+    os.environ[MASTER_PORT_ENV] = str(PROTOCOL_PORT)
 
 
 def gpu_count() -> int:
@@ -64,6 +73,28 @@ def reachable(folder: Path) -> Path:
             base.chmod(base.stat().st_mode | 0o055)
         base = base.parent
     return folder
+
+
+@pytest.fixture(autouse=True)
+def _alone_when_marked(request, tmp_path_factory):
+    """Under pytest-xdist, a test marked `alone` runs while no other worker runs a test. Every command starts with the
+    orphan sweep (eval.sweep_orphans), which ends the processes and removes the files of any owner that is gone: run
+    beside such a test, another worker's command could remove what the test must see gone without a later command,
+    or what its own sweep must find. A waiting `alone` test goes ahead of tests that arrive after it (the
+    turnstile)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    import fcntl
+
+    folder = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(folder / "alone.turnstile", "a") as turnstile, open(folder / "alone.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield  # both locks go with their files
 
 
 @pytest.fixture(autouse=True)

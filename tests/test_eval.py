@@ -231,6 +231,7 @@ def test_sigterm_to_the_protocol_face_ends_the_whole_tree(bundle, process_token)
     assert not wait_until_gone(process_token, 15), "processes left behind"
 
 
+@pytest.mark.alone
 def test_killing_the_human_face_ends_the_whole_tree(tmp_path, process_token):
     """SIGKILL cannot be handled: the protocol child learns of its parent's death from the kernel (SIGTERM) and
     ends its ranks, which also die with their parent."""
@@ -274,6 +275,7 @@ def test_extra_stats_carry_quantiles_that_rows_read_back():
     assert (row["p50_us"], row["p90_us"], row["device_p90_us"]) == (2.5, 3.7, 1.2)
 
 
+@pytest.mark.alone
 def test_a_killed_commands_temporary_folder_goes_with_the_next_sweep():
     """SIGKILL runs no clean-up: the folder a killed command staged in stays until the next command's sweep, which
     removes it because its maker is gone, and leaves a live maker's folder alone."""

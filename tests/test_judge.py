@@ -27,8 +27,8 @@ import pytest
 from a2a import rows as result_rows
 from a2a.harness import stage
 from eval import EXIT_BAD_INPUT, EXIT_CHECK_FAILED
-from tests.conftest import (ROOT, V1, run_bundle, run_eval, shared_folder, start_hanging, v1_kernel_source,
-                            wait_until_unmarked)
+from tests.conftest import (PROTOCOL_PORT, ROOT, V1, run_bundle, run_eval, shared_folder, start_hanging,
+                            v1_kernel_source, wait_until_unmarked)
 
 CASE = ("--world-size", "2", "--cases", "tests:0")
 # The cases the hostile runs use: the official loop's cost on CPU is the harness's own (gloo collectives), so a small
@@ -844,6 +844,7 @@ def test_a_signal_to_its_parent_never_reads_as_the_users_stop(tmp_path, face, na
     assert time.monotonic() - started < 120, str(outcome)
 
 
+@pytest.mark.alone
 def test_a_stopped_evaluator_voids_the_run_within_its_deadline(tmp_path, process_token, monkeypatch):
     """What no rank can do any more, done from outside: the evaluator stopped (SIGSTOP) while its ranks hang. The
     human face's wait (run_protocol) gives up after its silence deadline with one line, the run is void, and
@@ -1224,6 +1225,7 @@ def _assert_nothing_left(token: str, what: str, seconds: float = 20) -> None:
 KILLS = ("the human face", "its protocol child", "both faces", "a lone protocol face")
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("killed", KILLS)
 def test_a_sigkill_leaves_nothing_behind(tmp_path, process_token, killed):
     """A submission that started a child, a setsid daemon, a double fork and wrote 200 MiB to /tmp, then hangs;
@@ -1268,6 +1270,7 @@ TOOLS_WITH_RANKS = {
 }
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("tool_name", sorted(TOOLS_WITH_RANKS))
 def test_a_sigkill_to_a_tool_leaves_nothing_behind(tmp_path, process_token, tool_name):
     """A tool's ranks in a hanging call that left a child, a setsid daemon, a double fork and 200 MiB in /tmp,
@@ -1323,6 +1326,7 @@ def test_a_finished_run_leaves_nothing_behind(tmp_path, process_token, runner):
     assert not problems, "\n\n".join(problems)
 
 
+@pytest.mark.alone
 def test_the_sweep_ends_only_what_a_gone_owner_left():
     import eval as core
 
@@ -1386,8 +1390,8 @@ def test_a_fifo_as_the_test_file_gets_one_line(tmp_path, face):
 
 
 def test_a_second_protocol_face_gets_one_line_while_the_first_holds_the_port(bundle, tmp_path):
-    """Two protocol faces at once on the runner's fixed port: the second says so in one line and exits 113 (it used
-    to fail with EADDRINUSE after a 60 s watchdog)."""
+    """Two protocol faces at once on the runner's fixed port (a parallel worker's own, tests/conftest.py): the second
+    says so in one line and exits 113 (it used to fail with EADDRINUSE after a 60 s watchdog)."""
     from tests.conftest import hanging_submission
 
     (bundle / "submission.py").write_text(hanging_submission())
@@ -1401,7 +1405,7 @@ def test_a_second_protocol_face_gets_one_line_while_the_first_holds_the_port(bun
         started = time.monotonic()
         code, out, err = run_bundle(second, "test", "one.txt")
         assert code == EXIT_BAD_INPUT and _one_line(err), (code, out, err)
-        assert "12356" in err and time.monotonic() - started < 60, err
+        assert str(PROTOCOL_PORT) in err and time.monotonic() - started < 60, err
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=60)

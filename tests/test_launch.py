@@ -1,5 +1,6 @@
 """a2a.launch.parallel_launch: results per rank; a failing rank is named; a hanging one is killed in time, with what
 it started."""
+import multiprocessing.resource_tracker
 import subprocess
 import time
 
@@ -38,10 +39,15 @@ def test_a_failing_rank_is_named():
 
 
 def test_a_hanging_rank_is_killed(process_token, monkeypatch):
+    # multiprocessing's tracker is this test process's own helper, started by its first pool and kept for its life:
+    # started before the token (the first pool of a parallel worker may be this test's), it does not carry it.
+    multiprocessing.resource_tracker.ensure_running()
     monkeypatch.setenv("A2A_TEST_TOKEN", process_token)  # every rank and what it starts carries it
     started = time.monotonic()
+    # The ranks import torch within the case's limit: on a loaded machine (parallel test workers) that alone took
+    # more than 5 s, and the watchdog then found them idle, before the hang.
     with pytest.raises(LaunchError, match=r"rank 0 - watchdog: .* \(rank 0 in _hang_on_rank_zero\)"):
-        parallel_launch(2, _hang_on_rank_zero, backend="gloo", timeout_s=5)
+        parallel_launch(2, _hang_on_rank_zero, backend="gloo", timeout_s=10)
     assert time.monotonic() - started < 30
     assert not wait_until_gone(process_token, 10), "a rank or its child outlived the launch"
 

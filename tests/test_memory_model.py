@@ -6,6 +6,7 @@ and from v6 spin_load (relaxed poll), spin_backoff (s_sleep) and spin_acquired (
 Triton version (v7) is held the same way to its helpers: _publish (drained barrier, then a release), _poll, _acquire
 and _backoff. A planted relaxed store, relaxed load, missing fence, agent-scope poll, missing back-off or undrained
 barrier makes the check fail."""
+import functools
 import re
 
 import pytest
@@ -37,8 +38,15 @@ def call_sites(path, helper: str) -> int:
     return len(re.findall(rf"\b{helper}\(", body))
 
 
+@functools.lru_cache(maxsize=None)
+def _compiled_sequences(path, target: str) -> tuple:
+    return tuple(check_device.memory_model(check_device.amd_assembly(path, target)).items())
+
+
 def sequences(path, target: str) -> dict:
-    return check_device.memory_model(check_device.amd_assembly(path, target))
+    """A file's counts on `target`, compiled once per test process: the repository's versions are read by several
+    tests each (a planted copy is a new file, compiled for its own test)."""
+    return dict(_compiled_sequences(path, target))
 
 
 targets = pytest.mark.parametrize("target", check_device.AMD_TARGETS)

@@ -149,8 +149,11 @@ def amd_command(target: str, source: str, output: str, defines: list, assembly: 
 
 def compile_one(command: list[str], cwd: Path) -> str | None:
     """None on success, else the first error lines."""
-    # Debian's hipcc picks NVIDIA when nvcc is on the PATH; clang 20 (gfx950) links with lld-19, found by name.
-    env = dict(os.environ, HIP_PLATFORM="amd", PATH=f"{LLD_19}{os.pathsep}{os.environ.get('PATH', '')}")
+    # Debian's hipcc picks NVIDIA when nvcc is on the PATH; clang 20 (gfx950) links with lld-19, found by name. The
+    # compilers' temporary files go in the build folder (removed with it): Debian's hipcc leaves two empty
+    # kernels-XXXXXX folders in TMPDIR per compile.
+    env = dict(os.environ, HIP_PLATFORM="amd", PATH=f"{LLD_19}{os.pathsep}{os.environ.get('PATH', '')}",
+               TMPDIR=str(Path(cwd).resolve()))
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env)
     if done.returncode == 0:
         return None
