@@ -34,8 +34,9 @@ check-device: setup
 # The suite holds the whole device-code check too (tests/test_check_device.py runs make check-device's tool).
 # TEST_WORKERS=N runs its tests in N processes side by side (pytest-xdist; a module marked xdist_group runs in one of
 # them: the GPU tests, one process holding the GPUs; a test marked `alone` runs while no other does). The default, 0,
-# runs them in this process: on 2 cores two workers took 16.6-16.9 min against 23.8 for one (without the device
-# check), and a timing test failed under the contention (tests/test_clock.py, the stopping rule): CI runs one.
+# runs them in this process: on 2 cores two workers took 995-1080 s against 1324 s for one, but three workers
+# failed a timing test (tests/test_clock.py, the stopping rule) under the load, and a worker's orphan sweep can
+# clean up for another's leftover test: CI runs one.
 TEST_WORKERS ?= 0
 test: setup
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
