@@ -2442,6 +2442,13 @@ def run_profiling(run: ProtocolRun, tests: list[TestCase]) -> int:
     return 0 if passed else EXIT_CHECK_FAILED
 
 
+def _env_integer(name: str, text: str, low: int, high: int, what: str = "an integer") -> int:
+    """An environment variable's integer in [low, high], or bad input naming it."""
+    if not re.fullmatch(r"[0-9]+", text.strip()) or not low <= int(text) <= high:
+        raise UserError(f"{name} must be {what} from {low} to {high}, not '{text[:40]}'")
+    return int(text)
+
+
 def _environment() -> tuple[int, Optional[int], int]:
     """POPCORN_FD, POPCORN_SEED (removed from the environment, as the runner does) and POPCORN_GPUS."""
     seed = os.environ.pop("POPCORN_SEED", None)
@@ -2452,9 +2459,7 @@ def _environment() -> tuple[int, Optional[int], int]:
         if text is None or (text == "" and name != "POPCORN_GPUS"):  # the GPU count has a default, never empty
             values[name] = None
             continue
-        if not re.fullmatch(r"[0-9]+", text.strip()) or not low <= int(text) <= high:
-            raise UserError(f"{name} must be an integer from {low} to {high}, not '{text[:40]}'")
-        values[name] = int(text)
+        values[name] = _env_integer(name, text, low, high)
     fd = values["POPCORN_FD"]
     try:
         mode = os.fstat(fd).st_mode
@@ -2505,11 +2510,7 @@ def _port_free(port: int) -> None:
 def _master_port() -> int:
     """The fixed rendezvous port: the runner's, or A2A_MASTER_PORT's."""
     text = os.environ.get(MASTER_PORT_ENV)
-    if text is None:
-        return DEFAULT_MASTER_PORT
-    if not re.fullmatch(r"[0-9]{1,5}", text.strip()) or not 1 <= int(text) <= 65535:
-        raise UserError(f"{MASTER_PORT_ENV} must be a port number from 1 to 65535, not '{text[:40]}'")
-    return int(text)
+    return DEFAULT_MASTER_PORT if text is None else _env_integer(MASTER_PORT_ENV, text, 1, 65535, "a port number")
 
 
 def protocol_main() -> int:

@@ -6,6 +6,7 @@ Every rank path here leaves the current device where the runner leaves it (cuda:
 device from their inputs, as on the leaderboard. Test helpers bind their own GPU work with eval.own_device."""
 import concurrent.futures
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -77,7 +78,8 @@ class _SideBySide:
         self.runs: dict = {}
 
     def start(self, key, fn, *args, private: bool) -> None:
-        self.runs[key] = (self.private_port if private else self.fixed_port).submit(fn, *args)
+        """fn(*args, private=private) on a private port's thread, or in turn on the fixed port's."""
+        self.runs[key] = (self.private_port if private else self.fixed_port).submit(fn, *args, private=private)
 
     def result(self, key):
         return self.runs[key].result(timeout=900)
@@ -104,9 +106,8 @@ def one_setup_for_every_test(request, tmp_path_factory):
     selected = {tuple(item.callspec.params.values()) for item in request.session.items
                 if item.originalname == "test_the_staged_bundle_passes_the_protocol_face_in_every_mode"}
     for version, mode in sorted(selected):
-        private = version not in EVERY_MODE
         side.start((version, mode), _run_staged, reachable(tmp_path_factory.mktemp(f"staged_{version}_{mode}")),
-                   version, mode, private, private=private)
+                   version, mode, private=version not in EVERY_MODE)
     yield hold, side
     side.close()
     hold.release()
@@ -361,6 +362,10 @@ DISPATCH_SPEC = dict(num_experts=64, experts_per_token=6, hidden_dim=2048, max_n
 PRESSURE_SPEC = dict(num_experts=256, experts_per_token=8, hidden_dim=7168, max_num_tokens=256, seed=4)
 
 
+def _failure(rank: int, failed: Exception) -> str:
+    return f"rank {rank}: {type(failed).__name__}: {failed}"
+
+
 def _every_version_at_8(rank, world_size, official: list) -> dict:
     """One group of 8 for every version (one NCCL setup and one MPS daemon: a group's start is most of a small
     check's time): each version's official tests, then for the P2P ones the dispatch check on a small shape and the
@@ -386,7 +391,7 @@ def _every_version_at_8(rank, world_size, official: list) -> dict:
                 entry["dispatch"] = _dispatched_rows(module, rank, world_size, version, DISPATCH_SPEC)
                 entry["pressure"] = _pressure(module, rank, world_size, PRESSURE_SPEC, 20)
         except Exception as failed:  # this version's failure; the next ones still run
-            entry["error"] = f"rank {rank}: {type(failed).__name__}: {failed}"
+            entry["error"] = _failure(rank, failed)
         entry["seconds"] = time.monotonic() - started
     return found
 
@@ -407,10 +412,14 @@ def _launched_once(fn, world_size: int, *args) -> list:
     return _LAUNCHED[key]
 
 
+@functools.cache
+def _official_at_8() -> list:
+    return [dict(case.args) for case in make_plan("v1", "tests", PROBLEM_WS, "nccl").cases]
+
+
 def _at_8(version: str) -> list:
     """Every rank's entry for `version` from the one group of 8 (its error, if any, fails the test reading it)."""
-    official = [dict(case.args) for case in make_plan("v1", "tests", PROBLEM_WS, "nccl").cases]
-    entries = [found[version] for found in _launched_once(_every_version_at_8, PROBLEM_WS, official)]
+    entries = [found[version] for found in _launched_once(_every_version_at_8, PROBLEM_WS, _official_at_8())]
     errors = [entry["error"] for entry in entries if entry["error"]]
     assert not errors, errors
     return entries
@@ -619,7 +628,7 @@ def _every_trace_then_give_up(rank, world_size) -> dict:
         try:
             timed[version] = _load(version, f"{version}_timed")
         except Exception as failed:
-            found[version]["error"] = f"rank {rank}: {type(failed).__name__}: {failed}"
+            found[version]["error"] = _failure(rank, failed)
     for version in P2P_VERSIONS:
         dist.barrier()
         if version not in timed:
@@ -628,7 +637,7 @@ def _every_trace_then_give_up(rank, world_size) -> dict:
             found[version]["trace"] = _trace_build_matches(timed[version], rank, world_size, version, TRACE_SPEC)
             found[version]["give_up"] = _peer_never_comes(timed[version], rank, world_size, GIVE_UP_SPEC)
         except Exception as failed:  # this version's failure; the next ones still run
-            found[version]["error"] = f"rank {rank}: {type(failed).__name__}: {failed}"
+            found[version]["error"] = _failure(rank, failed)
     return found
 
 

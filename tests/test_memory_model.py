@@ -38,9 +38,9 @@ def call_sites(path, helper: str) -> int:
     return len(re.findall(rf"\b{helper}\(", body))
 
 
-@functools.lru_cache(maxsize=None)
-def _compiled_sequences(path, target: str) -> tuple:
-    return tuple(check_device.memory_model(check_device.amd_assembly(path, target)).items())
+@functools.cache
+def _compiled_sequences(path, target: str) -> dict:
+    return check_device.memory_model(check_device.amd_assembly(path, target))
 
 
 def sequences(path, target: str) -> dict:
