@@ -30,6 +30,7 @@ import contextlib
 import copy
 import ctypes
 import dataclasses
+import faulthandler
 import fcntl
 import math
 import multiprocessing
@@ -1737,6 +1738,9 @@ def _rank_entry(b: Bound, job: str, test: TestCase, rank: int, params: dict, set
 
 
 # What a pool worker is doing, kept in shared memory so the watchdog can say where a stuck rank is.
+# A rank writes its Python stack to stderr on this signal (the watchdog asks before it kills), and is given this long.
+STACK_SIGNAL = signal.SIGUSR1
+STACK_WRITE_S = 0.2
 PHASES = ("idle", "joining the process group", "importing the submission", "generating input", "in custom_kernel",
           "checking the output", "in the timing loop", "profiling", "in the launched function")
 _phase_slot = None
@@ -1756,6 +1760,8 @@ def _worker_loop(conn, phase_slot, parent_pid: int, sandbox: Optional[RankSandbo
     # Ctrl-C reaches the whole process group: the pool's owner ends the run and its workers; a worker's own
     # KeyboardInterrupt would only add a traceback per rank.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(AttributeError, ValueError, OSError):  # no stderr to write to: no stack, still a rank
+        faulthandler.register(STACK_SIGNAL, file=sys.__stderr__, all_threads=True)
     if os.getppid() not in (parent_pid, 0):  # the owner died before the line above took effect (0: born in the
         os._exit(1)  # ranks' PID namespace, whose parent is outside it)
     _phase_slot, _owner_conn = phase_slot, conn
@@ -1916,6 +1922,7 @@ class CaseRun:
 
     def _watchdog(self, failed: list, waiting: list) -> list:
         where = ", ".join(f"rank {rank} {self.pool._where(self.slots[rank], self.test)}" for rank in waiting)
+        self._stacks_on_stderr(waiting)
         if failed:
             failure = RankFailure(f"did not return within {FAILED_PEER_GRACE_S:g} s after rank(s) "
                                   f"{', '.join(map(str, failed))} failed; killed ({where})", follow_on=True)
@@ -1924,6 +1931,18 @@ class CaseRun:
                                   f"rank(s) {', '.join(map(str, waiting))} did not return and were killed ({where})")
             print(failure.message, file=sys.stderr, flush=True)
         return self._end_with(failure)
+
+    def _stacks_on_stderr(self, ranks: list) -> None:
+        """Where each rank the watchdog is about to kill stands: its Python stack, every thread, written by the
+        rank itself (faulthandler on STACK_SIGNAL, registered by every worker) to the stderr it shares with this
+        process, one rank at a time under a header naming it. A rank that cannot answer (a submission took the
+        signal) is killed all the same."""
+        for rank in ranks:
+            print(f"[rank{rank}] its stack when the watchdog fired in case '{self.test.spec}':", file=sys.stderr,
+                  flush=True)
+            with contextlib.suppress(OSError):
+                os.kill(self.pool.workers[self.slots[rank]][0].pid, STACK_SIGNAL)
+            time.sleep(STACK_WRITE_S)
 
     def _end_with(self, failure: RankFailure) -> list:
         self.pool._retire(self.slots)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
 import os
 import shutil
@@ -136,19 +135,41 @@ _VERSION_CHILD = ("import ctypes, sys\n"
                   "sys.exit(3) if lib.ncclGetVersion(ctypes.byref(code)) else print(code.value)\n")
 
 
-@functools.lru_cache(maxsize=None)
+class NcclSilent(UserError):
+    """A library file is there but did not answer ncclGetVersion: fetching another would not say why."""
+
+
+_VERSIONS: dict = {}  # library path -> the version it reported (the plan and every shared run of a command ask)
+
+
 def nccl_version_of(path: Path) -> Optional[tuple]:
-    """The version an NCCL library file reports (ncclGetVersion), asked in a child process so that this one never
-    loads it (torch would then bind to whichever copy came first); asked once per file and process (the plan and
-    every shared run of a command ask again)."""
+    """The version an NCCL library file reports, or None (why: nccl_version_failure)."""
+    version, _ = _asked_version(path)
+    return version
+
+
+def nccl_version_failure(path: Path) -> str:
+    """Why `path` reported no version just now ("" when it did)."""
+    return _asked_version(path)[1]
+
+
+def _asked_version(path: Path) -> tuple:
+    """(version, "") or (None, why), asked with ncclGetVersion in a child process so that this one never loads the
+    library (torch would then bind to whichever copy came first). An answer is kept for the process; a failure is
+    not, so that one slow start does not stand for the rest of a run (seen once: a library that had answered all
+    session failed one ask, and the suite skipped every run of 8 ranks)."""
+    if path in _VERSIONS:
+        return _VERSIONS[path], ""
     try:
         done = subprocess.run([sys.executable, "-c", _VERSION_CHILD, str(path)], capture_output=True, text=True,
                               timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+    except (OSError, subprocess.TimeoutExpired) as failed:
+        return None, f"{type(failed).__name__}: {failed}"
     if done.returncode or not done.stdout.strip().isdigit():
-        return None
-    return core.nccl_version_tuple(int(done.stdout))
+        said = (done.stderr.strip().splitlines() or [done.stdout.strip() or "nothing said"])[-1][:160]
+        return None, f"exit {done.returncode}: {said}"
+    _VERSIONS[path] = core.nccl_version_tuple(int(done.stdout))
+    return _VERSIONS[path], ""
 
 
 def torch_nccl_library() -> Optional[Path]:
@@ -181,9 +202,9 @@ def nccl_for_sharing() -> Nccl:
             if named:
                 raise UserError(f"A2A_NCCL_LIB={named}: no such file")
             continue
-        version = nccl_version_of(candidate)
+        version, why = _asked_version(candidate)
         if version is None:
-            raise UserError(f"{candidate} is not an NCCL library that loads here (ncclGetVersion failed)")
+            raise NcclSilent(f"{candidate} is not an NCCL library that answers here (ncclGetVersion: {why})")
         if version < NCCL_MULTI_RANK:
             raise UserError(f"{candidate} is NCCL {core.version_text(version)}; several ranks on one GPU need "
                             f"{core.version_text(NCCL_MULTI_RANK)} or later")
@@ -202,6 +223,8 @@ def obtain_nccl(progress=print) -> Optional[str]:
     try:
         nccl_for_sharing()
         return None
+    except NcclSilent as silent:
+        return str(silent)
     except UserError as missing:
         if os.environ.get("A2A_NCCL_LIB"):
             return str(missing)

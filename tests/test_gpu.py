@@ -397,6 +397,9 @@ def _every_version_at_8(rank, world_size, official: list) -> dict:
 
 
 _LAUNCHED: dict = {}  # (rank function, world size) -> its per-rank results, or the launch's error
+# A launch's limit: the group of 8 takes about 2 minutes on one H100 with nothing beside it; past 5 it is stuck, and
+# its watchdog shows every rank's stack.
+LAUNCH_TIMEOUT_S = 300
 
 
 def _launched_once(fn, world_size: int, *args) -> list:
@@ -404,7 +407,7 @@ def _launched_once(fn, world_size: int, *args) -> list:
     key = (fn.__name__, world_size)
     if key not in _LAUNCHED:
         try:
-            _LAUNCHED[key] = parallel_launch(world_size, fn, *args, backend="nccl", timeout_s=600)
+            _LAUNCHED[key] = parallel_launch(world_size, fn, *args, backend="nccl", timeout_s=LAUNCH_TIMEOUT_S)
         except Exception as failed:
             _LAUNCHED[key] = failed
     if isinstance(_LAUNCHED[key], Exception):

@@ -1,6 +1,7 @@
 """a2a.launch.parallel_launch: results per rank; a failing rank is named; a hanging one is killed in time, with what
 it started."""
 import multiprocessing.resource_tracker
+import re
 import subprocess
 import time
 
@@ -38,7 +39,7 @@ def test_a_failing_rank_is_named():
         parallel_launch(2, _fail_on_rank_one, backend="gloo")
 
 
-def test_a_hanging_rank_is_killed(process_token, monkeypatch):
+def test_a_hanging_rank_is_killed_after_saying_where(process_token, monkeypatch, capfd):
     # multiprocessing's tracker is this test process's own helper, started by its first pool and kept for its life:
     # started before the token (the first pool of a parallel worker may be this test's), it does not carry it.
     multiprocessing.resource_tracker.ensure_running()
@@ -50,6 +51,10 @@ def test_a_hanging_rank_is_killed(process_token, monkeypatch):
         parallel_launch(2, _hang_on_rank_zero, backend="gloo", timeout_s=10)
     assert time.monotonic() - started < 30
     assert not wait_until_gone(process_token, 10), "a rank or its child outlived the launch"
+    # Before the kill, the stuck rank said where it stood: its own stack, under a header naming it.
+    stderr = capfd.readouterr().err
+    said = stderr[stderr.index("[rank0] its stack when the watchdog fired"):]
+    assert re.search(r'File ".*test_launch\.py", line \d+ in _hang_on_rank_zero', said), stderr[-2000:]
 
 
 def _measured(rank, world_size):

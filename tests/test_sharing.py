@@ -169,6 +169,27 @@ def test_an_nccl_that_allows_sharing_is_got_once_or_one_line_says_why_not(tmp_pa
     assert sharing.obtain_nccl(said.append) is None and said == []  # cached: nothing to get, nothing said
 
 
+
+def test_a_library_that_does_not_answer_is_named_with_why_and_asked_again(tmp_path, monkeypatch):
+    """A built library that fails its version ask is not replaced by a 5-minute fetch: one line names it and what the
+    ask said; and the failure is not kept, so the next ask (the library answers now) finds it."""
+    old, new = _fake_nccl(tmp_path, 22809), _fake_nccl(tmp_path, 23007)
+    built = tmp_path / "built" / "libnccl.so.2"
+    built.parent.mkdir()
+    built.write_text("not a library")
+    monkeypatch.setattr(sharing, "torch_nccl_library", lambda: old)
+    monkeypatch.setattr(sharing, "BUILT_NCCL", built)
+    monkeypatch.setattr(sharing, "WHEEL_NCCL", tmp_path / "no-wheel" / "libnccl.so.2")
+    monkeypatch.delenv("A2A_NCCL_LIB", raising=False)
+    tried = []
+    monkeypatch.setattr(sharing, "_pip_wheel", lambda flavour: tried.append("pip") or "pip: no registry")
+    monkeypatch.setattr(sharing, "_build_source", lambda: tried.append("build") or "build: no source")
+    why = sharing.obtain_nccl()
+    assert tried == [] and "\n" not in why, (tried, why)
+    assert f"{built} is not an NCCL library that answers here (ncclGetVersion: exit 1: OSError:" in why, why
+    shutil.copy(new, built)
+    assert sharing.obtain_nccl() is None and sharing.nccl_for_sharing().version == (2, 30, 7)
+
 # A stand-in for nvidia-cuda-mps-control: `-f` is the daemon (a control file in the pipe folder, a `server` child
 # that ignores quit, as a wedged one would); otherwise a client command on stdin.
 FAKE_CONTROL = '''
