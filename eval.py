@@ -2248,9 +2248,12 @@ class ProtocolRun:
 def _oracle_inputs(rank: int, world_size: int, requests: list) -> list:
     """In a worker that never imports a submission: each requested rank input made where that rank makes it, as
     the plain tensors the closed form reads."""
+    return _inputs_made(bound().reference[0], requests)
+
+
+def _inputs_made(generate_input: Callable, requests: list) -> list:
     import torch
 
-    generate_input = bound().reference[0]
     made = []
     for args, which, device in requests:
         cfg, data, _, ws = generate_input(**args, rank=which, device=torch.device(device))
@@ -2261,8 +2264,9 @@ def _oracle_inputs(rank: int, world_size: int, requests: list) -> list:
 
 class InputOracle:
     """The inputs a case's ranks made, made again where no submission runs: a pool of one worker of its own (in
-    the ranks' sandbox and GPU environment, on a CPU group), started on first use. The check apart reads these,
-    never an input a rank shipped."""
+    the ranks' sandbox and GPU environment, on a CPU group), started on first use; on a CPU group the ranks made
+    theirs on the CPU, and this process (which never imports a submission) makes them itself, with its own
+    reference, sparing a worker's start. The check apart reads these, never an input a rank shipped."""
 
     def __init__(self, backend: str):
         self.backend, self.pool, self.cache = backend, None, {}
@@ -2272,7 +2276,13 @@ class InputOracle:
         import torch
 
         missing = [(args, rank) for args, rank in requests if self._key(args, rank) not in self.cache]
-        if missing:
+        if missing and self.backend == "gloo":
+            import reference
+
+            for (args, rank), made in zip(missing, _inputs_made(reference.generate_input,
+                                                                [(args, rank, "cpu") for args, rank in missing])):
+                self.cache[self._key(args, rank)] = made
+        elif missing:
             if self.pool is None:
                 self.pool = RankPool(1, "gloo")
             devices = [f"cuda:{rank % torch.cuda.device_count()}" if self.backend != "gloo" else "cpu"
