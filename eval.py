@@ -43,6 +43,7 @@ import stat
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -55,7 +56,7 @@ __all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything
     "OFFICIAL_TIMEOUT_S", "OutputCheck", "OwnerAnswers", "RUN_OWNER", "RankPool", "SEED_MAX", "SPEC_KEYS", "Step",
     "Tampering", "Terminated", "TestCase", "UserError", "WARMUP_CALLS", "all_ok", "ask_owner", "bound",
     "calculate_extra_stats", "cantor_combine", "case_problem", "check_apart", "checked", "claim_run", "clone_data",
-    "die_with_parent", "environment_with", "expected_output", "get_test_cases", "import_submission",
+    "die_with_parent", "environ_with", "environment_with", "expected_output", "get_test_cases", "import_submission",
     "install_signal_handlers", "kill_tree", "measure", "nccl_version_tuple", "own_device", "owned_tempdir",
     "prepare_rank_cache", "rank_device", "rank_failures", "release_uid", "shipped", "snapshot", "spec_line",
     "validate_cases", "version_text",
@@ -1804,19 +1805,32 @@ def _send_result(conn, result: RankResult) -> None:
             os._exit(3)
 
 
+# Held while environment_with has os.environ changed, and while environ_with copies it: a thread that starts a
+# process from a copy (the GPU suite's runs beside a group of 8) never takes a group's MPS and NCCL settings with it.
+_ENVIRON_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def environment_with(extra: dict):
     """os.environ with `extra` set, for the duration (what a spawned process starts with)."""
-    before = {name: os.environ.get(name) for name in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with _ENVIRON_LOCK:
+        before = {name: os.environ.get(name) for name in extra}
+        os.environ.update(extra)
+        try:
+            yield
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def environ_with(extra: Optional[dict] = None) -> dict:
+    """A copy of os.environ with `extra` on top, for a child process (never a copy of another thread's
+    environment_with)."""
+    with _ENVIRON_LOCK:
+        return {**os.environ, **(extra or {})}
 
 
 def _death_message(exitcode: Optional[int]) -> str:

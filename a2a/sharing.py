@@ -350,7 +350,7 @@ def _control(pipe: str, command: str, timeout_s: float = 10.0) -> Optional[str]:
         return None
     try:
         done = subprocess.run([MPS_CONTROL], input=command + "\n", text=True, capture_output=True,
-                              timeout=timeout_s, env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=pipe))
+                              timeout=timeout_s, env=core.environ_with({"CUDA_MPS_PIPE_DIRECTORY": pipe}))
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
@@ -372,7 +372,8 @@ class MpsDaemon:
         self.pipe, self.owned = str(self.folder / "pipe"), True
         (self.folder / "pipe").mkdir()
         (self.folder / "log").mkdir()
-        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=self.pipe, CUDA_MPS_LOG_DIRECTORY=str(self.folder / "log"))
+        env = core.environ_with({"CUDA_MPS_PIPE_DIRECTORY": self.pipe,
+                                 "CUDA_MPS_LOG_DIRECTORY": str(self.folder / "log")})
         env.pop(core.RUN_OWNER, None)  # the guardian outlives its owner on purpose: no orphan sweep may end it
         self.guardian = subprocess.Popen([sys.executable, "-c", _GUARDIAN, shutil.which(MPS_CONTROL),
                                           str(self.folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -393,7 +394,8 @@ class MpsDaemon:
         """Opens a context on every GPU as a rank would (MPS client, `percent` share) and checks that the daemon
         counts it among its clients; returns each GPU's SM count as a rank sees it. UserError when MPS refuses or
         the process ran without it (a time-sliced run would crawl, or hang on the flags)."""
-        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=self.pipe, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(percent))
+        env = core.environ_with({"CUDA_MPS_PIPE_DIRECTORY": self.pipe,
+                                 "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percent)})
         child = subprocess.Popen([sys.executable, "-c", _PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, env=env)
         try:

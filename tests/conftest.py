@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from a2a.plan import ROOT, use_bundle_modules  # noqa: E402
-from eval import DEFAULT_MASTER_PORT, MASTER_PORT_ENV  # noqa: E402
+from eval import DEFAULT_MASTER_PORT, MASTER_PORT_ENV, environ_with  # noqa: E402
 
 use_bundle_modules()
 V1 = ROOT / "submissions" / "all2all" / "v1_torch_sort.py"
@@ -36,7 +36,7 @@ requires_gpu = pytest.mark.skipif(gpu_count() < 1, reason="needs a CUDA GPU; thi
 def run_eval(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """Runs the human face of eval.py in a child process."""
     return subprocess.run([sys.executable, str(ROOT / "eval.py"), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+                          text=True, timeout=timeout, env=environ_with(env))
 
 
 def run_bundle(bundle: Path, mode: str, test_file: str, extra_env: dict | None = None) -> tuple[int, str, str]:
@@ -44,7 +44,7 @@ def run_bundle(bundle: Path, mode: str, test_file: str, extra_env: dict | None =
     human-face extras unless extra_env asks); returns (exit code, POPCORN output, stderr)."""
     from a2a.harness import run_protocol
 
-    env = {**os.environ, "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo", **(extra_env or {})}
+    env = environ_with({"POPCORN_GPUS": "2", "A2A_BACKEND": "gloo", **(extra_env or {})})
     for key in ("A2A_EXTRA", "A2A_RANK_PREFIX", "A2A_RENDEZVOUS"):
         if key not in (extra_env or {}):
             env.pop(key, None)
@@ -169,7 +169,7 @@ def hanging_human_face(folder: Path, token: str, body: str, world_size: int = 2)
     path = folder / "hangs.py"
     path.write_text(body)
     marks = shared_folder(folder / "marks")
-    env = {**os.environ, "A2A_TEST_TOKEN": token, "A2A_TEST_MARKS": str(marks)}
+    env = environ_with({"A2A_TEST_TOKEN": token, "A2A_TEST_MARKS": str(marks)})
     return start_hanging([sys.executable, str(ROOT / "eval.py"), "test", str(path), "--world-size", str(world_size),
                           "--cases", "tests:0", "--timeout", "600"], ROOT, env, marks)
 

@@ -502,7 +502,7 @@ def test_benchmark_reports_device_time_and_floor():
 
 def test_no_rendezvous_fails_on_gpus_while_ports_churn(process_token, quiet_gpu):
     churn = subprocess.Popen([sys.executable, str(ROOT / "tests" / "port_churn.py"), "600"],
-                             env={**os.environ, "A2A_TEST_TOKEN": process_token})
+                             env=core.environ_with({"A2A_TEST_TOKEN": process_token}))
     try:
         time.sleep(3)
         for version in ("v1", "v2", "v1"):

@@ -116,3 +116,32 @@ def test_one_line_per_distinct_error_naming_every_rank_it_hit():
                core.RankResult(False, killed), core.RankResult(True, None)]
     lines = core.rank_failures(results).splitlines()
     assert lines == ["ranks 0, 2 - " + killed.message, "rank 1 - ValueError: planted"], lines
+
+
+def test_a_copy_of_the_environment_never_carries_another_threads_spawn_settings(monkeypatch):
+    """A thread starting a run from a copy of os.environ while another spawns ranks with MPS and NCCL settings (the
+    GPU suite's runs beside its group of 8) gets the environment before or after, never the spawn's."""
+    import threading
+
+    import eval as core
+
+    monkeypatch.delenv("A2A_SPAWN_ONLY", raising=False)
+    inside, leave = threading.Event(), threading.Event()
+
+    def spawning():
+        with core.environment_with({"A2A_SPAWN_ONLY": "1"}):
+            inside.set()
+            leave.wait(5)
+
+    spawner = threading.Thread(target=spawning)
+    spawner.start()
+    inside.wait(5)
+    copies = []
+    copier = threading.Thread(target=lambda: copies.append(core.environ_with({"A2A_OWN": "1"})))
+    copier.start()
+    copier.join(0.5)
+    assert copies == [], "a copy was taken while another thread had os.environ changed"
+    leave.set()
+    spawner.join()
+    copier.join(5)
+    assert copies and "A2A_SPAWN_ONLY" not in copies[0] and copies[0]["A2A_OWN"] == "1", copies
