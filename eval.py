@@ -1738,10 +1738,10 @@ def _rank_entry(b: Bound, job: str, test: TestCase, rank: int, params: dict, set
         return RankResult(False, _failure_from_exception(exc), _import_s)
 
 
-# What a pool worker is doing, kept in shared memory so the watchdog can say where a stuck rank is.
 # A rank writes its Python stack to stderr on this signal (the watchdog asks before it kills), and is given this long.
 STACK_SIGNAL = signal.SIGUSR1
 STACK_WRITE_S = 0.2
+# What a pool worker is doing, kept in shared memory so the watchdog can say where a stuck rank is.
 PHASES = ("idle", "joining the process group", "importing the submission", "generating input", "in custom_kernel",
           "checking the output", "in the timing loop", "profiling", "in the launched function")
 _phase_slot = None
