@@ -1,14 +1,18 @@
 """tools/check_device.py: the real versions compile for sm_90, gfx942 (whole code objects) and gfx90a; a planted
-error on either vendor's path fails the check and names the target, AMD inline assembly included."""
+error on either vendor's path fails the check and names the target, AMD inline assembly included; every file's lines
+are printed whatever the other threads do."""
+import contextlib
+import io
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from tests.conftest import ROOT
 from tools import check_device
 
-pytestmark = pytest.mark.skipif(bool(check_device.missing_tools()),
+needs_tools = pytest.mark.skipif(bool(check_device.missing_tools()),
                                 reason=f"needs {', '.join(check_device.missing_tools())} ({check_device.INSTALL_HINT})")
 V2 = ROOT / "submissions" / "all2all" / "v2_p2p.py"
 V7 = ROOT / "submissions" / "all2all" / "v7_triton.py"
@@ -27,6 +31,7 @@ def planted(tmp_path, old: str, new: str):
     return path
 
 
+@needs_tools
 def test_every_version_compiles_for_nvidia_and_amd():
     result = run_tool()
     assert result.returncode == 0, result.stdout + result.stderr
@@ -41,6 +46,7 @@ def test_every_version_compiles_for_nvidia_and_amd():
         assert f"v7_triton.py: {target}: ok" in result.stdout
 
 
+@needs_tools
 def test_planted_triton_error_on_one_vendor_fails_that_vendor(tmp_path):
     # Assembly the gfx942 assembler rejects, in the HIP branch of a Triton helper: Triton's AMD backend must see it
     # and its NVIDIA backend must never compile that branch.
@@ -55,6 +61,7 @@ def test_planted_triton_error_on_one_vendor_fails_that_vendor(tmp_path):
     assert "planted_v7.py: triton gfx950: FAILED" in result.stdout
 
 
+@needs_tools
 def test_triton_arguments_that_drift_from_the_kernel_fail(tmp_path):
     text = V7.read_text()
     path = tmp_path / "drifted_v7.py"
@@ -63,6 +70,7 @@ def test_triton_arguments_that_drift_from_the_kernel_fail(tmp_path):
     assert result.returncode == 112 and "TRITON_KERNELS says" in result.stderr
 
 
+@needs_tools
 def test_planted_amd_error_fails(tmp_path):
     # A warp intrinsic outside the prelude's vendor branch: fine for nvcc, rejected by HIP.
     path = planted(tmp_path, "#define A2A_THREADS 256", "__device__ void planted() { __syncwarp(); }\n#define A2A_THREADS 256")
@@ -73,6 +81,7 @@ def test_planted_amd_error_fails(tmp_path):
     assert "planted.py: clang20 gfx950: FAILED" in result.stdout
 
 
+@needs_tools
 def test_planted_amd_assembly_error_fails(tmp_path):
     # Inline assembly the gfx942 assembler rejects, inside the AMD branch: only a whole `-c` compile catches it.
     path = planted(tmp_path, "__device__ __forceinline__ void warp_sync() { __builtin_amdgcn_wave_barrier(); }",
@@ -83,6 +92,7 @@ def test_planted_amd_assembly_error_fails(tmp_path):
     assert "planted.py: clang gfx942: FAILED" in result.stdout and "planted.py: clang20 gfx950: FAILED" in result.stdout
 
 
+@needs_tools
 def test_planted_nvidia_error_fails(tmp_path):
     # Bad inline PTX in the NVIDIA branch: only a real `-c` compile (ptxas) catches it.
     path = planted(tmp_path, "ld.acquire.sys.global.b32", "ld.acquire.sys.global.b33")
@@ -92,6 +102,7 @@ def test_planted_nvidia_error_fails(tmp_path):
     assert "planted.py: clang gfx942: ok" in result.stdout and "planted.py: clang20 gfx950: ok" in result.stdout
 
 
+@needs_tools
 @pytest.mark.parametrize("version", ["v8_driver_launch", "v9_native_entry"])
 def test_driver_launch_counts_the_compiled_kernels_parameters_on_both_targets(version):
     """v8 and v9 launch through the driver on a kernelParams array sized from the compiled kernel itself (PTX's
@@ -108,3 +119,29 @@ def test_driver_launch_counts_the_compiled_kernels_parameters_on_both_targets(ve
     counts = {target: module.param_count(check_device.triton_compile(module, "all2all_kernel", target, shape, False))
               for target in ("sm_90", "gfx942")}
     assert counts["sm_90"] == counts["gfx942"] == len(module.TRITON_KERNELS["all2all_kernel"]) + appended, counts
+
+
+def test_a_files_lines_are_printed_while_another_thread_hipifies(tmp_path, monkeypatch, capsys):
+    """hipify swaps sys.stdout for its own: a file's lines printed meanwhile must still reach the real one (they
+    went into hipify's, and a run printed 80, 90 or 100 lines by chance)."""
+    first, second = tmp_path / "first.py", tmp_path / "second.py"
+    first.write_text("")
+    second.write_text("")
+    hipifying = threading.Event()
+
+    def check(path, nvcc, hipcc):
+        if path == second:  # as hipify does, under its lock, for longer than the first file takes
+            with check_device._HIPIFY, contextlib.redirect_stdout(io.StringIO()):
+                hipifying.set()
+                threading.Event().wait(1.0)
+        else:
+            hipifying.wait(5)
+        check_device.say(f"{path.name}: checked")
+        return []
+
+    monkeypatch.setattr(check_device, "check", check)
+    monkeypatch.setattr(check_device, "missing_tools", lambda: [])
+    monkeypatch.setattr(check_device.os, "cpu_count", lambda: 2)
+    assert check_device.main([str(first), str(second)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[:2] == ["first.py: checked", "second.py: checked"], printed
