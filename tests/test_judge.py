@@ -237,10 +237,13 @@ def test_a_patched_event_clock_changes_no_time(tmp_path, face, mode):
 
 
 # The harness's primitives live in its module and its objects; a submission reaches them through its caller's frames.
+# The call sleeps 25 ms: a forged step hides whole only when the call is shorter than the room the clock check
+# leaves (about two floor steps, docs/judge.md "What stays open"), and a floor step in leaderboard mode took 3.4-6.3 ms
+# on 2 busy cores (2026-11-25); with 5 ms the forgery passed in one run of three there.
 FORGED_DURATIONS = '''
 
 def custom_kernel(data):
-    out = _honest(data, 0.005)
+    out = _honest(data, 0.025)
     frame = _sys._getframe(1)
     while frame is not None:  # the loop's own list of step times, one frame up the timed loop
         durations = frame.f_locals.get("durations")
