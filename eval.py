@@ -2287,29 +2287,30 @@ class InputOracle:
 
     def inputs(self, requests: list) -> list:
         """[(case args, rank)] -> the rank's input for each, made on that rank's device."""
+        missing = [(args, rank) for args, rank in requests if self._key(args, rank) not in self.cache]
+        if missing:
+            made = self._made_here(missing) if self.backend == "gloo" else self._made_in_worker(missing)
+            self.cache.update((self._key(args, rank), inputs) for (args, rank), inputs in zip(missing, made))
+        return [self.cache[self._key(args, rank)] for args, rank in requests]
+
+    @staticmethod
+    def _made_here(missing: list) -> list:
+        import reference
+
+        return _inputs_made(reference.generate_input, [(args, rank, "cpu") for args, rank in missing])
+
+    def _made_in_worker(self, missing: list) -> list:
         import torch
 
-        missing = [(args, rank) for args, rank in requests if self._key(args, rank) not in self.cache]
-        if missing and self.backend == "gloo":
-            import reference
-
-            for (args, rank), made in zip(missing, _inputs_made(reference.generate_input,
-                                                                [(args, rank, "cpu") for args, rank in missing])):
-                self.cache[self._key(args, rank)] = made
-        elif missing:
-            if self.pool is None:
-                self.pool = RankPool(1, "gloo")
-            devices = [f"cuda:{rank % torch.cuda.device_count()}" if self.backend != "gloo" else "cpu"
-                       for _, rank in missing]
-            test = TestCase(args={"world_size": 1}, spec="the evaluator's own inputs")
-            (result,) = self.pool.run("call", test, OFFICIAL_TIMEOUT_S["benchmark"], {
-                "fn": _oracle_inputs, "args": ([(args, rank, device) for (args, rank), device in
-                                                zip(missing, devices)],)})
-            if not result.ok:
-                raise RuntimeError(f"the evaluator could not make the inputs again: {result.value.message}")
-            for (args, rank), made in zip(missing, result.value):
-                self.cache[self._key(args, rank)] = made
-        return [self.cache[self._key(args, rank)] for args, rank in requests]
+        if self.pool is None:
+            self.pool = RankPool(1, "gloo")
+        test = TestCase(args={"world_size": 1}, spec="the evaluator's own inputs")
+        (result,) = self.pool.run("call", test, OFFICIAL_TIMEOUT_S["benchmark"], {
+            "fn": _oracle_inputs, "args": ([(args, rank, f"cuda:{rank % torch.cuda.device_count()}")
+                                            for args, rank in missing],)})
+        if not result.ok:
+            raise RuntimeError(f"the evaluator could not make the inputs again: {result.value.message}")
+        return result.value
 
     @staticmethod
     def _key(args: dict, rank: int) -> tuple:

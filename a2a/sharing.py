@@ -143,14 +143,8 @@ _VERSIONS: dict = {}  # library path -> the version it reported (the plan and ev
 
 
 def nccl_version_of(path: Path) -> Optional[tuple]:
-    """The version an NCCL library file reports, or None (why: nccl_version_failure)."""
-    version, _ = _asked_version(path)
-    return version
-
-
-def nccl_version_failure(path: Path) -> str:
-    """Why `path` reported no version just now ("" when it did)."""
-    return _asked_version(path)[1]
+    """The version an NCCL library file reports, or None (nccl_for_sharing says why)."""
+    return _asked_version(path)[0]
 
 
 def _asked_version(path: Path) -> tuple:
