@@ -365,15 +365,20 @@ DISPATCH_SPEC = dict(num_experts=64, experts_per_token=6, hidden_dim=2048, max_n
 PRESSURE_SPEC = dict(num_experts=256, experts_per_token=8, hidden_dim=7168, max_num_tokens=256, seed=4)
 
 
-def _failure(rank: int, failed: Exception) -> str:
-    return f"rank {rank}: {type(failed).__name__}: {failed}"
+class VersionFailed(RuntimeError):
+    """A version's failure inside a group that runs every version: it ends the whole launch. The failing rank's
+    peers may be inside a collective or a kernel that waits for it, so no rank can go on to the next version; the
+    pool ends the others after its grace and the launch's error names this version and rank first."""
+
+    def __init__(self, version: str, rank: int, failed: Exception):
+        super().__init__(f"{version} on rank {rank}: {type(failed).__name__}: {failed}")
 
 
 def _every_version_at_8(rank, world_size, official: list) -> dict:
     """One group of 8 for every version (one NCCL setup and one MPS daemon: a group's start is most of a small
     check's time): each version's official tests, then for the P2P ones the dispatch check on a small shape and the
     pressure check on the largest, so each also resizes its buffers between calls, as in the official runs. A
-    version's failure is its own entry; a barrier brings every rank to the next version together."""
+    barrier brings every rank to the next version together; a version's failure ends the group (VersionFailed)."""
     import torch.distributed as dist
 
     from reference import check_implementation, generate_input
@@ -382,7 +387,7 @@ def _every_version_at_8(rank, world_size, official: list) -> dict:
     for version in VERSIONS:
         dist.barrier()
         started = time.monotonic()
-        entry = found[version] = {"official": None, "dispatch": None, "pressure": None, "error": None}
+        entry = found[version] = {"official": None, "dispatch": None, "pressure": None}
         try:
             module = _load(version)
             entry["official"] = []
@@ -393,8 +398,8 @@ def _every_version_at_8(rank, world_size, official: list) -> dict:
             if version in P2P_VERSIONS:
                 entry["dispatch"] = _dispatched_rows(module, rank, world_size, version, DISPATCH_SPEC)
                 entry["pressure"] = _pressure(module, rank, world_size, PRESSURE_SPEC, 20)
-        except Exception as failed:  # this version's failure; the next ones still run
-            entry["error"] = _failure(rank, failed)
+        except Exception as failed:
+            raise VersionFailed(version, rank, failed) from failed
         entry["seconds"] = time.monotonic() - started
     return found
 
@@ -424,11 +429,8 @@ def _official_at_8() -> list:
 
 
 def _at_8(version: str) -> list:
-    """Every rank's entry for `version` from the one group of 8 (its error, if any, fails the test reading it)."""
-    entries = [found[version] for found in _launched_once(_every_version_at_8, PROBLEM_WS, _official_at_8())]
-    errors = [entry["error"] for entry in entries if entry["error"]]
-    assert not errors, errors
-    return entries
+    """Every rank's entry for `version` from the one group of 8 (the launch's error fails every test reading it)."""
+    return [found[version] for found in _launched_once(_every_version_at_8, PROBLEM_WS, _official_at_8())]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -623,36 +625,31 @@ GIVE_UP_SPEC = dict(num_experts=8, experts_per_token=2, hidden_dim=256, max_num_
 def _every_trace_then_give_up(rank, world_size) -> dict:
     """One group of 2 for every P2P version's trace build and then its give-up (the give-up last: it leaves that
     version's call unfinished). The spin timeout is read at import, so it is set before the first instance loads;
-    every timed instance loads before the first trace build (whose switch stays on in this process). A version's
-    failure is its own entry; a barrier brings both ranks to the next version together."""
+    every timed instance loads before the first trace build (whose switch stays on in this process). A barrier
+    brings both ranks to the next version together; a version's failure ends the group (VersionFailed)."""
     import torch.distributed as dist
 
     os.environ["A2A_SPIN_TIMEOUT_S"] = str(SPIN_TIMEOUT_S)
-    found = {version: {"trace": None, "give_up": None, "error": None} for version in P2P_VERSIONS}
+    found = {version: {"trace": None, "give_up": None} for version in P2P_VERSIONS}
     timed = {}
     for version in P2P_VERSIONS:
         try:
             timed[version] = _load(version, f"{version}_timed")
         except Exception as failed:
-            found[version]["error"] = _failure(rank, failed)
+            raise VersionFailed(version, rank, failed) from failed
     for version in P2P_VERSIONS:
         dist.barrier()
-        if version not in timed:
-            continue
         try:
             found[version]["trace"] = _trace_build_matches(timed[version], rank, world_size, version, TRACE_SPEC)
             found[version]["give_up"] = _peer_never_comes(timed[version], rank, world_size, GIVE_UP_SPEC)
-        except Exception as failed:  # this version's failure; the next ones still run
-            found[version]["error"] = _failure(rank, failed)
+        except Exception as failed:
+            raise VersionFailed(version, rank, failed) from failed
     return found
 
 
 def _at_2(version: str) -> list:
-    """Both ranks' entries for `version` from the one group of 2 (its error, if any, fails the test reading it)."""
-    entries = [found[version] for found in _launched_once(_every_trace_then_give_up, 2)]
-    errors = [entry["error"] for entry in entries if entry["error"]]
-    assert not errors, errors
-    return entries
+    """Both ranks' entries for `version` from the one group of 2 (the launch's error fails every test reading it)."""
+    return [found[version] for found in _launched_once(_every_trace_then_give_up, 2)]
 
 
 @pytest.mark.parametrize("version", P2P_VERSIONS)
