@@ -1718,24 +1718,33 @@ def _failure_from_exception(exc: BaseException) -> RankFailure:
 
 def _rank_entry(b: Bound, job: str, test: TestCase, rank: int, params: dict, setup: RankSetup,
                 case_id: int) -> RankResult:
-    """Runs one rank of one case in a pool worker."""
-    import torch.distributed as dist
-
+    """Runs one rank of one case in a pool worker. A rank that succeeded leaves its process group here; one that
+    failed leaves it after its result has gone (the worker loop calls _leave_group)."""
     global _setup, _import_s
     _setup, _import_s = setup, None
     try:
         _set_phase("joining the process group")
         _join_group(rank, test.args["world_size"], setup, case_id)
-        try:
-            ok, value = _RANK_JOBS[job](b, test, rank, **params)
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        if not ok and not isinstance(value, RankFailure):
+        ok, value = _RANK_JOBS[job](b, test, rank, **params)
+        if ok:
+            _leave_group()
+        elif not isinstance(value, RankFailure):
             value = RankFailure(str(value))
         return RankResult(ok, value, _import_s)
     except BaseException as exc:  # reported to the parent, which owns the exit status
         return RankResult(False, _failure_from_exception(exc), _import_s)
+
+
+def _leave_group() -> None:
+    """Destroys this rank's process group, if it has one.
+    NOTES: a failed rank's peers may still be inside a collective it never joined (or it left one in flight), and
+    its teardown then waits for them. Its result goes to the owner first, so the owner names the failure and ends
+    the peers after its grace (killing this worker with them) instead of waiting, causeless, for the watchdog."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        _set_phase("leaving the process group")
+        dist.destroy_process_group()
 
 
 # A rank writes its Python stack to stderr on this signal (the watchdog asks before it kills), and is given this long.
@@ -1743,7 +1752,8 @@ STACK_SIGNAL = signal.SIGUSR1
 STACK_WRITE_S = 0.2
 # What a pool worker is doing, kept in shared memory so the watchdog can say where a stuck rank is.
 PHASES = ("idle", "joining the process group", "importing the submission", "generating input", "in custom_kernel",
-          "checking the output", "in the timing loop", "profiling", "in the launched function")
+          "checking the output", "in the timing loop", "profiling", "in the launched function",
+          "leaving the process group")
 _phase_slot = None
 
 
@@ -1780,6 +1790,10 @@ def _worker_loop(conn, phase_slot, parent_pid: int, sandbox: Optional[RankSandbo
         result = failure or _rank_entry(b, *message)
         _set_phase("idle")
         _send_result(conn, result)
+        if not result.ok:
+            with contextlib.suppress(Exception):  # the next case joins a fresh group all the same
+                _leave_group()
+            _set_phase("idle")
     # Out now: a normal interpreter exit would wait for any thread a submission left running (seen: 10 s per worker
     # of the pool's grace, then a kill), and the pool's owner has already ended what the submission forked.
     for stream in (sys.stdout, sys.stderr):

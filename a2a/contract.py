@@ -42,6 +42,8 @@ VERSION_PROTOCOL = (
      "inspect() -> what the last call dispatched to this rank: {'counts', 'meta', 'rows'} (see dispatch_view)"),
     ("_state", "v2-v7 (frozen)", "tests (the same adapter), tools/triton_launch.py", "the per-process state object"),
     ("_ext", "v2-v6 (frozen)", "tests (the same adapter)", "the built extension (scratch_regions)"),
+    ("_close_state", "v2 on", "tests/test_gpu.py (its groups that run every version)",
+     "_close_state() frees this process's heap and state (what the version's destroy_process_group wrapper does)"),
     ("IDEAS", "idea scratch copies", "tools/compare_ideas.py", "{idea: bit}"),
     ("REQUIRES", "idea scratch copies", "tools/compare_ideas.py", "{idea: ideas it needs on with it}"),
     ("configure_ideas", "idea scratch copies", "tools/compare_ideas.py", "configure_ideas(names): switch ideas on"),

@@ -72,12 +72,16 @@ class _SideBySide:
     """Runs that need no peer beyond their own ranks and no quiet GPU (the staged bundles at the largest world size
     with a GPU per rank), started together when the module sets up and read by their tests later, while the runs
     of 8 go on in the foreground. Runs on the runner's fixed port take turns on one thread; runs on a private port
-    each have their own. A test whose claim needs a quiet GPU (a timing, a process count) waits for all of them
-    first (fixture `quiet_gpu`)."""
+    take PRIVATE_PORT_RUNS threads. A test whose claim needs a quiet GPU (a timing, a process count) waits for all of
+    them first (fixture `quiet_gpu`)."""
+
+    # Each run holds a few GiB of GPU memory (3.4 GiB seen in one torch-version benchmark). Nine at once beside the
+    # group of 8 filled an H100's 80 GB: the group stalled and a staged run failed out of memory.
+    PRIVATE_PORT_RUNS = 3
 
     def __init__(self):
         self.fixed_port = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-        self.private_port = concurrent.futures.ThreadPoolExecutor(max_workers=16)
+        self.private_port = concurrent.futures.ThreadPoolExecutor(max_workers=self.PRIVATE_PORT_RUNS)
         self.runs: dict = {}
 
     def start(self, key, fn, *args, private: bool) -> None:
@@ -398,10 +402,23 @@ def _every_version_at_8(rank, world_size, official: list) -> dict:
             if version in P2P_VERSIONS:
                 entry["dispatch"] = _dispatched_rows(module, rank, world_size, version, DISPATCH_SPEC)
                 entry["pressure"] = _pressure(module, rank, world_size, PRESSURE_SPEC, 20)
+                _release(module)
         except Exception as failed:
             raise VersionFailed(version, rank, failed) from failed
         entry["seconds"] = time.monotonic() - started
     return found
+
+
+def _release(module) -> None:
+    """Frees a version's heap once every rank is done with it, as destroying its process group would on the runner:
+    a group that keeps every version's largest heap at once, 8 ranks on one GPU beside the side-by-side runs, ran
+    the GPU out of memory (WORKLOG, "The group of 8 ran the GPU out of memory")."""
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    module._close_state()
+    torch.cuda.empty_cache()
 
 
 _LAUNCHED: dict = {}  # (rank function, world size) -> its per-rank results, or the launch's error

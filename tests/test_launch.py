@@ -23,6 +23,18 @@ def _fail_on_rank_one(rank, world_size):
     return rank
 
 
+def _fail_with_a_collective_in_flight(rank, world_size):
+    """Rank 0 starts a collective its peer never joins, then fails: tearing its group down waits for that collective,
+    as an NCCL rank's does when its peers are still inside one (seen in the GPU suite's group of 8)."""
+    import torch
+    import torch.distributed as dist
+
+    if rank == 0:
+        dist.all_reduce(torch.ones(1), async_op=True)
+        raise ValueError("rank zero's own failure")
+    time.sleep(3600)
+
+
 def _hang_on_rank_zero(rank, world_size):
     if rank == 0:
         subprocess.Popen(["sleep", "1000"])
@@ -37,6 +49,17 @@ def test_results_come_back_in_rank_order():
 def test_a_failing_rank_is_named():
     with pytest.raises(LaunchError, match="rank 1 - KeyError: 'planted'"):
         parallel_launch(2, _fail_on_rank_one, backend="gloo")
+
+
+def test_a_failing_rank_is_named_even_when_its_teardown_would_wait_for_its_peers():
+    """The failure reaches the owner before the rank tears its group down, so the owner ends the case after its
+    grace for failed peers, naming the failure, instead of waiting for the watchdog with no cause to give."""
+    import eval as core
+
+    started = time.monotonic()
+    with pytest.raises(LaunchError, match="rank 0 - ValueError: rank zero's own failure"):
+        parallel_launch(2, _fail_with_a_collective_in_flight, backend="gloo", timeout_s=120)
+    assert time.monotonic() - started < core.FAILED_PEER_GRACE_S + 60
 
 
 def test_a_hanging_rank_is_killed_after_saying_where(process_token, monkeypatch, capfd):
