@@ -16,7 +16,7 @@ A ?= $(word $(words $(wordlist 2,$(words $(VERSIONS)),$(VERSIONS))),$(VERSIONS))
 B ?= $(lastword $(VERSIONS))
 CASE ?= benchmarks:0
 
-.PHONY: setup test test-gpu test-gpu-full check-device leaderboard stability sol trace diff sweep nccl clean
+.PHONY: setup test test-full test-gpu test-gpu-full check-device leaderboard stability sol trace diff sweep nccl clean
 
 setup:
 ifeq ($(HAVE_DEPS),)
@@ -37,8 +37,13 @@ check-device: setup
 # runs them in this process: on 2 cores two workers took 995-1080 s against 1324 s for one, but three workers
 # failed a timing test (tests/test_clock.py, the stopping rule) under the load, and a worker's orphan sweep can
 # clean up for another's leftover test: CI runs one.
+# make test leaves out the tests marked `full` (tests/conftest.py, every_time): each attack on the judge and each
+# claim runs on every change on one face and mode, and on every other in `make test-full`.
 TEST_WORKERS ?= 0
 test: setup
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not full" tests
+
+test-full: setup
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 # The GPU tests alone (world size 8 on whatever GPUs there are; ranks share them where there are fewer than 8, with an

@@ -24,6 +24,17 @@ if WORKER_INDEX:
     os.environ[MASTER_PORT_ENV] = str(PROTOCOL_PORT)
 
 
+def every_time(params, *chosen) -> list:
+    """A parametrize list where only `chosen` run on every change (`make test`, CI); the other entries carry the
+    `full` mark and run with `make test-full`. An attack or a claim runs every time on the face and mode named, and
+    on every other in the full matrix: on 2 cores each run costs about 8 s of CPU, most of it three torch imports."""
+    missing = [entry for entry in chosen if entry not in params]
+    if missing:
+        raise ValueError(f"every_time: {missing} not among {params}")
+    return [entry if entry in chosen else pytest.param(*(entry if isinstance(entry, tuple) else (entry,)),
+                                                       marks=pytest.mark.full) for entry in params]
+
+
 def gpu_count() -> int:
     import torch
 

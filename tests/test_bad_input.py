@@ -11,7 +11,7 @@ import pytest
 from a2a.cli import run_cli
 from a2a.rows import parse_popcorn
 from eval import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_CRASH, EXIT_USAGE
-from tests.conftest import ROOT, run_bundle, run_eval
+from tests.conftest import ROOT, every_time, run_bundle, run_eval
 
 LINE = "num_experts: 8; experts_per_token: 2; hidden_dim: {h}; max_num_tokens: 4; seed: {s}; world_size: {w}"
 
@@ -248,7 +248,7 @@ def custom_kernel(data):
 """
 
 
-@pytest.mark.parametrize("mode", ["test", "benchmark", "leaderboard"])
+@pytest.mark.parametrize("mode", every_time(["test", "benchmark", "leaderboard"], "leaderboard"))
 def test_a_submission_cannot_replace_the_check(bundle, mode):
     (bundle / "submission.py").write_text(REPLACES_THE_CHECK)
     _file(bundle, "two.txt", "\n".join(LINE.format(h=64, s=s, w=2) for s in (1, 2)) + "\n")

@@ -12,8 +12,8 @@ import pytest
 from a2a.harness import evaluate
 from a2a.plan import builds_device_code, make_plan
 from a2a.rows import parse_popcorn
-from tests.conftest import (ROOT, hanging_human_face, hanging_submission, processes_with, run_bundle, run_eval,
-                            shared_folder, start_hanging, v1_kernel_source, wait_until_gone)
+from tests.conftest import (ROOT, every_time, hanging_human_face, hanging_submission, processes_with, run_bundle,
+                            run_eval, shared_folder, start_hanging, v1_kernel_source, wait_until_gone)
 
 SMALL_LINE = "num_experts: 8; experts_per_token: 2; hidden_dim: 256; max_num_tokens: 12; seed: {seed}; world_size: 2"
 OFFICIAL_TEST_KEYS = {"test-count", "check"}
@@ -94,7 +94,7 @@ def custom_kernel(data):
 """
 
 
-@pytest.mark.parametrize("mode", ["test", "benchmark", "leaderboard"])
+@pytest.mark.parametrize("mode", every_time(["test", "benchmark", "leaderboard"], "leaderboard"))
 def test_a_submission_that_edits_its_input_fails(bundle, mode):
     write_submission(bundle, EDITS_ITS_INPUT)
     (bundle / "one.txt").write_text(SMALL_LINE.format(seed=2) + "\n")
@@ -208,7 +208,7 @@ def test_no_rendezvous_fails_while_a_neighbour_churns_ports(process_token):
 HANGS_WITH_A_CHILD = hanging_submission()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+@pytest.mark.parametrize("signum", every_time([signal.SIGTERM, signal.SIGHUP, signal.SIGINT], signal.SIGTERM))
 def test_a_signal_to_the_human_face_ends_the_whole_tree(tmp_path, process_token, signum):
     process = hanging_human_face(tmp_path, process_token, HANGS_WITH_A_CHILD)
     process.send_signal(signum)

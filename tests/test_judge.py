@@ -27,8 +27,8 @@ import pytest
 from a2a import rows as result_rows
 from a2a.harness import stage
 from eval import EXIT_BAD_INPUT, EXIT_CHECK_FAILED
-from tests.conftest import (PROTOCOL_PORT, ROOT, V1, run_bundle, run_eval, shared_folder, start_hanging,
-                            v1_kernel_source, wait_until_unmarked)
+from tests.conftest import (PROTOCOL_PORT, ROOT, V1, every_time, run_bundle, run_eval, shared_folder,
+                            start_hanging, v1_kernel_source, wait_until_unmarked)
 
 CASE = ("--world-size", "2", "--cases", "tests:0")
 # The cases the hostile runs use: the official loop's cost on CPU is the harness's own (gloo collectives), so a small
@@ -220,7 +220,7 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.parametrize("face, mode", EVERY_FACE_TIMED, ids=_ids(EVERY_FACE_TIMED))
+@pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_TIMED, ("protocol", "leaderboard")), ids=_ids(EVERY_FACE_TIMED))
 def test_a_slowed_perf_counter_ns_changes_no_time(tmp_path, face, mode):
     """`time.perf_counter_ns` divided by 1000 at import (#38, 1): the harness's clock was bound before."""
     assert_time_is_real(run_face(face, mode, tmp_path, hostile(PATCHED_PERF_COUNTER_NS)))
@@ -229,7 +229,7 @@ def test_a_slowed_perf_counter_ns_changes_no_time(tmp_path, face, mode):
 EVENT_CLOCK_RUNS = [("human", "benchmark"), ("human", "leaderboard"), ("protocol", "leaderboard")]
 
 
-@pytest.mark.parametrize("face, mode", EVENT_CLOCK_RUNS, ids=_ids(EVENT_CLOCK_RUNS))
+@pytest.mark.parametrize("face, mode", every_time(EVENT_CLOCK_RUNS, ("human", "benchmark")), ids=_ids(EVENT_CLOCK_RUNS))
 def test_a_patched_event_clock_changes_no_time(tmp_path, face, mode):
     """`torch.cuda.Event.elapsed_time` and every clock of `time` slowed at import (#38, 1): neither the
     leaderboard-style time nor the device-side one (the human face's) moves."""
@@ -290,7 +290,8 @@ FORGED_TIME_IN_THE_RANK = [("durations", "human", "benchmark"), ("durations", "p
                            ("bound-clock", "human", "leaderboard"), ("bound-clock", "protocol", "benchmark")]
 
 
-@pytest.mark.parametrize("attack, face, mode", FORGED_TIME_IN_THE_RANK,
+@pytest.mark.parametrize("attack, face, mode", every_time(FORGED_TIME_IN_THE_RANK, ("durations", "protocol", "leaderboard"),
+                                                       ("bound-clock", "human", "leaderboard")),
                          ids=[f"{a}-{f}-{m}" for a, f, m in FORGED_TIME_IN_THE_RANK])
 def test_a_time_forged_inside_the_harness_is_not_shown(tmp_path, attack, face, mode):
     """Right answers, with the step times forged where the harness keeps them: the timed loop's `durations` list
@@ -326,7 +327,7 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.parametrize("face, mode", EVERY_FACE_TIMED, ids=_ids(EVERY_FACE_TIMED))
+@pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_TIMED, ("human", "leaderboard")), ids=_ids(EVERY_FACE_TIMED))
 def test_zeros_in_a_third_of_the_timed_calls_fail(tmp_path, face, mode):
     """Right in the checked call and in two timed calls of three, zeros in the third (#38, deliverable 2)."""
     outcome = run_face(face, mode, tmp_path, hostile(ZEROS_IN_A_THIRD))
@@ -349,7 +350,8 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.parametrize("face, mode", EVERY_FACE_AND_MODE, ids=_ids(EVERY_FACE_AND_MODE))
+@pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_AND_MODE, ("protocol", "leaderboard"), ("human", "test")),
+                         ids=_ids(EVERY_FACE_AND_MODE))
 def test_a_check_replaced_through_the_callers_frames_voids(tmp_path, face, mode):
     """The harness's check (`_checked` in #38, `checked` since), found in its caller's globals, replaced by a pass;
     then zeros (#38, 2)."""
@@ -411,7 +413,7 @@ def custom_kernel(data):
 LAZY_RUNS = [("human", "leaderboard"), ("protocol", "benchmark")]
 
 
-@pytest.mark.parametrize("face, mode", LAZY_RUNS, ids=_ids(LAZY_RUNS))
+@pytest.mark.parametrize("face, mode", every_time(LAZY_RUNS, ("protocol", "benchmark")), ids=_ids(LAZY_RUNS))
 def test_zeros_fail_when_the_bound_primitives_are_bent(tmp_path, face, mode):
     """Zeros from every timed call, with the bound primitives (a read-only mapping in the timed step's frame, its
     dict reached through gc) made to agree and to compute the right answer lazily in the copy sent apart, after the
@@ -547,7 +549,8 @@ FORGED_RESULTS = ([("sent", "human", "test"), ("sent", "protocol", "test")]
                   + [("rewritten", face, mode) for face, mode in EVERY_FACE_TIMED])
 
 
-@pytest.mark.parametrize("attack, face, mode", FORGED_RESULTS, ids=[f"{a}-{f}-{m}" for a, f, m in FORGED_RESULTS])
+@pytest.mark.parametrize("attack, face, mode", every_time(FORGED_RESULTS, ("sent", "human", "test"), ("rewritten", "protocol", "leaderboard")),
+                         ids=[f"{a}-{f}-{m}" for a, f, m in FORGED_RESULTS])
 def test_a_forged_result_on_the_pipe_does_not_pass_zeros(tmp_path, attack, face, mode):
     """Zeros, and a passing eval.RankResult written to the owner: sent early on the Connection found with `gc`, or
     every outgoing result rewritten by a patched `Connection.send_bytes` (#38's pipe to the owner)."""
@@ -560,7 +563,7 @@ def test_a_forged_result_on_the_pipe_does_not_pass_zeros(tmp_path, attack, face,
 FORGED_STATS_RUNS = [("human", "benchmark"), ("protocol", "leaderboard")]
 
 
-@pytest.mark.parametrize("face, mode", FORGED_STATS_RUNS, ids=_ids(FORGED_STATS_RUNS))
+@pytest.mark.parametrize("face, mode", every_time(FORGED_STATS_RUNS, ("protocol", "leaderboard")), ids=_ids(FORGED_STATS_RUNS))
 def test_forged_statistics_on_the_pipe_are_not_shown(tmp_path, face, mode):
     """Right answers from a 25 ms call; every time in the report the owner's clock is checked against divided by 1000
     on its way out (a patched `Connection.send_bytes`): void, or the time shown is real. A call shorter than the
@@ -600,7 +603,7 @@ def custom_kernel(data):
 OWNER_CODE_RUNS = [("human", "test"), ("protocol", "benchmark")]
 
 
-@pytest.mark.parametrize("face, mode", OWNER_CODE_RUNS, ids=_ids(OWNER_CODE_RUNS))
+@pytest.mark.parametrize("face, mode", every_time(OWNER_CODE_RUNS, ("protocol", "benchmark")), ids=_ids(OWNER_CODE_RUNS))
 def test_a_message_on_the_pipe_runs_no_code_in_the_owner(tmp_path, face, mode):
     """A pickle sent on the worker's Connection whose reduction calls `eval` in the process that reads it. The
     owner (root here, outside the namespace, holding the result channel) must never run a rank's code: no file
@@ -713,7 +716,7 @@ def custom_kernel(data):
 REACH_RUNS = [("human", "test"), ("protocol", "leaderboard")]
 
 
-@pytest.mark.parametrize("face, mode", REACH_RUNS, ids=_ids(REACH_RUNS))
+@pytest.mark.parametrize("face, mode", every_time(REACH_RUNS, ("human", "test")), ids=_ids(REACH_RUNS))
 def test_a_rank_reaches_no_harness_process(tmp_path, face, mode):
     """pidfd_open/pidfd_getfd on its parent and every process it sees, /proc/<pid>/mem opened for writing,
     SIGSTOP/SIGTERM to every process of another uid, a scan of every pid it could signal unseen (#38, 3, 4, 6, 9).
@@ -808,7 +811,7 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.parametrize("face", FACES)
+@pytest.mark.parametrize("face", every_time(FACES, "protocol"))
 def test_the_secret_seed_stays_secret_and_no_timed_input_can_be_precomputed(tmp_path, face):
     """Leaderboard mode with a secret seed (`--seed`, POPCORN_SEED): it is in no /proc/*/environ or command line
     the rank can read, not in its environment, frames or objects (#38, 5); no timed call's input is one the
@@ -836,7 +839,7 @@ def custom_kernel(data):
 SIGNAL_RUNS = [(face, name) for name in ("SIGTERM", "SIGSTOP") for face in FACES]
 
 
-@pytest.mark.parametrize("face, name", SIGNAL_RUNS, ids=[f"{f}-{n}" for f, n in SIGNAL_RUNS])
+@pytest.mark.parametrize("face, name", every_time(SIGNAL_RUNS, ("protocol", "SIGSTOP"), ("human", "SIGTERM")), ids=[f"{f}-{n}" for f, n in SIGNAL_RUNS])
 def test_a_signal_to_its_parent_never_reads_as_the_users_stop(tmp_path, face, name):
     """`os.kill(os.getppid(), SIGTERM or SIGSTOP)` from rank 1 (#38, 6 and 9): the evaluator is out of reach (the
     rank's parent is outside its namespace: ppid 0, so the signal goes to the rank's own process group, where it
@@ -925,7 +928,7 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.parametrize("face, mode", EVERY_FACE_TIMED, ids=_ids(EVERY_FACE_TIMED))
+@pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_TIMED, ("protocol", "benchmark")), ids=_ids(EVERY_FACE_TIMED))
 def test_a_no_op_barrier_and_l2_clear_trim_nothing(tmp_path, face, mode):
     """`torch.distributed.barrier`, `utils.clear_l2_cache` and `torch.cuda.synchronize` made no-ops at import
     (#38, 7): the harness never calls them (its own are bound), so the window is whole and the time real."""
@@ -972,7 +975,7 @@ TAMPERING = [("fill", face, mode) for face, mode in EVERY_FACE_AND_MODE] + [
     ("mode", face, mode) for face, mode in (("human", "test"), ("human", "leaderboard"), ("protocol", "benchmark"))]
 
 
-@pytest.mark.parametrize("attack, face, mode", TAMPERING, ids=[f"{a}-{f}-{m}" for a, f, m in TAMPERING])
+@pytest.mark.parametrize("attack, face, mode", every_time(TAMPERING, ("fill", "protocol", "leaderboard"), ("mode", "human", "test")), ids=[f"{a}-{f}-{m}" for a, f, m in TAMPERING])
 def test_tampering_with_what_the_harness_runs_voids(tmp_path, attack, face, mode):
     """Right answers, with `aten::fill_` registered anew or a TorchFunctionMode left pushed: the case is void."""
     body, reason = {"fill": (FILL_REGISTERED_ANEW, "the operator aten::fill_.Scalar"),
@@ -1232,7 +1235,7 @@ KILLS = ("the human face", "its protocol child", "both faces", "a lone protocol 
 
 
 @pytest.mark.alone
-@pytest.mark.parametrize("killed", KILLS)
+@pytest.mark.parametrize("killed", every_time(KILLS, "both faces", "a lone protocol face"))
 def test_a_sigkill_leaves_nothing_behind(tmp_path, process_token, killed):
     """A submission that started a child, a setsid daemon, a double fork and wrote 200 MiB to /tmp, then hangs;
     then SIGKILL to the human face, to its protocol child, to both at once, or to a protocol face run alone. The
@@ -1277,7 +1280,7 @@ TOOLS_WITH_RANKS = {
 
 
 @pytest.mark.alone
-@pytest.mark.parametrize("tool_name", sorted(TOOLS_WITH_RANKS))
+@pytest.mark.parametrize("tool_name", every_time(sorted(TOOLS_WITH_RANKS), "leaderboard"))
 def test_a_sigkill_to_a_tool_leaves_nothing_behind(tmp_path, process_token, tool_name):
     """A tool's ranks in a hanging call that left a child, a setsid daemon, a double fork and 200 MiB in /tmp,
     then SIGKILL to the tool alone: nothing of its run stays (before, diff and anatomy left each rank's children
@@ -1309,7 +1312,7 @@ FINISHED_RUNS = {
 }
 
 
-@pytest.mark.parametrize("runner", sorted(FINISHED_RUNS))
+@pytest.mark.parametrize("runner", every_time(sorted(FINISHED_RUNS), "human face", "protocol face"))
 def test_a_finished_run_leaves_nothing_behind(tmp_path, process_token, runner):
     """A correct submission whose calls fork children holding its descriptors, after a setsid daemon, a double
     fork and 200 MiB in /tmp: the run passes (on the protocol face, its children cannot hold the fixed rendezvous
@@ -1377,7 +1380,7 @@ def _one_line(text: str) -> bool:
     return len(text.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("face", FACES)
+@pytest.mark.parametrize("face", every_time(FACES, "protocol"))
 def test_a_fifo_as_the_test_file_gets_one_line(tmp_path, face):
     """A FIFO nobody writes, as the test file: one line and 113, at once (it used to block the protocol face)."""
     fifo = tmp_path / "fifo.txt"
@@ -1454,7 +1457,7 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.parametrize("face", FACES)
+@pytest.mark.parametrize("face", every_time(FACES, "human"))
 def test_file_descriptor_exhaustion_ends_in_a_few_lines(tmp_path, face):
     """A submission that opens descriptors until none is left, after computing the right answer (#38, also short:
     it printed about 150 lines of tracebacks): the rank's result still reaches the evaluator (it goes as plain bytes
