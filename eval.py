@@ -1788,18 +1788,22 @@ def _worker_loop(conn, phase_slot, parent_pid: int, sandbox: Optional[RankSandbo
         failure = RankResult(False, RankFailure(f"{type(exc).__name__}: {exc}"))
     while (message := conn.recv()) is not None:
         result = failure or _rank_entry(b, *message)
-        _set_phase("idle")
         _send_result(conn, result)
         if not result.ok:
             with contextlib.suppress(Exception):  # the next case joins a fresh group all the same
                 _leave_group()
-            _set_phase("idle")
+        _set_phase("idle")
     # Out now: a normal interpreter exit would wait for any thread a submission left running (seen: 10 s per worker
     # of the pool's grace, then a kill), and the pool's owner has already ended what the submission forked.
+    _flush_streams()
+    os._exit(0)
+
+
+def _flush_streams() -> None:
+    """stdout and stderr written out before an os._exit (one that cannot be flushed is left)."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(0)
 
 
 def _send_result(conn, result: RankResult) -> None:
@@ -2644,9 +2648,7 @@ def _exit_now(code: int) -> None:
     import atexit
 
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
+    _flush_streams()
     os._exit(code)
 
 

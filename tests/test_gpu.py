@@ -378,6 +378,15 @@ class VersionFailed(RuntimeError):
         super().__init__(f"{version} on rank {rank}: {type(failed).__name__}: {failed}")
 
 
+@contextlib.contextmanager
+def _ends_the_group(version: str, rank: int):
+    """Whatever fails inside ends the group as VersionFailed."""
+    try:
+        yield
+    except Exception as failed:
+        raise VersionFailed(version, rank, failed) from failed
+
+
 def _every_version_at_8(rank, world_size, official: list) -> dict:
     """One group of 8 for every version (one NCCL setup and one MPS daemon: a group's start is most of a small
     check's time): each version's official tests, then for the P2P ones the dispatch check on a small shape and the
@@ -392,7 +401,7 @@ def _every_version_at_8(rank, world_size, official: list) -> dict:
         dist.barrier()
         started = time.monotonic()
         entry = found[version] = {"official": None, "dispatch": None, "pressure": None}
-        try:
+        with _ends_the_group(version, rank):
             module = _load(version)
             entry["official"] = []
             for args in official:
@@ -403,8 +412,6 @@ def _every_version_at_8(rank, world_size, official: list) -> dict:
                 entry["dispatch"] = _dispatched_rows(module, rank, world_size, version, DISPATCH_SPEC)
                 entry["pressure"] = _pressure(module, rank, world_size, PRESSURE_SPEC, 20)
                 _release(module)
-        except Exception as failed:
-            raise VersionFailed(version, rank, failed) from failed
         entry["seconds"] = time.monotonic() - started
     return found
 
@@ -650,17 +657,13 @@ def _every_trace_then_give_up(rank, world_size) -> dict:
     found = {version: {"trace": None, "give_up": None} for version in P2P_VERSIONS}
     timed = {}
     for version in P2P_VERSIONS:
-        try:
+        with _ends_the_group(version, rank):
             timed[version] = _load(version, f"{version}_timed")
-        except Exception as failed:
-            raise VersionFailed(version, rank, failed) from failed
     for version in P2P_VERSIONS:
         dist.barrier()
-        try:
+        with _ends_the_group(version, rank):
             found[version]["trace"] = _trace_build_matches(timed[version], rank, world_size, version, TRACE_SPEC)
             found[version]["give_up"] = _peer_never_comes(timed[version], rank, world_size, GIVE_UP_SPEC)
-        except Exception as failed:
-            raise VersionFailed(version, rank, failed) from failed
     return found
 
 

@@ -220,7 +220,8 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_TIMED, ("protocol", "leaderboard")), ids=_ids(EVERY_FACE_TIMED))
+@pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_TIMED, ("protocol", "leaderboard")),
+                         ids=_ids(EVERY_FACE_TIMED))
 def test_a_slowed_perf_counter_ns_changes_no_time(tmp_path, face, mode):
     """`time.perf_counter_ns` divided by 1000 at import (#38, 1): the harness's clock was bound before."""
     assert_time_is_real(run_face(face, mode, tmp_path, hostile(PATCHED_PERF_COUNTER_NS)))
@@ -290,7 +291,8 @@ FORGED_TIME_IN_THE_RANK = [("durations", "human", "benchmark"), ("durations", "p
                            ("bound-clock", "human", "leaderboard"), ("bound-clock", "protocol", "benchmark")]
 
 
-@pytest.mark.parametrize("attack, face, mode", every_time(FORGED_TIME_IN_THE_RANK, ("durations", "protocol", "leaderboard"),
+@pytest.mark.parametrize("attack, face, mode", every_time(FORGED_TIME_IN_THE_RANK,
+                                                       ("durations", "protocol", "leaderboard"),
                                                        ("bound-clock", "human", "leaderboard")),
                          ids=[f"{a}-{f}-{m}" for a, f, m in FORGED_TIME_IN_THE_RANK])
 def test_a_time_forged_inside_the_harness_is_not_shown(tmp_path, attack, face, mode):
@@ -327,7 +329,8 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_TIMED, ("human", "leaderboard")), ids=_ids(EVERY_FACE_TIMED))
+@pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_TIMED, ("human", "leaderboard")),
+                         ids=_ids(EVERY_FACE_TIMED))
 def test_zeros_in_a_third_of_the_timed_calls_fail(tmp_path, face, mode):
     """Right in the checked call and in two timed calls of three, zeros in the third (#38, deliverable 2)."""
     outcome = run_face(face, mode, tmp_path, hostile(ZEROS_IN_A_THIRD))
@@ -549,7 +552,8 @@ FORGED_RESULTS = ([("sent", "human", "test"), ("sent", "protocol", "test")]
                   + [("rewritten", face, mode) for face, mode in EVERY_FACE_TIMED])
 
 
-@pytest.mark.parametrize("attack, face, mode", every_time(FORGED_RESULTS, ("sent", "human", "test"), ("rewritten", "protocol", "leaderboard")),
+@pytest.mark.parametrize("attack, face, mode", every_time(FORGED_RESULTS, ("sent", "human", "test"),
+                                                       ("rewritten", "protocol", "leaderboard")),
                          ids=[f"{a}-{f}-{m}" for a, f, m in FORGED_RESULTS])
 def test_a_forged_result_on_the_pipe_does_not_pass_zeros(tmp_path, attack, face, mode):
     """Zeros, and a passing eval.RankResult written to the owner: sent early on the Connection found with `gc`, or
@@ -563,7 +567,8 @@ def test_a_forged_result_on_the_pipe_does_not_pass_zeros(tmp_path, attack, face,
 FORGED_STATS_RUNS = [("human", "benchmark"), ("protocol", "leaderboard")]
 
 
-@pytest.mark.parametrize("face, mode", every_time(FORGED_STATS_RUNS, ("protocol", "leaderboard")), ids=_ids(FORGED_STATS_RUNS))
+@pytest.mark.parametrize("face, mode", every_time(FORGED_STATS_RUNS, ("protocol", "leaderboard")),
+                         ids=_ids(FORGED_STATS_RUNS))
 def test_forged_statistics_on_the_pipe_are_not_shown(tmp_path, face, mode):
     """Right answers from a 25 ms call; every time in the report the owner's clock is checked against divided by 1000
     on its way out (a patched `Connection.send_bytes`): void, or the time shown is real. A call shorter than the
@@ -603,7 +608,8 @@ def custom_kernel(data):
 OWNER_CODE_RUNS = [("human", "test"), ("protocol", "benchmark")]
 
 
-@pytest.mark.parametrize("face, mode", every_time(OWNER_CODE_RUNS, ("protocol", "benchmark")), ids=_ids(OWNER_CODE_RUNS))
+@pytest.mark.parametrize("face, mode", every_time(OWNER_CODE_RUNS, ("protocol", "benchmark")),
+                         ids=_ids(OWNER_CODE_RUNS))
 def test_a_message_on_the_pipe_runs_no_code_in_the_owner(tmp_path, face, mode):
     """A pickle sent on the worker's Connection whose reduction calls `eval` in the process that reads it. The
     owner (root here, outside the namespace, holding the result channel) must never run a rank's code: no file
@@ -839,7 +845,8 @@ def custom_kernel(data):
 SIGNAL_RUNS = [(face, name) for name in ("SIGTERM", "SIGSTOP") for face in FACES]
 
 
-@pytest.mark.parametrize("face, name", every_time(SIGNAL_RUNS, ("protocol", "SIGSTOP"), ("human", "SIGTERM")), ids=[f"{f}-{n}" for f, n in SIGNAL_RUNS])
+@pytest.mark.parametrize("face, name", every_time(SIGNAL_RUNS, ("protocol", "SIGSTOP"), ("human", "SIGTERM")),
+                         ids=[f"{f}-{n}" for f, n in SIGNAL_RUNS])
 def test_a_signal_to_its_parent_never_reads_as_the_users_stop(tmp_path, face, name):
     """`os.kill(os.getppid(), SIGTERM or SIGSTOP)` from rank 1 (#38, 6 and 9): the evaluator is out of reach (the
     rank's parent is outside its namespace: ppid 0, so the signal goes to the rank's own process group, where it
@@ -928,7 +935,8 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_TIMED, ("protocol", "benchmark")), ids=_ids(EVERY_FACE_TIMED))
+@pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_TIMED, ("protocol", "benchmark")),
+                         ids=_ids(EVERY_FACE_TIMED))
 def test_a_no_op_barrier_and_l2_clear_trim_nothing(tmp_path, face, mode):
     """`torch.distributed.barrier`, `utils.clear_l2_cache` and `torch.cuda.synchronize` made no-ops at import
     (#38, 7): the harness never calls them (its own are bound), so the window is whole and the time real."""
@@ -975,7 +983,9 @@ TAMPERING = [("fill", face, mode) for face, mode in EVERY_FACE_AND_MODE] + [
     ("mode", face, mode) for face, mode in (("human", "test"), ("human", "leaderboard"), ("protocol", "benchmark"))]
 
 
-@pytest.mark.parametrize("attack, face, mode", every_time(TAMPERING, ("fill", "protocol", "leaderboard"), ("mode", "human", "test")), ids=[f"{a}-{f}-{m}" for a, f, m in TAMPERING])
+@pytest.mark.parametrize("attack, face, mode", every_time(TAMPERING, ("fill", "protocol", "leaderboard"),
+                                                       ("mode", "human", "test")),
+                         ids=[f"{a}-{f}-{m}" for a, f, m in TAMPERING])
 def test_tampering_with_what_the_harness_runs_voids(tmp_path, attack, face, mode):
     """Right answers, with `aten::fill_` registered anew or a TorchFunctionMode left pushed: the case is void."""
     body, reason = {"fill": (FILL_REGISTERED_ANEW, "the operator aten::fill_.Scalar"),
