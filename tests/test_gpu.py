@@ -534,7 +534,7 @@ def test_no_rendezvous_fails_on_gpus_while_ports_churn(process_token, quiet_gpu)
                              env=core.environ_with({"A2A_TEST_TOKEN": process_token}))
     try:
         time.sleep(3)
-        for version in ("v1", "v2", "v1"):
+        for version in ("v1", "v2"):
             result = evaluate(make_plan(version, "tests:0,1", 2, "nccl"), "test", **QUIET)
             assert result.exit_code == 0 and [c["status"] for c in result.cases] == ["pass", "pass"], result.cases
     finally:
@@ -775,7 +775,7 @@ def test_the_clock_does_not_depend_on_the_entries_order():
     """A,B against B,A (issue #37): each entry's held device time and call time in one order lies within its
     interval in the other (on the smallest shape, where a call is mostly its fixed cost and an order's warm-up
     would show most)."""
-    runs = [_clock(["v7", "v8"], "benchmarks:0", 1, 6, order=order) for order in (("v7", "v8"), ("v8", "v7"))]
+    runs = [_clock(["v7", "v8"], "benchmarks:0", 1, 4, order=order) for order in (("v7", "v8"), ("v8", "v7"))]
     for run in runs:
         assert not run.failed and not run.throttled, (run.failed, run.throttled)
     for name in ("v7", "v8"):
