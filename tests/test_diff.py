@@ -61,7 +61,7 @@ def _diff(tmp_path, a: str, b: str):
     (tmp_path / "cases.txt").write_text(CASES)
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "diff.py", a, b, "--cases", str(tmp_path / "cases.txt"), "--world-size",
-                           "2", "--rounds", "6", "--steps", "4", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                           "2", "--rounds", "4", "--steps", "4", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (folder,) = out.iterdir()
