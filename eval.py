@@ -32,6 +32,7 @@ import ctypes
 import dataclasses
 import faulthandler
 import fcntl
+import importlib.util
 import math
 import multiprocessing
 import multiprocessing.resource_tracker
@@ -57,7 +58,7 @@ __all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything
     "Tampering", "Terminated", "TestCase", "UserError", "WARMUP_CALLS", "all_ok", "ask_owner", "bound",
     "calculate_extra_stats", "cantor_combine", "case_problem", "check_apart", "checked", "claim_run", "clone_data",
     "die_with_parent", "environ_with", "environment_with", "expected_output", "get_test_cases", "import_submission",
-    "install_signal_handlers", "kill_tree", "measure", "nccl_version_tuple", "own_device", "owned_tempdir",
+    "install_signal_handlers", "kill_tree", "machine_gpus", "measure", "nccl_version_tuple", "own_device", "owned_tempdir",
     "prepare_rank_cache", "rank_device", "rank_failures", "release_uid", "shipped", "snapshot", "spec_line",
     "validate_cases", "version_text",
 ]
@@ -837,6 +838,47 @@ def case_problem(args: dict) -> Optional[str]:
 def max_cpu_ranks() -> int:
     """gloo ranks a CPU machine may run at once: one per core, at least 8, never more than 64."""
     return min(64, max(8, os.cpu_count() or 1))
+
+
+def _torch_build() -> dict:
+    """The `cuda` and `hip` versions the installed torch was built for (None for a build without), read from its
+    version.py without importing torch; {} where that file cannot be read."""
+    try:
+        spec = importlib.util.find_spec("torch")
+        text = (Path(spec.origin).parent / "version.py").read_text() if spec and spec.origin else ""
+    except (ImportError, OSError, ValueError):
+        return {}
+    found = {name: re.search(rf"^{name}\s*(?::[^=]*)?=\s*(None|'[^']*')", text, re.M) for name in ("cuda", "hip")}
+    if not all(found.values()):
+        return {}
+    return {name: None if match.group(1) == "None" else match.group(1).strip("'") for name, match in found.items()}
+
+
+def _cuda_driver_gpus(cuda: str) -> int:
+    """What torch.cuda.device_count() gives on a CUDA build, asked of the driver (CUDA_VISIBLE_DEVICES applies
+    alike): 0 without a driver, a device, or a driver older than the CUDA major version torch was built for."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count, version = ctypes.c_int(0), ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return 0
+    if version.value // 1000 < int(cuda.split(".")[0]):
+        return 0
+    return count.value if driver.cuDeviceGetCount(ctypes.byref(count)) == 0 else 0
+
+
+def machine_gpus() -> int:
+    """torch.cuda.device_count(), told without importing torch on a CPU or CUDA build (a torch import is 2-3 s of
+    a small CPU; the protocol face starts its ranks first and imports torch while they do). A ROCm build is asked
+    through torch."""
+    build = _torch_build()
+    if build and build["hip"] is None:
+        return _cuda_driver_gpus(build["cuda"]) if build["cuda"] else 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def validate_cases(tests: list[TestCase], pool_size: int, backend: str, gpus: int, shared: bool = False) -> None:
@@ -2037,10 +2079,6 @@ class RankPool:
         self.bundle = str(bundle) if bundle else None
         self.nccl_version = self.env.get("A2A_NCCL_VERSION", os.environ.get("A2A_NCCL_VERSION"))
         self.store, self.master_port = None, master_port
-        if master_port is None:
-            import torch.distributed as dist
-
-            self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         self.sandbox = Sandbox(enabled=os.environ.get("A2A_SANDBOX", "1") != "0",
                                reach=(self.bundle,) if self.bundle else ())
         self.guards = self.sandbox.guards
@@ -2048,6 +2086,10 @@ class RankPool:
         self.cases_run = 0
         try:
             self.workers = [self._start() for _ in range(size)]
+            if master_port is None:  # made once the workers are starting: its torch import overlaps theirs
+                import torch.distributed as dist
+
+                self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         except BaseException:
             self.kill()
             raise
@@ -2594,19 +2636,21 @@ def protocol_main() -> int:
     pool = None
     try:
         tests = read_test_file(Path(test_file), seed)
-        import torch
-        from utils import set_seed
-
-        set_seed(seed or 42)
-        import reference  # noqa: F401  (this process's own, before any rank runs: the check apart reads it)
-        backend = os.environ.get("A2A_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
-        validate_cases(tests, n_gpus, backend, torch.cuda.device_count(), shared=_sharing_asked())
+        gpus = machine_gpus()
+        backend = os.environ.get("A2A_BACKEND") or ("nccl" if gpus else "gloo")
+        validate_cases(tests, n_gpus, backend, gpus, shared=_sharing_asked())
         timeout = os.environ.get("A2A_TIMEOUT")
         if os.environ.get("A2A_RENDEZVOUS") != "private":
             _port_free(master_port)
         with PopcornOutput(fd) as logger:
+            # The ranks start first and import torch while this process does (nothing above imported it on a CPU or
+            # CUDA build); none runs submission code before its first case, which comes after the reference's import.
             pool = RankPool(n_gpus, backend, None if os.environ.get("A2A_RENDEZVOUS") == "private"
                             else master_port, bool(os.environ.get("A2A_RANK_PREFIX")))
+            from utils import set_seed
+
+            set_seed(seed or 42)
+            import reference  # noqa: F401  (this process's own, before any rank runs a case: the check apart reads it)
             run = ProtocolRun(logger, pool, backend, bool(os.environ.get("A2A_EXTRA")),
                               float(timeout) if timeout else None)
             if run.extra:

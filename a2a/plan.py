@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import importlib.metadata
 import importlib.util
 import os
 import platform
@@ -56,21 +55,7 @@ def commit() -> str:
         return "unknown"
 
 
-def _torch_build_without_gpus() -> bool:
-    """Whether the installed torch is a CPU build (its version's local label, `+cpu`), told from its metadata
-    without importing it (seconds on a CPU, for a command that may need torch for nothing else)."""
-    try:
-        return importlib.metadata.version("torch").endswith("+cpu")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-def machine_gpus() -> int:
-    if _torch_build_without_gpus():
-        return 0
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+machine_gpus = core.machine_gpus
 
 
 def run_meta(backend: str, world_size: int, mode: str, where: Optional[sharing.Placement] = None) -> dict:

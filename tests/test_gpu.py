@@ -523,6 +523,21 @@ def test_the_staged_bundle_passes_the_protocol_face_in_every_mode(side_by_side, 
 # --------------------------------------------------------------------------------------------------------------
 
 
+def test_the_drivers_gpu_count_is_torchs():
+    """The protocol face counts GPUs through the driver before any torch import (eval.machine_gpus): the count and
+    CUDA_VISIBLE_DEVICES's hold on it are torch's."""
+    for visible in (None, "", "0"):
+        env = core.environ_with({"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {})
+        if visible is None:
+            env.pop("CUDA_VISIBLE_DEVICES", None)
+        done = subprocess.run([sys.executable, "-c", "import sys, eval; n = eval.machine_gpus(); t = 'torch' in "
+                               "sys.modules; import torch; print(n, t, torch.cuda.device_count())"], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=120)
+        count, imported, torch_count = done.stdout.split()
+        assert (count, imported) == (torch_count, "False"), (visible, done.stdout, done.stderr)
+        assert int(count) == {None: gpu_count(), "": 0, "0": 1}[visible], (visible, count)
+
+
 def test_benchmark_reports_device_time_and_floor():
     (case,) = evaluate(make_plan("v1", "benchmarks:0", 2, "nccl"), "benchmark", **QUIET).cases
     assert case["status"] == "pass"
