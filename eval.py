@@ -1789,6 +1789,8 @@ def _leave_group() -> None:
         dist.destroy_process_group()
 
 
+# How long a worker may take to leave its last case's group before the next case (RankPool.await_idle).
+LEAVE_GRACE_S = 10.0
 # A rank writes its Python stack to stderr on this signal (the watchdog asks before it kills), and is given this long.
 STACK_SIGNAL = signal.SIGUSR1
 STACK_WRITE_S = 0.2
@@ -1914,6 +1916,7 @@ class CaseRun:
     def __init__(self, pool: "RankPool", job: str, test: TestCase, timeout_s: float, params: Optional[dict]):
         self.pool, self.test = pool, test
         world_size = test.args["world_size"]
+        pool.await_idle()
         self.slots = [(rank + pool.cases_run) % len(pool.workers) for rank in range(world_size)]
         for slot in self.slots:
             if pool.workers[slot] is None:
@@ -2119,6 +2122,21 @@ class RankPool:
     def _where(self, slot: int, test: TestCase) -> str:
         phase = PHASES[self.workers[slot][2].value] if 0 <= self.workers[slot][2].value < len(PHASES) else "?"
         return f"in {test.spec}" if phase == "in the launched function" else phase
+
+    def await_idle(self) -> None:
+        """Waits until every worker has left its last case's group (a failed rank leaves after its result has gone),
+        retiring one still leaving after LEAVE_GRACE_S. On the runner's fixed port the next case's rank 0, another
+        worker, binds the port the last case's rank 0 may still be serving: seen under load (2 cores, two test
+        processes) as EADDRINUSE, or a rank joining the old store while rank 0 made a new one (both hung)."""
+        deadline = time.monotonic() + LEAVE_GRACE_S
+        for slot, worker in enumerate(self.workers):
+            if worker is None:
+                continue
+            process, _, phase = worker
+            while phase.value != 0 and process.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.002)
+            if phase.value != 0:
+                self._retire([slot])
 
     def begin(self, job: str, test: TestCase, timeout_s: float, params: Optional[dict] = None) -> CaseRun:
         """Starts `job` on every rank of `test`; the owner then drives it with the CaseRun's next_event/reply."""

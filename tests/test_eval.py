@@ -188,6 +188,34 @@ def test_every_version_is_self_contained(version, tmp_path):
 # --------------------------------------------------------------------------------------------------------------
 
 
+SLOW_TO_LEAVE_AFTER_FAILING = v1_kernel_source() + """
+import time
+
+_calls = []
+
+
+def custom_kernel(data):
+    if not _calls:  # the first case fails, and its rank 0, the store's host, then takes 3 s to leave its group
+        _calls.append(1)
+        if data[2] == 0:
+            leave = dist.destroy_process_group
+            dist.destroy_process_group = lambda *args, **kwargs: (time.sleep(3), leave(*args, **kwargs))[1]
+        raise RuntimeError("planted failure")
+    return _v1_kernel(data)
+"""
+
+
+def test_the_next_case_waits_for_the_last_one_to_leave_the_fixed_port(bundle):
+    """Ranks change workers from case to case, and a failed rank leaves its group after its result has gone: the
+    next case's rank 0 must not bind the runner's fixed port while the last case's rank 0 still serves it."""
+    write_submission(bundle, SLOW_TO_LEAVE_AFTER_FAILING)
+    (bundle / "two.txt").write_text("\n".join(SMALL_LINE.format(seed=s) for s in (1, 2)) + "\n")
+    code, output, stderr = run_bundle(bundle, "test", "two.txt")
+    keys = parse_popcorn(output)
+    assert (keys.get("test.0.status"), keys.get("test.1.status")) == ("fail", "pass"), output + stderr[-3000:]
+    assert "planted failure" in keys["test.0.error"], output
+
+
 def test_no_rendezvous_fails_while_a_neighbour_churns_ports(process_token):
     """Evaluations back to back while another process grabs every port the OS frees and opens connections: the
     human face's ranks join a store held on one OS-given port for the run, so nothing can take it in between.
