@@ -88,10 +88,16 @@ def test_rounds_visit_every_entry_on_every_shape_in_fresh_processes_in_a_recorde
     assert run.stopped == {"A": "3 rounds", "B": "3 rounds"}  # no targets: every round asked for runs
 
 
-def test_an_entry_stops_once_its_targets_are_met_and_says_so(tmp_path):
+def test_an_entry_stops_once_its_targets_are_met_and_says_so(tmp_path, monkeypatch):
+    import eval as core
+
     plan = make_plan(["v1"], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
     entries = [clock.Entry("loose", "version", str(plan.versions[0]))]
-    # targets no three rounds can miss (a factor of e^5.8 between rounds would): the rule, not the machine, is tested
+    # targets no three rounds can miss (a factor of e^5.8 between rounds would): the rule, not the machine, is tested.
+    # So is not the judge's clock check: on 2 loaded cores the evaluator's clock around a 50-70 ms loop read 8-10 ms
+    # more than a rank's (its messages waited for a core), past the check's room, and voided a round (seen in one
+    # make test run and 2 of 8 runs beside two busy loops, 2026-11-25).
+    monkeypatch.setattr(core, "CLOCK_SLACK_NS", 10**9)
     settings = clock.Settings(steps=2, warmup=1, min_rounds=3, max_rounds=6, time_cap_s=math.inf,
                               targets=(iv.Target("call", 1e6), iv.Target("host", 1e6)))
     run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
