@@ -2128,15 +2128,17 @@ class RankPool:
         retiring one still leaving after LEAVE_GRACE_S. On the runner's fixed port the next case's rank 0, another
         worker, binds the port the last case's rank 0 may still be serving: seen under load (2 cores, two test
         processes) as EADDRINUSE, or a rank joining the old store while rank 0 made a new one (both hung)."""
-        deadline = time.monotonic() + LEAVE_GRACE_S
+        deadline, idle = time.monotonic() + LEAVE_GRACE_S, PHASES.index("idle")
+        leaving = []
         for slot, worker in enumerate(self.workers):
             if worker is None:
                 continue
             process, _, phase = worker
-            while phase.value != 0 and process.is_alive() and time.monotonic() < deadline:
+            while phase.value != idle and process.is_alive() and time.monotonic() < deadline:
                 time.sleep(0.002)
-            if phase.value != 0:
-                self._retire([slot])
+            if phase.value != idle:
+                leaving.append(slot)
+        self._retire(leaving)
 
     def begin(self, job: str, test: TestCase, timeout_s: float, params: Optional[dict] = None) -> CaseRun:
         """Starts `job` on every rank of `test`; the owner then drives it with the CaseRun's next_event/reply."""

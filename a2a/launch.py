@@ -23,9 +23,7 @@ def parallel_launch(world_size: int, fn: Callable, *args: Any, backend: Optional
     results. NCCL wherever there is a GPU (ranks share GPUs when they outnumber them), else gloo. Raises
     LaunchError naming the ranks that failed or did not finish in timeout_s (the failing rank's own error first);
     no process outlives the call."""
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = core.machine_gpus()
     backend = backend or ("nccl" if gpus else "gloo")
     with sharing.shared_ranks(sharing.placement(world_size, gpus, backend)) as env:
         pool = core.RankPool(world_size, backend, rank_prefix=True, env=env)

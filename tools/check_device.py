@@ -45,6 +45,7 @@ import ast
 import contextlib
 import functools
 import io
+import itertools
 import os
 import re
 import shutil
@@ -299,7 +300,7 @@ def check_triton(path: Path) -> list[str]:
             errors = []
             # A build stops at its first failure, the one reported (on 2 cores a vendor's failing build compiled
             # every other shape for seconds more).
-            for kernel_name, shape in ((k, shape) for k in module.TRITON_KERNELS for shape in cases):
+            for kernel_name, shape in itertools.product(module.TRITON_KERNELS, cases):
                 try:
                     triton_compile(module, kernel_name, target_name, shape, trace)
                 except Exception as error:  # the compiler's message is the finding
