@@ -8,7 +8,9 @@ PYTHON := $(if $(HAVE_DEPS),python3,.venv/bin/python)
 # Triton's wheel carries its own compilers for NVIDIA and AMD (make check-device compiles v7 on with them, no GPU);
 # 3.6.0 is what the H200 machines run. The ziglang wheel carries clang 20, the first with gfx950 (MI355X), for the
 # C++ versions' gfx950 code objects (Debian bookworm stops at clang-19).
-CPU_DEPS := torch==2.13.0 triton==3.6.0 ziglang==0.15.1 numpy pandas tabulate pyyaml pytest pytest-xdist matplotlib scipy
+# pytest below 9.2: pytest-xdist 3.8 keeps an xdist_group together by rewriting node ids, which pytest 9.2 no longer
+# reads, and splits every group (pytest-dev/pytest-xdist#1386; tests/test_suite.py fails where that happens).
+CPU_DEPS := torch==2.13.0 triton==3.6.0 ziglang==0.15.1 numpy pandas tabulate pyyaml "pytest<9.2" pytest-xdist matplotlib scipy
 # The newest version by default (and, for diff, the one before it).
 VERSIONS := $(basename $(notdir $(shell ls submissions/all2all/v*.py | sort -V)))
 V ?= $(lastword $(VERSIONS))
@@ -33,13 +35,13 @@ check-device: setup
 
 # The suite holds the whole device-code check too (tests/test_check_device.py runs make check-device's tool).
 # TEST_WORKERS=N runs its tests in N processes side by side (pytest-xdist; a module marked xdist_group runs in one of
-# them: the GPU tests, one process holding the GPUs; a test marked `alone` runs while no other does). The default, 0,
-# runs them in this process: on 2 cores two workers took 995-1080 s against 1324 s for one, but three workers
-# failed a timing test (tests/test_clock.py, the stopping rule) under the load, and a worker's orphan sweep can
-# clean up for another's leftover test: CI runs one.
+# them: the GPU tests, one process holding the GPUs, and the device-code tests, which share one run of the check; a
+# test marked `alone` runs while no other does). The default, auto, is two workers on a machine of two cores or more
+# without a GPU and none elsewhere (tests/conftest.py, pytest_xdist_auto_num_workers): on 2 cores two workers took
+# the suite from 506 s to 362 s, while three failed a timing test under the load. TEST_WORKERS=0 runs it in one.
 # make test leaves out the tests marked `full` (tests/conftest.py, every_time): each attack on the judge and each
 # claim runs on every change on one face and mode, and on every other in `make test-full`.
-TEST_WORKERS ?= 0
+TEST_WORKERS ?= auto
 test: setup
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not full" tests
 

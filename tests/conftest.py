@@ -24,6 +24,16 @@ if WORKER_INDEX:
     os.environ[MASTER_PORT_ENV] = str(PROTOCOL_PORT)
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """Workers for `-n auto` (make test's default): two on a machine of two cores or more without a GPU, else none
+    (the tests run in the pytest process). Two workers on 2 cores took the suite from 506 s to 362 s; three failed a
+    timing test under the load (WORKLOG, "CI in 10 minutes"). With GPUs the CPU tests would run on them beside the
+    GPU suite, whose timing claims want them to itself."""
+    import eval as core
+
+    return 2 if len(os.sched_getaffinity(0)) >= 2 and not core.machine_gpus() else 0
+
+
 def every_time(params, *chosen) -> list:
     """A parametrize list where only `chosen` run on every change (`make test`, CI); the other entries carry the
     `full` mark and run with `make test-full`. An attack or a claim runs every time on the face and mode named, and
@@ -33,6 +43,15 @@ def every_time(params, *chosen) -> list:
         raise ValueError(f"every_time: {missing} not among {params}")
     return [entry if entry in chosen else pytest.param(*(entry if isinstance(entry, tuple) else (entry,)),
                                                        marks=pytest.mark.full) for entry in params]
+
+
+@pytest.fixture(scope="session")
+def device_check() -> subprocess.CompletedProcess:
+    """make check-device's tool over its default files, run once per test process: tests/test_check_device.py reads
+    its verdict, tests/test_memory_model.py the memory-model counts it printed for the repository's own files (both
+    modules are one xdist group, so one process runs it)."""
+    return subprocess.run([sys.executable, "-m", "tools.check_device"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
 
 
 def gpu_count() -> int:

@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import ROOT
 from tools import check_device
 
+pytestmark = pytest.mark.xdist_group("device-code")  # with tests/test_memory_model.py: one run of the whole check
 needs_tools = pytest.mark.skipif(bool(check_device.missing_tools()),
                                 reason=f"needs {', '.join(check_device.missing_tools())} ({check_device.INSTALL_HINT})")
 V2 = ROOT / "submissions" / "all2all" / "v2_p2p.py"
@@ -32,8 +33,8 @@ def planted(tmp_path, old: str, new: str):
 
 
 @needs_tools
-def test_every_version_compiles_for_nvidia_and_amd():
-    result = run_tool()
+def test_every_version_compiles_for_nvidia_and_amd(device_check):
+    result = device_check
     assert result.returncode == 0, result.stdout + result.stderr
     for target in ("nvcc sm_90", "clang gfx942", "clang20 gfx950", "hipcc gfx90a", "clang gfx942 trace",
                    "clang20 gfx950 trace"):

@@ -138,18 +138,24 @@ def test_crashing_rank_is_named_with_its_signal(tmp_path):
     assert report[0] == "rank 1 - rank process died (exit code -11, SIGSEGV)", result.stdout
 
 
-@pytest.mark.parametrize("body, message", [
-    ("def custom_kernel(data):\n    return data[1].x[:-1]\n", "shape mismatch"),
-    ("def custom_kernel(data):\n    return data[1].x.float()\n", "dtype mismatch"),
-    ("def custom_kernel(data):\n    return data[1].x.to('meta')\n", "device mismatch"),
-    ("def custom_kernel(data):\n    return data[1].x.tolist()\n", "expected a torch.Tensor"),
-])
-def test_wrong_output_is_named(tmp_path, body, message):
+# A wrong output of each kind, one per case (the cases' hidden sizes differ): one run names each under its own case.
+WRONG_OUTPUTS = """
+WRONG = {6144: lambda x: x[:-1], 2048: lambda x: x.float(), 2880: lambda x: x.to("meta"), 4096: lambda x: x.tolist()}
+
+
+def custom_kernel(data):
+    return WRONG[data[0].hidden_dim](data[1].x)
+"""
+
+
+def test_wrong_output_is_named_under_its_case(tmp_path):
     path = tmp_path / "wrong.py"
-    path.write_text(body)
-    result = run_eval("test", str(path), "--world-size", "2", "--cases", "tests:1", timeout=120)
-    assert result.returncode == 112
-    assert message in result.stdout
+    path.write_text(WRONG_OUTPUTS)
+    result = run_eval("test", str(path), "--world-size", "2", "--cases", "tests:0,1,3,5", timeout=120)
+    assert result.returncode == 112, result.stdout + result.stderr
+    reports = result.stdout.split("\ncase ")[1:]
+    for case, message in enumerate(("shape mismatch", "dtype mismatch", "device mismatch", "expected a torch.Tensor")):
+        assert reports[case].startswith(f"{case} failed") and message in reports[case], result.stdout
 
 
 def test_stage_writes_the_leaderboard_file_set(tmp_path):

@@ -1127,18 +1127,23 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.parametrize("body, expected", [
-    (LYING_TENSOR, ("must be a plain torch.Tensor", "not a plain torch.Tensor")),
-    (PATCHED_ALLCLOSE, WRONG_OUTPUT),
-    (PATCHED_REFERENCE, WRONG_OUTPUT),
-], ids=["lying-tensor", "patched-allclose", "patched-reference"])
-def test_zeros_fail_however_the_check_is_bent(tmp_path, body, expected):
+BENT_CHECKS = [(attack, mode) for attack in ("lying-tensor", "patched-allclose", "patched-reference")
+               for mode in ("test", "benchmark")]
+BENT_CHECK_BODIES = {"lying-tensor": (LYING_TENSOR, ("must be a plain torch.Tensor", "not a plain torch.Tensor")),
+                     "patched-allclose": (PATCHED_ALLCLOSE, WRONG_OUTPUT),
+                     "patched-reference": (PATCHED_REFERENCE, WRONG_OUTPUT)}
+
+
+@pytest.mark.parametrize("attack, mode", every_time(BENT_CHECKS, ("lying-tensor", "test"),
+                                                    ("patched-allclose", "benchmark"), ("patched-reference", "test")),
+                         ids=[f"{attack}-{mode}" for attack, mode in BENT_CHECKS])
+def test_zeros_fail_however_the_check_is_bent(tmp_path, attack, mode):
     """In test mode the check apart catches what the rank's own check was made to pass; in benchmark mode the
     check of every timed output on the device (bound before the import) catches it first."""
-    for mode in ("test", "benchmark"):
-        result = run_eval(mode, _submission(tmp_path, body), *CASE, timeout=RUN_LIMIT_S)
-        assert result.returncode == EXIT_CHECK_FAILED, (mode, result.stdout[-2000:], result.stderr[-2000:])
-        assert any(reason in result.stdout for reason in expected), (mode, result.stdout[-3000:])
+    body, expected = BENT_CHECK_BODIES[attack]
+    result = run_eval(mode, _submission(tmp_path, body), *CASE, timeout=RUN_LIMIT_S)
+    assert result.returncode == EXIT_CHECK_FAILED, (mode, result.stdout[-2000:], result.stderr[-2000:])
+    assert any(reason in result.stdout for reason in expected), (mode, result.stdout[-3000:])
 
 
 def test_non_utf8_bytes_on_stderr_lose_no_verdict(tmp_path):

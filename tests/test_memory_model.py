@@ -6,7 +6,6 @@ and from v6 spin_load (relaxed poll), spin_backoff (s_sleep) and spin_acquired (
 Triton version (v7) is held the same way to its helpers: _publish (drained barrier, then a release), _poll, _acquire
 and _backoff. A planted relaxed store, relaxed load, missing fence, agent-scope poll, missing back-off or undrained
 barrier makes the check fail."""
-import functools
 import re
 
 import pytest
@@ -14,8 +13,9 @@ import pytest
 from tests.conftest import ROOT
 from tools import check_device
 
-pytestmark = pytest.mark.skipif(bool(check_device.missing_tools()),
-                                reason=f"needs {', '.join(check_device.missing_tools())} ({check_device.INSTALL_HINT})")
+MISSING = check_device.missing_tools()
+pytestmark = [pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)} ({check_device.INSTALL_HINT})"),
+              pytest.mark.xdist_group("device-code")]  # with tests/test_check_device.py: one run of the whole check
 VERSIONS = sorted((ROOT / "submissions").glob("*/v*.py"))
 DEVICE_FILES = [p for p in VERSIONS if check_device.kernels_of(p)] + [ROOT / "a2a" / "probes.py"]
 TRITON_FILES = [p for p in VERSIONS if check_device.is_triton(p)]
@@ -38,15 +38,23 @@ def call_sites(path, helper: str) -> int:
     return len(re.findall(rf"\b{helper}\(", body))
 
 
-@functools.cache
-def _compiled_sequences(path, target: str) -> dict:
+@pytest.fixture(scope="module")
+def checked(device_check) -> dict:
+    """The counts the whole device check printed for the repository's own files, from the assembly of the code
+    objects it built (tests/test_check_device.py reads the same run)."""
+    assert device_check.returncode == 0, device_check.stdout + device_check.stderr
+    return check_device.printed_memory_models(device_check.stdout)
+
+
+def compiled(path, target: str) -> dict:
+    """A file's counts from its own assembly compile (`amd_assembly`): for a planted copy, made for its test."""
     return check_device.memory_model(check_device.amd_assembly(path, target))
 
 
-def sequences(path, target: str) -> dict:
-    """A file's counts on `target`, compiled once per test process: the repository's versions are read by several
-    tests each (a planted copy is a new file, compiled for its own test)."""
-    return dict(_compiled_sequences(path, target))
+def sequences(path, target: str, checked: dict) -> dict:
+    """A file's counts on `target`: a repository file's as the device check printed them, a planted copy's
+    compiled."""
+    return dict(checked[path.name, target]) if path.is_relative_to(ROOT) else compiled(path, target)
 
 
 targets = pytest.mark.parametrize("target", check_device.AMD_TARGETS)
@@ -54,8 +62,8 @@ targets = pytest.mark.parametrize("target", check_device.AMD_TARGETS)
 
 @targets
 @pytest.mark.parametrize("path", DEVICE_FILES, ids=lambda p: p.stem)
-def test_flags_are_published_with_release_and_waited_on_with_acquire(path, target):
-    found = sequences(path, target)
+def test_flags_are_published_with_release_and_waited_on_with_acquire(path, target, checked):
+    found = sequences(path, target, checked)
     promised = {helper: call_sites(path, helper) for helper in HELPERS}
     assert promised["store_release_sys"] >= 1, "the device code publishes flags"
     assert promised["load_acquire_sys"] + promised["spin_acquired"] >= 1, "the device code waits on flags"
@@ -68,8 +76,8 @@ def test_flags_are_published_with_release_and_waited_on_with_acquire(path, targe
 
 @targets
 @pytest.mark.parametrize("path", TRITON_FILES, ids=lambda p: p.stem)
-def test_a_triton_version_publishes_after_a_drained_barrier_and_waits_with_acquire(path, target):
-    found = sequences(path, target)
+def test_a_triton_version_publishes_after_a_drained_barrier_and_waits_with_acquire(path, target, checked):
+    found = sequences(path, target, checked)
     for helper, fields in TRITON_HELPERS.items():
         sites = call_sites(path, helper)
         assert sites >= 1, f"{path.name} never calls {helper}"
@@ -87,12 +95,12 @@ def test_a_triton_version_publishes_after_a_drained_barrier_and_waits_with_acqui
 ], ids=["triton-relaxed-flag", "triton-undrained-barrier", "triton-relaxed-acquire", "triton-agent-poll",
         "triton-no-backoff"])
 @targets
-def test_a_weakened_triton_flag_operation_is_caught(tmp_path, old, new, field, helper, target):
+def test_a_weakened_triton_flag_operation_is_caught(tmp_path, old, new, field, helper, target, checked):
     text = V7.read_text()
     assert text.count(old) == 1, old
     planted = tmp_path / "planted_v7.py"
     planted.write_text(text.replace(old, new))
-    assert sequences(V7, target)[field] - sequences(planted, target)[field] >= call_sites(V7, helper)
+    assert sequences(V7, target, checked)[field] - sequences(planted, target, checked)[field] >= call_sites(V7, helper)
 
 
 @pytest.mark.parametrize("path, old, new, helper", [
@@ -103,7 +111,7 @@ def test_a_weakened_triton_flag_operation_is_caught(tmp_path, old, new, field, h
     (V6, "__builtin_amdgcn_s_sleep(1);", "", "spin_backoff"),
 ], ids=["relaxed-store", "relaxed-load", "no-fence", "agent-poll", "no-backoff"])
 @targets
-def test_a_weakened_flag_operation_is_caught(tmp_path, path, old, new, helper, target):
+def test_a_weakened_flag_operation_is_caught(tmp_path, path, old, new, helper, target, checked):
     """The weakened helper's sequences disappear: at least one per call site (volatile loads of the abandon word
     also read past the caches, so polls need not fall to zero)."""
     text = path.read_text()
@@ -111,4 +119,15 @@ def test_a_weakened_flag_operation_is_caught(tmp_path, path, old, new, helper, t
     planted = tmp_path / "planted.py"
     planted.write_text(text.replace(old, new))
     field = HELPERS[helper]
-    assert sequences(path, target)[field] - sequences(planted, target)[field] >= max(1, call_sites(path, helper))
+    assert sequences(path, target, checked)[field] - sequences(planted, target, checked)[field] \
+        >= max(1, call_sites(path, helper))
+
+
+@targets
+def test_the_checks_counts_are_those_of_an_assembly_compile(target, checked):
+    """The device check reads its counts from the assembly its code objects were built from (-save-temps), the
+    planted copies above are read from an assembly-only compile (-S): both must count the same, or a planted copy
+    would be compared with another compile's counts. v6 has every kind of sequence but the drained barrier, v7
+    that too."""
+    for path in (V6, V7):
+        assert checked[path.name, target] == compiled(path, target), path.name

@@ -1,4 +1,6 @@
 """The reference against the closed-form oracle, input generation, the check's messages, seed mixing."""
+import functools
+
 import pytest
 import torch
 
@@ -19,17 +21,6 @@ def _reference_vs_oracle(rank, world_size, spec):
     return bool((diff <= bound).all()), float(diff.max()), int(data[1].num_tokens)
 
 
-@pytest.mark.parametrize("world_size", [2, 4, 8])
-def test_reference_matches_closed_form(world_size):
-    results = parallel_launch(world_size, _reference_vs_oracle, dict(SMALL, seed=7 + world_size), backend="gloo")
-    assert all(ok for ok, _, _ in results), results
-    assert len({n for _, _, n in results}) > 1, "ranks should hold different token counts"
-
-
-def test_reference_matches_closed_form_official_shape():
-    spec = dict(num_experts=256, experts_per_token=8, hidden_dim=7168, max_num_tokens=128, seed=4)
-    results = parallel_launch(2, _reference_vs_oracle, spec, backend="gloo")
-    assert all(ok for ok, _, _ in results), results
 
 
 def _dispatched_rows(rank, world_size, spec):
@@ -55,8 +46,53 @@ def _dispatched_rows(rank, world_size, spec):
     return len(arrived) == len(set(arrived)) and set(arrived) == routed
 
 
+def _checks(rank, world_size, checks):
+    """Every check of one world size in one launch (each rank imports torch once): {name: its result, or the
+    error it raised}."""
+    found = {}
+    for name, fn, spec in checks:
+        try:
+            found[name] = fn(rank, world_size, spec)
+        except Exception as error:  # one check's failure is its test's, not its neighbours'
+            found[name] = f"{type(error).__name__}: {error}"
+    return found
+
+
+CHECKS = {
+    2: [("closed form", _reference_vs_oracle, dict(SMALL, seed=9)),
+        ("official shape", _reference_vs_oracle, dict(num_experts=256, experts_per_token=8, hidden_dim=7168,
+                                                      max_num_tokens=128, seed=4))],
+    4: [("closed form", _reference_vs_oracle, dict(SMALL, seed=11)),
+        ("dispatch", _dispatched_rows, dict(SMALL, seed=3))],
+    8: [("closed form", _reference_vs_oracle, dict(SMALL, seed=15))],
+}
+
+
+@functools.cache
+def launched(world_size: int, name: str) -> list:
+    """What each rank found for check `name` of the one launch at `world_size` (made once per test process)."""
+    return [found[name] for found in _launched(world_size)]
+
+
+@functools.cache
+def _launched(world_size: int) -> list:
+    return parallel_launch(world_size, _checks, CHECKS[world_size], backend="gloo")
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_reference_matches_closed_form(world_size):
+    results = launched(world_size, "closed form")
+    assert all(isinstance(r, tuple) and r[0] for r in results), results
+    assert len({n for _, _, n in results}) > 1, "ranks should hold different token counts"
+
+
+def test_reference_matches_closed_form_official_shape():
+    results = launched(2, "official shape")
+    assert all(isinstance(r, tuple) and r[0] for r in results), results
+
+
 def test_reference_dispatch_delivers_each_pair_once():
-    assert all(parallel_launch(4, _dispatched_rows, dict(SMALL, seed=3), backend="gloo"))
+    assert all(found is True for found in launched(4, "dispatch")), launched(4, "dispatch")
 
 
 def test_generate_input_semantics():

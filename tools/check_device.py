@@ -18,7 +18,8 @@ Exits non-zero naming each file and target that failed, with the compiler's firs
 `amd_assembly(path, target)` returns the gfx942 or gfx950 assembly of a file's device code, and `memory_model(asm)`
 counts the system-scope sequences that publishing and waiting on a flag compile to there: release stores
 (`buffer_wbl2 sc0 sc1`, then a store or atomic with `sc0 sc1`), acquire loads (a load with `sc0 sc1`, then
-`buffer_inv sc0 sc1`), relaxed polls with their back-off (`s_sleep`) and the acquire fence after a poll loop; the
+`buffer_inv sc0 sc1`), relaxed polls with their back-off (`s_sleep`) and the acquire fence after a poll loop. The
+check prints each file's counts, read from the assembly its timed build's code objects were made from; the
 memory-model test holds each version to what its NOTES promise.
 
 A Triton version (v7 on: `@triton.jit` kernels, listed with their argument types in TRITON_KERNELS, constexprs from
@@ -144,12 +145,20 @@ def clang_20() -> list | None:
     return [str(Path(ziglang.__file__).parent / "zig"), "clang"]
 
 
-def amd_command(target: str, source: str, output: str, defines: list, assembly: bool = False) -> list:
-    """One hipified file compiled for `target` (gfx942: Debian's clang-19; gfx950: clang 20), device code only."""
+def amd_command(target: str, source: str, output: str, defines: list, assembly: bool = False,
+                keep_assembly: bool = False) -> list:
+    """One hipified file compiled for `target` (gfx942: Debian's clang-19; gfx950: clang 20), device code only:
+    its assembly (`assembly`), or a whole code object, which with `keep_assembly` also leaves the assembly it was
+    made from in the build folder (kept_assembly; the same instructions as an `-S` compile's, one compile fewer)."""
     compiler = [CLANG] if target == "gfx942" else [*clang_20(), "--rocm-path=/usr", "-isystem", str(CLANG_19_HEADERS)]
     return [*compiler, "-x", "hip", f"--offload-arch={target}", f"--rocm-device-lib-path={device_libs(target)}",
             *TORCH_ROCM_FLAGS, *defines, "--cuda-device-only", "--no-gpu-bundle-output", "-S" if assembly else "-c",
-            source, "-o", output]
+            *(["-save-temps"] if keep_assembly else []), source, "-o", output]
+
+
+def kept_assembly(folder: Path, source: str, target: str) -> str:
+    """The assembly a `keep_assembly` compile of `source` for `target` left in `folder` (clang's -save-temps name)."""
+    return (folder / f"{Path(source).stem}-hip-amdgcn-amd-amdhsa-{target}.s").read_text()
 
 
 def compile_one(command: list[str], cwd: Path) -> str | None:
@@ -243,6 +252,16 @@ def print_memory_model(path: Path, found: dict, target: str) -> None:
     say(f"{path.name}: {target} memory model: {found['release']} system-scope releases, {found['acquire']} acquire "
           f"loads, {found['poll']} relaxed polls, {found['fence']} acquire fences, {found['sleep']} back-offs, "
           f"{found['drain']} drained barriers")
+
+
+_COUNTS_LINE = re.compile(r"^(\S+): (gfx\w+) memory model: (\d+) system-scope releases, (\d+) acquire loads, (\d+) "
+                          r"relaxed polls, (\d+) acquire fences, (\d+) back-offs, (\d+) drained barriers$", re.M)
+
+
+def printed_memory_models(output: str) -> dict:
+    """{(file name, target): {field: count}} from the lines print_memory_model wrote into a check's output."""
+    return {(found[1], found[2]): dict(zip(MEMORY_MODEL_FIELDS, map(int, found.groups()[2:])))
+            for found in _COUNTS_LINE.finditer(output)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -339,10 +358,11 @@ def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
         for build, defines in builds:
             targets.append((f"nvcc sm_90{build}", [nvcc, "-arch=sm_90", *defines, "-c", "kernels.cu", "-o",
                                                    "kernels.o"], cuda_dir))
+            # The timed build's code objects keep their assembly, which the memory model reads.
             targets.append((f"clang gfx942{build}", amd_command("gfx942", hipified.name, "kernels_gfx942.o",
-                                                                 defines), hip_dir))
+                                                                 defines, keep_assembly=not build), hip_dir))
             targets.append((f"clang20 gfx950{build}", amd_command("gfx950", hipified.name, "kernels_gfx950.o",
-                                                                   defines), hip_dir))
+                                                                   defines, keep_assembly=not build), hip_dir))
             targets.append((f"hipcc gfx90a{build}", [hipcc, "-x", "hip", "--offload-arch=gfx90a", *TORCH_ROCM_FLAGS,
                                                      *defines, "-c", hipified.name, "-o", "kernels_gfx90a.o"],
                             hip_dir))
@@ -352,11 +372,9 @@ def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
             say(f"{path.name}: {name}: {'ok' if error is None else 'FAILED'}")
             if error is not None:
                 failures.append(f"{path.name}: {name}:\n    {error}")
-    if not failures:
-        with ThreadPoolExecutor(max_workers=len(AMD_TARGETS)) as pool:
-            found = list(pool.map(lambda target: memory_model(amd_assembly(path, target)), AMD_TARGETS))
-        for target, model in zip(AMD_TARGETS, found):
-            print_memory_model(path, model, target)
+        if not failures:
+            for target in AMD_TARGETS:
+                print_memory_model(path, memory_model(kept_assembly(hip_dir, hipified.name, target)), target)
     return failures
 
 
