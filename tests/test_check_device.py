@@ -146,3 +146,21 @@ def test_a_files_lines_are_printed_while_another_thread_hipifies(tmp_path, monke
     assert check_device.main([str(first), str(second)]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[:2] == ["first.py: checked", "second.py: checked"], printed
+
+
+def test_files_with_the_same_kernels_share_one_triton_build_and_no_other(tmp_path):
+    """v7, v8, v9 and v8's scratch copy carry the same kernels, which Triton's cache tells apart by line number
+    alone: the check builds them once. A copy whose kernels sit elsewhere in the file is the same build; one whose
+    helper or constant changed is not."""
+    text = V7.read_text()
+    moved, changed_helper, changed_constant = (tmp_path / name for name in ("moved.py", "helper.py", "constant.py"))
+    moved.write_text("# two lines more above every kernel\n\n" + text)
+    assert text.count('"s_sleep 1"') == 1 and text.count("WAIT_COMBINED_ROW = tl.constexpr(3)") == 1
+    changed_helper.write_text(text.replace('"s_sleep 1"', '"s_sleep 2"'))
+    changed_constant.write_text(text.replace("WAIT_COMBINED_ROW = tl.constexpr(3)",
+                                             "WAIT_COMBINED_ROW = tl.constexpr(4)"))
+    keys = {path.name: check_device.triton_source_key(check_device.triton_module(path))
+            for path in (V7, ROOT / "submissions" / "all2all" / "v9_native_entry.py", moved, changed_helper,
+                         changed_constant)}
+    assert keys["v7_triton.py"] == keys["v9_native_entry.py"] == keys["moved.py"], keys
+    assert len({keys["v7_triton.py"], keys["helper.py"], keys["constant.py"]}) == 3, keys

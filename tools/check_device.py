@@ -45,6 +45,7 @@ import argparse
 import ast
 import contextlib
 import functools
+import hashlib
 import io
 import itertools
 import os
@@ -283,8 +284,31 @@ def benchmark_shapes() -> list:
     return [{name: case[name] for name in names} for case in planning.load_task()["benchmarks"]]
 
 
+def triton_source_key(module) -> str:
+    """What a Triton build of `module` depends on, line numbers aside: the source of every @triton.jit function in it
+    and the values of the globals they use. Versions that carry the same kernels (v7, v8, v9 and v8's scratch copy)
+    have the same key; Triton's own cache key differs between them by the functions' line numbers alone."""
+    import triton
+
+    def described(used):  # a global a kernel uses: a constant by value, another kernel by name (its source is hashed)
+        return f"jit {used.__name__}" if isinstance(used, triton.JITFunction) else repr(used)
+
+    jitted = sorted((name, value) for name, value in vars(module).items() if isinstance(value, triton.JITFunction))
+    for _, function in jitted:
+        function.cache_key  # noqa: B018  (fills used_global_vals: {(name, id of its globals): (value, globals)})
+    return hashlib.sha256(repr([(name, function.src, sorted((used_name, described(used)) for (used_name, _), (used, _)
+                                                            in function.used_global_vals.items()))
+                                for name, function in jitted]).encode()).hexdigest()
+
+
+# A build's result (a compiled kernel, or the error it raised) by everything it depends on: a file whose kernels
+# another file already built for a target and shape takes that build's verdict. Filled under _TRITON.
+_TRITON_BUILDS: dict = {}
+
+
 def triton_compile(module, kernel_name: str, target_name: str, shape: dict, trace: bool):
-    """One kernel of a Triton version compiled for one target and shape; raises with the compiler's message."""
+    """One kernel of a Triton version compiled for one target and shape, or the same build another file made; raises
+    with the compiler's message."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
@@ -302,8 +326,18 @@ def triton_compile(module, kernel_name: str, target_name: str, shape: dict, trac
     attrs = {(kernel.arg_names.index(name),): pointer_attrs for name, kind in arg_types.items() if kind[0] == "*"}
     constexprs = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
     signature = {name: arg_types.get(name, "constexpr") for name in kernel.arg_names}
-    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
-                          options={"num_warps": max(1, module.LAUNCH_SHAPE[1] // target.warp_size)})
+    options = {"num_warps": max(1, module.LAUNCH_SHAPE[1] // target.warp_size)}
+    key = (triton_source_key(module), kernel_name, target_name, repr(sorted(constexprs.items())),
+           repr(sorted(signature.items())), repr(sorted(attrs.items())), repr(sorted(options.items())))
+    if key not in _TRITON_BUILDS:
+        try:
+            _TRITON_BUILDS[key] = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                                                 options=options)
+        except Exception as error:  # the same verdict for every file with these kernels
+            _TRITON_BUILDS[key] = error
+    if isinstance(_TRITON_BUILDS[key], Exception):
+        raise _TRITON_BUILDS[key]
+    return _TRITON_BUILDS[key]
 
 
 def check_triton(path: Path) -> list[str]:
