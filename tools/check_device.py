@@ -26,6 +26,7 @@ A Triton version (v7 on: `@triton.jit` kernels, listed with their argument types
 its `constants()`) is imported without a GPU and compiled by `triton.compile` for sm_90 and gfx942 (Triton's own
 backends: no CUDA or ROCm toolchain involved) for sm_90, gfx942 and gfx950, once per benchmark shape at world size 8
 and once more as the trace build, with the argument attributes Triton's launcher gives 16-byte-aligned tensors.
+Files whose kernels are the same, line numbers aside (`triton_source_key`), share one build per target and shape.
 
 The sequences expected are the same on gfx942 and gfx950, and the check holds both targets to them: LLVM's memory
 legalizer picks its cache control by subtarget feature, and gfx950's feature set is gfx94x's plus its own
