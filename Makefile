@@ -37,8 +37,8 @@ check-device: setup
 # TEST_WORKERS=N runs its tests in N processes side by side (pytest-xdist; a module marked xdist_group runs in one of
 # them: the GPU tests, one process holding the GPUs, and the device-code tests, which share one run of the check; a
 # test marked `alone` runs while no other does). The default, auto, is two workers on a machine of two cores or more
-# without a GPU and none elsewhere (tests/conftest.py, pytest_xdist_auto_num_workers): on 2 cores two workers took
-# the suite from 506 s to 362 s, while three failed a timing test under the load. TEST_WORKERS=0 runs it in one.
+# without a GPU and none elsewhere (tests/conftest.py, pytest_xdist_auto_num_workers, which says what it was measured
+# to gain and why not three). TEST_WORKERS=0 runs it in one.
 # make test leaves out the tests marked `full` (tests/conftest.py, every_time): each attack on the judge and each
 # claim runs on every change on one face and mode, and on every other in `make test-full`.
 TEST_WORKERS ?= auto

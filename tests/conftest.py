@@ -26,9 +26,10 @@ if WORKER_INDEX:
 
 def pytest_xdist_auto_num_workers(config) -> int:
     """Workers for `-n auto` (make test's default): two on a machine of two cores or more without a GPU, else none
-    (the tests run in the pytest process). Two workers on 2 cores took the suite from 506 s to 362 s; three failed a
-    timing test under the load (WORKLOG, "CI in 10 minutes"). With GPUs the CPU tests would run on them beside the
-    GPU suite, whose timing claims want them to itself."""
+    (the tests run in the pytest process). On 2 cores the suite took 506 s in one process (one run) and 362-395 s
+    with two workers (four runs; runs minutes apart moved by up to a quarter); three failed a timing test under the
+    load (WORKLOG, "CI in 10 minutes"). With GPUs the CPU tests would run on them beside the GPU suite, whose timing
+    claims want them to itself."""
     import eval as core
 
     return 2 if len(os.sched_getaffinity(0)) >= 2 and not core.machine_gpus() else 0
@@ -45,13 +46,18 @@ def every_time(params, *chosen) -> list:
                                                        marks=pytest.mark.full) for entry in params]
 
 
+def run_device_check(*files) -> subprocess.CompletedProcess:
+    """make check-device's tool over `files` (its default files without any)."""
+    return subprocess.run([sys.executable, "-m", "tools.check_device", *map(str, files)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+
+
 @pytest.fixture(scope="session")
 def device_check() -> subprocess.CompletedProcess:
-    """make check-device's tool over its default files, run once per test process: tests/test_check_device.py reads
-    its verdict, tests/test_memory_model.py the memory-model counts it printed for the repository's own files (both
-    modules are one xdist group, so one process runs it)."""
-    return subprocess.run([sys.executable, "-m", "tools.check_device"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900)
+    """The check over its default files, run once per test process: tests/test_check_device.py reads its verdict,
+    tests/test_memory_model.py the memory-model counts it printed for the repository's own files (both modules are
+    one xdist group, so one process runs it)."""
+    return run_device_check()
 
 
 def gpu_count() -> int:

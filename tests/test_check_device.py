@@ -3,13 +3,11 @@ error on either vendor's path fails the check and names the target, AMD inline a
 are printed whatever the other threads do."""
 import contextlib
 import io
-import subprocess
-import sys
 import threading
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_device_check
 from tools import check_device
 
 pytestmark = pytest.mark.xdist_group("device-code")  # with tests/test_memory_model.py: one run of the whole check
@@ -17,11 +15,6 @@ needs_tools = pytest.mark.skipif(bool(check_device.missing_tools()),
                                 reason=f"needs {', '.join(check_device.missing_tools())} ({check_device.INSTALL_HINT})")
 V2 = ROOT / "submissions" / "all2all" / "v2_p2p.py"
 V7 = ROOT / "submissions" / "all2all" / "v7_triton.py"
-
-
-def run_tool(*files):
-    return subprocess.run([sys.executable, "-m", "tools.check_device", *map(str, files)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
 
 
 def planted(tmp_path, old: str, new: str):
@@ -55,7 +48,7 @@ def test_planted_triton_error_on_one_vendor_fails_that_vendor(tmp_path):
     assert text.count('"s_sleep 1"') == 1
     path = tmp_path / "planted_v7.py"
     path.write_text(text.replace('"s_sleep 1"', '"s_planted_nonsense 1"'))
-    result = run_tool(path)
+    result = run_device_check(path)
     assert result.returncode == 112
     assert "planted_v7.py: triton sm_90: ok" in result.stdout
     assert "planted_v7.py: triton gfx942: FAILED" in result.stdout and "triton gfx942" in result.stderr
@@ -67,7 +60,7 @@ def test_triton_arguments_that_drift_from_the_kernel_fail(tmp_path):
     text = V7.read_text()
     path = tmp_path / "drifted_v7.py"
     path.write_text(text.replace('"rank": "i32", "timeout_ns": "i64"}', '"timeout_ns": "i64", "rank": "i32"}'))
-    result = run_tool(path)
+    result = run_device_check(path)
     assert result.returncode == 112 and "TRITON_KERNELS says" in result.stderr
 
 
@@ -75,7 +68,7 @@ def test_triton_arguments_that_drift_from_the_kernel_fail(tmp_path):
 def test_planted_amd_error_fails(tmp_path):
     # A warp intrinsic outside the prelude's vendor branch: fine for nvcc, rejected by HIP.
     path = planted(tmp_path, "#define A2A_THREADS 256", "__device__ void planted() { __syncwarp(); }\n#define A2A_THREADS 256")
-    result = run_tool(path)
+    result = run_device_check(path)
     assert result.returncode == 112
     assert "planted.py: nvcc sm_90: ok" in result.stdout
     assert "planted.py: clang gfx942: FAILED" in result.stdout and "clang gfx942" in result.stderr
@@ -87,7 +80,7 @@ def test_planted_amd_assembly_error_fails(tmp_path):
     # Inline assembly the gfx942 assembler rejects, inside the AMD branch: only a whole `-c` compile catches it.
     path = planted(tmp_path, "__device__ __forceinline__ void warp_sync() { __builtin_amdgcn_wave_barrier(); }",
                    "__device__ __forceinline__ void warp_sync() { asm volatile(\"s_planted_nonsense 1\"); }")
-    result = run_tool(path)
+    result = run_device_check(path)
     assert result.returncode == 112
     assert "planted.py: nvcc sm_90: ok" in result.stdout
     assert "planted.py: clang gfx942: FAILED" in result.stdout and "planted.py: clang20 gfx950: FAILED" in result.stdout
@@ -97,7 +90,7 @@ def test_planted_amd_assembly_error_fails(tmp_path):
 def test_planted_nvidia_error_fails(tmp_path):
     # Bad inline PTX in the NVIDIA branch: only a real `-c` compile (ptxas) catches it.
     path = planted(tmp_path, "ld.acquire.sys.global.b32", "ld.acquire.sys.global.b33")
-    result = run_tool(path)
+    result = run_device_check(path)
     assert result.returncode == 112
     assert "planted.py: nvcc sm_90: FAILED" in result.stdout
     assert "planted.py: clang gfx942: ok" in result.stdout and "planted.py: clang20 gfx950: ok" in result.stdout

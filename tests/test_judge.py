@@ -1136,7 +1136,7 @@ BENT_CHECK_BODIES = {"lying-tensor": (LYING_TENSOR, ("must be a plain torch.Tens
 
 @pytest.mark.parametrize("attack, mode", every_time(BENT_CHECKS, ("lying-tensor", "test"),
                                                     ("patched-allclose", "benchmark"), ("patched-reference", "test")),
-                         ids=[f"{attack}-{mode}" for attack, mode in BENT_CHECKS])
+                         ids=_ids(BENT_CHECKS))
 def test_zeros_fail_however_the_check_is_bent(tmp_path, attack, mode):
     """In test mode the check apart catches what the rank's own check was made to pass; in benchmark mode the
     check of every timed output on the device (bound before the import) catches it first."""

@@ -21,8 +21,6 @@ def _reference_vs_oracle(rank, world_size, spec):
     return bool((diff <= bound).all()), float(diff.max()), int(data[1].num_tokens)
 
 
-
-
 def _dispatched_rows(rank, world_size, spec):
     """Every (src_rank, token, k) routed to this rank arrives exactly once, at the expert it names, carrying the x
     row of that token."""
@@ -69,14 +67,13 @@ CHECKS = {
 
 
 @functools.cache
+def _launched(world_size: int) -> list:
+    return parallel_launch(world_size, _checks, CHECKS[world_size], backend="gloo")
+
+
 def launched(world_size: int, name: str) -> list:
     """What each rank found for check `name` of the one launch at `world_size` (made once per test process)."""
     return [found[name] for found in _launched(world_size)]
-
-
-@functools.cache
-def _launched(world_size: int) -> list:
-    return parallel_launch(world_size, _checks, CHECKS[world_size], backend="gloo")
 
 
 @pytest.mark.parametrize("world_size", [2, 4, 8])

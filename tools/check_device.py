@@ -285,10 +285,12 @@ def benchmark_shapes() -> list:
     return [{name: case[name] for name in names} for case in planning.load_task()["benchmarks"]]
 
 
+@functools.cache
 def triton_source_key(module) -> str:
     """What a Triton build of `module` depends on, line numbers aside: the source of every @triton.jit function in it
     and the values of the globals they use. Versions that carry the same kernels (v7, v8, v9 and v8's scratch copy)
-    have the same key; Triton's own cache key differs between them by the functions' line numbers alone."""
+    have the same key; Triton's own cache key differs between them by the functions' line numbers alone. Once per
+    module: a file's builds all ask."""
     import triton
 
     def described(used):  # a global a kernel uses: a constant by value, another kernel by name (its source is hashed)
