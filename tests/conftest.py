@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import boundary
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from a2a.plan import ROOT, use_bundle_modules  # noqa: E402
 from eval import DEFAULT_MASTER_PORT, MASTER_PORT_ENV, environ_with  # noqa: E402
@@ -159,11 +161,11 @@ def processes_with(token: str) -> list[int]:
     import eval as core
 
     found = []
-    for pid, environ in core.other_processes():
+    for pid, environ in boundary.other_processes():
         if token.encode() not in environ:
             continue
         try:
-            state = core.process_stat(pid)[0]
+            state = boundary.process_stat(pid)[0]
         except OSError:
             continue
         if state != "Z":
@@ -221,7 +223,7 @@ def processes_marked(token: str) -> list[int]:
             continue
         try:
             held = Path(f"/proc/{entry}/cmdline").read_bytes() + Path(f"/proc/{entry}/environ").read_bytes()
-            if token.encode() in held and core.process_stat(int(entry))[0] != "Z":
+            if token.encode() in held and boundary.process_stat(int(entry))[0] != "Z":
                 found.append(int(entry))
         except OSError:
             continue

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import boundary
+
 from a2a.harness import evaluate
 from a2a.plan import builds_device_code, make_plan
 from a2a.rows import parse_popcorn
@@ -324,7 +326,7 @@ def test_a_killed_commands_temporary_folder_goes_with_the_next_sweep():
     maker.wait()
     assert left.is_dir(), left
     with core.owned_tempdir("alive") as alive:
-        core.sweep_orphans()
+        boundary.sweep_orphans()
         assert alive.is_dir()
     assert not left.exists() and not alive.exists()
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+import boundary
+
 from a2a import rows as result_rows
 from a2a.harness import stage
 from eval import EXIT_BAD_INPUT, EXIT_CHECK_FAILED
@@ -1354,11 +1356,11 @@ def test_a_finished_run_leaves_nothing_behind(tmp_path, process_token, runner):
 def test_the_sweep_ends_only_what_a_gone_owner_left():
     import eval as core
 
-    mine = f"{os.getpid()}:{core.process_stat(os.getpid())[19]}"  # pid and start time: this live process
+    mine = f"{os.getpid()}:{boundary.process_stat(os.getpid())[19]}"  # pid and start time: this live process
     alive = subprocess.Popen(["sleep", "60"], env={**os.environ, core.RUN_OWNER: mine})
     orphan = subprocess.Popen(["sleep", "60"], env={**os.environ, core.RUN_OWNER: f"{os.getpid()}:1"})  # pid reused
     try:
-        killed = core.sweep_orphans()
+        killed = boundary.sweep_orphans()
         assert orphan.pid in killed and alive.pid not in killed, (killed, alive.pid, orphan.pid)
         assert orphan.wait(timeout=10) == -9 and alive.poll() is None
     finally:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import boundary
 import eval as core
 from a2a import plan as planning
 from a2a import sharing
@@ -226,7 +227,7 @@ def fake_mps(tmp_path, monkeypatch):
 
 
 def _carrying(text: str) -> list:
-    return [pid for pid, environ in core.other_processes() if text.encode() in environ]
+    return [pid for pid, environ in boundary.other_processes() if text.encode() in environ]
 
 
 def _gone(pipe: str, seconds: float = 20) -> list:
