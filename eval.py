@@ -53,16 +53,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own mod
 from boundary import (RUN_OWNER, RankSandbox, Sandbox, become_subreaper, claim_run, descendants,  # noqa: E402
                       die_with_parent, enter_rank_sandbox, hide_result_channel, kill_tree, owned_tempdir,
                       prepare_rank_cache, release_uid)
+import judge  # noqa: E402
 
 __all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything else is the core's own
     "CaseRun", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED", "EXIT_CRASH", "EXTRA_STATS", "EXTRA_STAT_FIELDS", "HELD",
-    "HERE", "Hold", "InputOracle", "LEADERBOARD_SEED_STEP", "MODES", "MPS_DEFAULT_PIPE_DIRECTORY",
-    "OFFICIAL_TIMEOUT_S", "OutputCheck", "OwnerAnswers", "RUN_OWNER", "RankPool", "SEED_MAX", "SPEC_KEYS", "Step",
+    "HERE", "Hold", "LEADERBOARD_SEED_STEP", "MODES", "MPS_DEFAULT_PIPE_DIRECTORY",
+    "OFFICIAL_TIMEOUT_S", "RUN_OWNER", "RankPool", "SEED_MAX", "SPEC_KEYS", "Step",
     "Tampering", "Terminated", "TestCase", "UserError", "WARMUP_CALLS", "all_ok", "ask_owner", "bound",
-    "calculate_extra_stats", "cantor_combine", "case_problem", "check_apart", "checked", "claim_run", "clone_data",
-    "die_with_parent", "environ_with", "environment_with", "expected_output", "get_test_cases", "import_submission",
+    "calculate_extra_stats", "cantor_combine", "case_problem", "claim_run", "clone_data",
+    "die_with_parent", "environ_with", "environment_with", "get_test_cases", "import_submission",
     "install_signal_handlers", "kill_tree", "machine_gpus", "measure", "nccl_version_tuple", "own_device", "owned_tempdir",
-    "prepare_rank_cache", "rank_device", "rank_failures", "release_uid", "shipped", "snapshot", "spec_line",
+    "prepare_rank_cache", "rank_device", "rank_failures", "release_uid", "snapshot", "spec_line",
     "validate_cases", "version_text",
 ]
 HERE = Path(__file__).resolve().parent
@@ -82,6 +83,9 @@ DEFAULT_MASTER_PORT = 12356  # the runner's fixed rendezvous port
 # Moves the protocol face's fixed port (never set by the runner): runs side by side on one machine, such as the test
 # suite's parallel workers, each on a port of its own.
 MASTER_PORT_ENV = "A2A_MASTER_PORT"
+# The judge's own run (the human face sets it; the runner never does): keyed seeds from the secret and a fresh
+# input in every timed step of benchmark mode too (judge.Seeds).
+JUDGE_ENV = "A2A_JUDGE"
 MPS_DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # where MPS clients look when CUDA_MPS_PIPE_DIRECTORY is unset
 MAX_REPEATS = 100
 LEADERBOARD_SEED_STEP = 13  # the runner's step between leaderboard mode's seeds (the judge draws its own)
@@ -727,60 +731,6 @@ def ask_owner(kind: str, payload: Any = None) -> Any:
     return answer
 
 
-def expected_output(data, b: Bound):
-    """The closed form of the case's output (the reference module's closed_form_output), through bound calls: what
-    every timed output is checked against on the rank's device, right after its end event."""
-    ops = b.ops
-    cfg, rank_data, _, world_size = data
-    owner = ops["floor_divide"](ops["long"](rank_data.indices), cfg.num_experts // world_size)
-    scale = ops["to"](ops["add"](owner, 1), cfg.out_dtype)
-    expert_out = ops["mul"](ops["unsqueeze"](ops["to"](rank_data.x, cfg.out_dtype), 1), ops["unsqueeze"](scale, 2))
-    summed = ops["sum"](ops["mul"](ops["to"](expert_out, ops["float32"]), ops["unsqueeze"](rank_data.weights, 2)),
-                        dim=1)
-    return ops["to"](summed, cfg.out_dtype)
-
-
-class OutputCheck:
-    """Every timed output, checked on its device right after the end event (queued there, read once at the end):
-    its type, shape, dtype and device on the host, its values against the closed form on the GPU. A copy of each is
-    kept for the check apart, which the owner samples after the loop."""
-    RTOL, ATOL = 1e-2, 5e-3
-
-    def __init__(self, b: Bound, device, keep_copies: bool = True):
-        self.b, self.keep = b, keep_copies
-        self.bad = b.ops["zeros"](1, dtype=b.ops["int64"], device=device)
-        self.host_problem: Optional[str] = None
-        self.copies: list = []
-
-    def add(self, step: int, output, expected) -> None:
-        ops = self.b.ops
-        if type(output) is not self.b.tensor:
-            problem = f"returned a {type(output).__name__}, not a plain torch.Tensor"
-        elif output.device != expected.device or output.shape != expected.shape or output.dtype != expected.dtype:
-            problem = (f"returned {tuple(output.shape)} {output.dtype} on {output.device}, expected "
-                       f"{tuple(expected.shape)} {expected.dtype} on {expected.device} (a shape, dtype or device "
-                       "mismatch)")
-        else:
-            problem = None
-            with ops["no_torch_function"]():
-                close = ops["isclose"](output, expected, rtol=self.RTOL, atol=self.ATOL)
-                ops["add"](self.bad, ops["sum"](ops["logical_not"](close)), out=self.bad)
-                if self.keep:
-                    self.copies.append(ops["clone"](ops["detach"](output)))
-        if problem:
-            self.host_problem = self.host_problem or f"timed call {step} {problem}"
-            if self.keep:
-                self.copies.append(None)
-
-    def verdict(self) -> Optional[str]:
-        """Why the timed outputs fail, or None (reads the device's count: one synchronization, after the loop)."""
-        if self.host_problem:
-            return self.host_problem
-        wrong = int(self.b.ops["item"](self.bad))
-        return (f"{wrong} elements of the timed calls' outputs differ from the expected values (rtol={self.RTOL}, "
-                f"atol={self.ATOL}): a timed call returned a wrong output") if wrong else None
-
-
 # Holding the stream (nvbench's blocking kernel): a sleep kernel queued before the start event keeps the GPU from
 # starting the call's work until the host has queued all of it, so the events time the GPU's work alone. Its
 # length adapts: a step whose start event had already passed when the call returned was not held (the sleep was too
@@ -981,150 +931,124 @@ def import_submission() -> Callable:
     return _kernel
 
 
-def checked(b: Bound, unchanged, output) -> tuple[bool, str]:
-    """The reference's check (bound before the import), after the rule the reference cannot see: the output is a
-    plain torch.Tensor (a subclass can answer any question the check asks, e.g. `torch.allclose`, with a lie)."""
-    if isinstance(output, b.tensor) and type(output) is not b.tensor:
-        return False, (f"custom_kernel returned a {type(output).__name__}, a subclass of torch.Tensor; the output "
-                       "must be a plain torch.Tensor")
-    with b.ops["no_torch_function"]():
-        return b.reference[1](unchanged, output)
+def receive_fds(count: int) -> list:
+    """The descriptors the owner sent right after this job's message (a judge channel's buffer and pipes)."""
+    import socket
+    from multiprocessing.reduction import recvfds
+
+    with socket.socket(fileno=os.dup(_owner_conn.fileno())) as sock:
+        return recvfds(sock, count)
 
 
-def shipped(b: Bound, output) -> dict:
-    """What the check apart needs from a rank: its output, as a plain CPU tensor (the owner makes the input again
-    itself, where no submission runs, and never takes one from a rank)."""
-    ops = b.ops
-    plain = ops["clone"](ops["cpu"](ops["detach"](output))) if type(output) is b.tensor else None
-    return {"output": plain, "returned": type(output).__name__}
+def _output_status(output, tokens: int, hidden: int, device) -> int:
+    """judge.OUTPUT_PROBLEMS' code for what is wrong with an output's kind, shape, dtype or device; 0 when nothing."""
+    import torch
+
+    if not isinstance(output, torch.Tensor):
+        return 1
+    if type(output) is not torch.Tensor:
+        return 2
+    if tuple(output.shape) != (tokens, hidden):
+        return 3
+    if output.dtype != torch.float16:
+        return 4
+    return 5 if output.device != device else 0
 
 
-def _rank_test(b: Bound, test: TestCase, rank: int, apart: bool = True):
-    generate_input, _ = b.reference
-    custom_kernel = import_submission()
-    _set_phase("generating input")
-    data = generate_input(**test.args, rank=rank)
-    unchanged = snapshot(data)
-    synchronize(b)
-    _set_phase("in custom_kernel")
-    output = custom_kernel(clone_data(data, rank, b))
-    synchronize(b)
-    _set_phase("checking the output")
-    good, message = checked(b, unchanged, output)
-    if good and (why := b.tampering(b)):
-        good, message = False, f"void: {why}"
-    return good, ({"apart": [shipped(b, output)]} if good and apart else message)
+def _register_host(memory) -> None:
+    """Pins the channel's pages for this rank's GPU copies (cudaHostRegister), where the runtime allows it."""
+    import torch
+
+    with contextlib.suppress(Exception):
+        address = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+        torch.cuda.cudart().cudaHostRegister(address, len(memory), 0)
 
 
-# The check apart samples the timed calls after the loop: the ranks cannot know in advance which of their outputs
-# will be checked. At least APART_MIN calls of a case (all of them when fewer ran) and APART_FRACTION of the rest go
-# apart, so a submission whose outputs are wrong in a third of its timed calls is caught with probability at least
-# 1 - (2/3)^12 > 0.99 by the check apart alone, whatever the GPU check in its own process says.
-APART_MIN = 12
-APART_FRACTION = 0.1
-# The owner's clock around a timed loop may run ahead of a rank's by the messages' travel and scheduling, never by
-# more than this: beyond it the rank's clock was slower than real time (docs/judge.md, "What a submission cannot do").
-CLOCK_SLACK_NS = 5_000_000
-CLOCK_SLACK_FRACTION = 0.05
+def _call_on_gpu(call: Callable, data, device, hold: Optional[Hold]) -> tuple:
+    """(output, call time ns, held device time ns, held): events around the call on the device's current stream;
+    with `hold`, a sleep kernel queued first keeps the stream from starting until the call has queued its work."""
+    import torch
+
+    stream = torch.cuda.current_stream(device)
+    if device.index not in _events:
+        _events[device.index] = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start, end = _events[device.index]
+    holding = hold is not None and not hold.sync_inside
+    if holding:
+        with torch.cuda.device(device):
+            torch.cuda._sleep(hold.cycles)
+    start.record(stream)
+    output = call(data)
+    end.record(stream)
+    held = holding and not start.query()
+    end.synchronize()
+    elapsed = start.elapsed_time(end) * 1e6
+    if hold is None:
+        return output, elapsed, math.nan, False
+    return output, math.nan, elapsed if held or hold.sync_inside else math.nan, held
 
 
-def apart_count(steps: int, at_least: int = APART_MIN, fraction: float = APART_FRACTION) -> int:
-    return min(steps, max(at_least, math.ceil(fraction * steps)))
+def run_steps(rank: int, world_size: int, cases: list, regions: dict, call_for: Callable) -> int:
+    """A rank's end of the owner's steps (judge.Steps): at each `go`, the step's input as the runner hands it over
+    (cfg, rank_data on the rank's device, rank, world size), the call (`call_for(case index)`), the output published
+    into the shared buffer, `done`. Nothing here is trusted: the owner made the input, checks the output and keeps
+    the time. Returns the steps run."""
+    import torch
+    from reference import MoEConfig, RankTestData
+
+    channel = judge.RankChannel(receive_fds(3), regions)
+    channel.spin_ns = judge.spin_budget_ns(world_size, "A2A_RANK_SPIN_US", 20000)
+    device = rank_device(rank)
+    gpu = device.type == "cuda"
+    if gpu:
+        _register_host(channel.memory)
+    configs = [MoEConfig(c["num_experts"], c["experts_per_token"], c["hidden_dim"], c["max_num_tokens"]) for c in cases]
+    floor_out = [torch.zeros(c["max_num_tokens"], c["hidden_dim"], dtype=torch.float16, device=device) for c in cases]
+    hold, steps = Hold(), 0
+    while True:
+        _set_phase("waiting for the owner")
+        kind, case, tokens = channel.wait()
+        if kind == judge.STOP:
+            return steps
+        args = cases[case]
+        views = channel.views.tensors(tokens, args["hidden_dim"], args["experts_per_token"])
+        rank_data = RankTestData.__new__(RankTestData)
+        rank_data.num_tokens = tokens
+        rank_data.x, rank_data.indices, rank_data.weights = (views[name].to(device, copy=True)
+                                                             for name in ("x", "indices", "weights"))
+        data = (configs[case], rank_data, rank, world_size)
+        call_ns = held_ns = math.nan
+        held, failure = False, None
+        _set_phase("in custom_kernel")
+        try:
+            if kind == judge.FLOOR:
+                output = floor_out[case][:tokens]
+            elif gpu:
+                output, call_ns, held_ns, held = _call_on_gpu(call_for(case), data, device,
+                                                              hold if kind == judge.HELD else None)
+            else:
+                started = time.perf_counter_ns()
+                output = call_for(case)(data)
+                call_ns = time.perf_counter_ns() - started
+            status = _output_status(output, tokens, args["hidden_dim"], device)
+            if not status:
+                views["out"].copy_(output)
+        except Exception as exc:  # said first, so the owner's wait ends now; raised after, so its cause is reported
+            status, failure = 6, exc
+        channel.done(status, call_ns, held_ns, held)
+        if failure is not None:
+            raise failure
+        if kind == judge.HELD and gpu:
+            hold.after(held)
+        steps += 1
 
 
-FLOOR_STEPS = 10  # harness floor steps in front of every timed loop: the owner's measure of a step without a call
+def _rank_steps(b: Bound, test: TestCase, rank: int, cases: list, regions: dict):
+    kernel = import_submission()
+    return True, {"steps": run_steps(rank, test.args["world_size"], cases, regions, lambda _case: kernel)}
 
 
-def _rank_benchmark(b: Bound, test: TestCase, rank: int, recheck: bool, max_repeats: int, max_time_ns: float,
-                    extra: bool):
-    generate_input, _ = b.reference
-    ops = b.ops
-    custom_kernel = import_submission()
-    _set_phase("generating input")
-    data = generate_input(**test.args, rank=rank)
-    unchanged = snapshot(data)
-    _set_phase("in custom_kernel")
-    output = custom_kernel(clone_data(data, rank, b))
-    _set_phase("checking the output")
-    good, message = checked(b, unchanged, output)
-    if not all_ok(good, rank, b):
-        return False, RankFailure(message) if not good else RankFailure("another rank failed its check", True)
-    first = shipped(b, output)
-    del output
-
-    _set_phase("in the timing loop")
-    current = {"unchanged": unchanged, "expected": expected_output(unchanged, b), "failure": None}
-    checker = OutputCheck(b, rank_device(rank))
-    durations: list = []
-
-    def fresh_input(_label):
-        if not recheck:
-            return None
-        # NOTES: the seed of every step is the owner's, drawn when the step is about to run: nothing a rank holds
-        # before then (its frames, its environment, the case's own seed) says what the next input will be.
-        fresh = generate_input(**dict(test.args, seed=ask_owner("seed")), rank=rank)
-        current["unchanged"] = snapshot(fresh)
-        current["expected"] = expected_output(current["unchanged"], b)
-        return fresh
-
-    def checked_and_stopping(step: Step) -> bool:
-        durations.append(step.host_ns)
-        checker.add(len(durations) - 1, step.output, current["expected"])
-        if recheck and "clock-mid" in current:
-            rechecks.append(current["unchanged"])
-        if not all_ok(True, rank, b):
-            return True
-        should_stop = False
-        if rank == 0 and len(durations) > 2:
-            stats = calculate_stats(durations)
-            should_stop = (stats.err / stats.mean < 0.001 or stats.mean * stats.runs > max_time_ns
-                           or b.clock_ns() - loop_start > 120e9)
-        stop = ops["tensor"]([should_stop], dtype=ops["bool"], device=rank_device(rank))
-        ops["broadcast"](stop, 0)
-        return bool(ops["item"](stop))
-
-    # NOTES: the owner's clock brackets the floor steps and the timed loop apart (clock-start, clock-mid,
-    # clock-end): a loop whose reported steps leave more time unaccounted for than the floor steps took is void.
-    def floor_work(_step: Step) -> bool:
-        """What a timed step does after its window, done by each floor step too (on the expected output), so that a
-        floor step is a timed step without its call."""
-        stand_in = current["expected"]
-        OutputCheck(b, rank_device(rank), keep_copies=False).add(0, stand_in, current["expected"])
-        all_ok(True, rank, b)
-        ops["broadcast"](ops["tensor"]([False], dtype=ops["bool"], device=rank_device(rank)), 0)
-        return False
-
-    ask_owner("clock-start")
-    floor_start = b.clock_ns()
-    floor = measure({"floor": None}, data, rank, ["floor"] * FLOOR_STEPS, warmup=0,
-                    before_step=fresh_input if recheck else None, after_step=floor_work, b=b)["floor"].host_ns
-    floor_ns = b.clock_ns() - floor_start
-    ask_owner("clock-mid")
-    current["clock-mid"] = True
-    rechecks: list = []  # leaderboard mode: each timed step's input, its output checked by the reference after
-    loop_start = b.clock_ns()
-    timed = measure({"call": custom_kernel}, data, rank, ["call"] * max_repeats, warmup=0, device_clock=extra,
-                    before_step=fresh_input, after_step=checked_and_stopping, b=b)["call"]
-    loop_ns = b.clock_ns() - loop_start
-    ask_owner("clock-end", {"floor_ns": floor_ns, "loop_ns": loop_ns, "floor": floor, "steps": durations,
-                            "device": timed.device_ns})
-    # NOTES: leaderboard mode checks every timed output with the reference, as the runner does, but after the loop,
-    # on the copy taken right after its end event: so a timed step does nothing between its window and the next
-    # that a floor step does not, and the owner's clock can hold the steps to the loop (clock_disagreement).
-    for step, unchanged_then in enumerate(rechecks):
-        if checker.copies[step] is None:  # not a tensor of the right kind: checker.verdict() says which
-            continue
-        good, message = checked(b, unchanged_then, checker.copies[step])
-        if not good:
-            current["failure"] = RankFailure(f"timed call {step}: {message}")
-            break
-    if not all_ok(current["failure"] is None, rank, b):
-        return False, current["failure"] or RankFailure("another rank failed its check", True)
-    why = checker.verdict() or b.tampering(b)
-    if not all_ok(why is None, rank, b):
-        return False, RankFailure(f"void: {why}") if why else RankFailure("another rank failed its check", True)
-    picks = ask_owner("apart", len(durations))
-    return True, {"apart": [first] + [shipped(b, checker.copies[i]) for i in picks]}
+FLOOR_STEPS = 10  # floor steps before a timed loop (human face): the owner's step with no call, its handshake's cost
 
 
 def _rank_profile(b: Bound, test: TestCase, rank: int):
@@ -1154,7 +1078,7 @@ def _rank_call(b: Bound, test: TestCase, rank: int, fn, args: tuple):
     return True, fn(rank, test.args["world_size"], *args)
 
 
-_RANK_JOBS = {"test": _rank_test, "benchmark": _rank_benchmark, "profile": _rank_profile, "call": _rank_call}
+_RANK_JOBS = {"steps": _rank_steps, "profile": _rank_profile, "call": _rank_call}
 
 
 class _RankPrefix:
@@ -1268,8 +1192,7 @@ STACK_SIGNAL = signal.SIGUSR1
 STACK_WRITE_S = 0.2
 # What a pool worker is doing, kept in shared memory so the watchdog can say where a stuck rank is.
 PHASES = ("idle", "joining the process group", "importing the submission", "generating input", "in custom_kernel",
-          "checking the output", "in the timing loop", "profiling", "in the launched function",
-          "leaving the process group")
+          "waiting for the owner", "profiling", "in the launched function", "leaving the process group")
 _phase_slot = None
 
 
@@ -1374,6 +1297,14 @@ def _death_message(exitcode: Optional[int]) -> str:
     return f"rank process died (exit code {exitcode})"
 
 
+def _send_fds(conn, fds: list) -> None:
+    import socket
+    from multiprocessing.reduction import sendfds
+
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        sendfds(sock, fds)
+
+
 class Gather(NamedTuple):
     """Every rank of a case asked the owner the same question (ask_owner): `kind`, and each rank's payload."""
     kind: str
@@ -1385,7 +1316,8 @@ class CaseRun:
     Gather when every rank has asked the same question (answer it with `reply`), or the ranks' results when the
     case is over (failed, timed out, or done). Every wait has the case's deadline."""
 
-    def __init__(self, pool: "RankPool", job: str, test: TestCase, timeout_s: float, params: Optional[dict]):
+    def __init__(self, pool: "RankPool", job: str, test: TestCase, timeout_s: float, params: Optional[dict],
+                 fds: Optional[list] = None):
         self.pool, self.test = pool, test
         world_size = test.args["world_size"]
         pool.await_idle()
@@ -1400,6 +1332,8 @@ class CaseRun:
         sent = TestCase(args=dict(test.args), spec="")
         for rank, slot in enumerate(self.slots):
             pool.workers[slot][1].send((job, sent, rank, params or {}, setup, self.case_id))
+            if fds:  # right behind the job's message, where the rank's receive_fds reads them
+                _send_fds(pool.workers[slot][1], fds[rank])
         self.results: dict = {}
         self.asks: dict = {}
         self.deadline = time.monotonic() + timeout_s
@@ -1612,9 +1546,11 @@ class RankPool:
                 leaving.append(slot)
         self._retire(leaving)
 
-    def begin(self, job: str, test: TestCase, timeout_s: float, params: Optional[dict] = None) -> CaseRun:
-        """Starts `job` on every rank of `test`; the owner then drives it with the CaseRun's next_event/reply."""
-        return CaseRun(self, job, test, timeout_s, params)
+    def begin(self, job: str, test: TestCase, timeout_s: float, params: Optional[dict] = None,
+              fds: Optional[list] = None) -> CaseRun:
+        """Starts `job` on every rank of `test` (`fds[rank]`: descriptors that rank receives with its job); the owner
+        then drives it with the CaseRun's next_event/reply."""
+        return CaseRun(self, job, test, timeout_s, params, fds)
 
     def run(self, job: str, test: TestCase, timeout_s: float, params: Optional[dict] = None,
             answer: Optional[Callable[[Gather], Any]] = None) -> list[RankResult]:
@@ -1713,218 +1649,83 @@ def rank_failures(results: list[RankResult]) -> str:
     return "\n".join(lines)
 
 
-class OwnerAnswers:
-    """The owner's side of a timed case, out of every rank's reach: its own clock around the floor steps and the
-    timed loop, each step's seed (leaderboard mode), and which timed outputs go to the check apart, drawn after
-    the loop."""
+class CaseSteps:
+    """A case's steps on a pool, from the owner's side: a judge channel to every rank, the ranks' job started (the
+    protocol face's "steps", or a tool's function through "call" that ends in run_steps), and judge.Steps over the
+    channels, whose waits end with the case's deadline or with any rank's end. `finish()` stops the ranks and returns
+    their results."""
 
-    def __init__(self, apart_min: int = APART_MIN, apart_fraction: float = APART_FRACTION):
-        import random
+    def __init__(self, pool: "RankPool", test: TestCase, cases: list, timeout_s: float,
+                 fn: Optional[Callable] = None, fn_args: tuple = ()):
+        self.channels = [judge.Channel(cases) for _ in range(test.args["world_size"])]
+        regions = self.channels[0].regions
+        job, params = ("steps", {"cases": cases, "regions": regions}) if fn is None else \
+            ("call", {"fn": fn, "args": (cases, regions, *fn_args)})
+        try:
+            self.case = pool.begin(job, test, timeout_s, params, fds=[c.for_rank() for c in self.channels])
+        except BaseException:
+            for channel in self.channels:
+                channel.close()
+            raise
+        for channel in self.channels:
+            channel.given()
+        self.steps = judge.Steps(self.channels, cases, [pool.workers[slot][1].fileno() for slot in self.case.slots])
 
-        self.random = random.SystemRandom()
-        self.stamps: dict = {}
-        self.void = ""
-        self.apart_rule = (apart_min, apart_fraction)
-        self.loop_seeds: list = []  # the seeds of the timed loop's steps, in order (leaderboard mode)
-        self.picks: dict = {}  # rank -> the timed steps whose outputs go apart
-        self.reports: dict = {}  # rank -> its clock-end report (steps, floor, device times)
+    def step(self, kind: int, case: int, inputs: list) -> judge.StepResult:
+        return self.steps.step(kind, case, inputs, self.case.deadline)
 
-    def __call__(self, gather: Gather):
-        if gather.kind in ("clock-start", "clock-mid"):
-            self.stamps[gather.kind] = time.perf_counter_ns()
-            return "go"
-        if gather.kind == "clock-end" and "clock-start" in self.stamps:
-            self.reports = gather.payloads  # the times the owner shows: those its clock was checked against
-            self.void = self.void or clock_disagreement(self.stamps, time.perf_counter_ns(), gather.payloads)
-            return "ok"
-        if gather.kind == "seed":
-            seed = self.random.randrange(SEED_MAX - 2 ** 10)  # room for + rank, as the case's own seeds
-            if "clock-mid" in self.stamps:
-                self.loop_seeds.append(seed)
-            return seed
-        if gather.kind == "apart":
-            self.picks = {rank: sorted(self.random.sample(range(steps), apart_count(steps, *self.apart_rule)))
-                          for rank, steps in gather.payloads.items()}
-            return {"per_rank": self.picks}
-        raise ValueError(f"an unexpected question from the ranks: {gather.kind}")
-
-
-def clock_disagreement(stamps: dict, end_ns: int, said: dict) -> str:
-    """Why the times a case's ranks report cannot be the time that passed, or "": each rank's own clock around its
-    floor steps and its timed loop must read what the owner's read (less the messages' travel), and the loop's
-    steps must account for the loop but for about a floor step each (a floor step does all a timed step does
-    but the call, its checks included)."""
-    mid = stamps.get("clock-mid", stamps["clock-start"])
-    floor_owner, loop_owner = mid - stamps["clock-start"], end_ns - mid
-    per_floor_step = floor_owner / FLOOR_STEPS
-    for rank, report in sorted(said.items()):
-        steps, slack = report["steps"], CLOCK_SLACK_NS + CLOCK_SLACK_FRACTION * (floor_owner + loop_owner)
-        unaccounted = loop_owner - sum(steps)
-        if report["loop_ns"] < loop_owner - slack or report.get("floor_ns", 0) < floor_owner - slack:
-            return (f"void: the evaluator's clock read {loop_owner / 1e6:.3f} ms around the timed loop and rank "
-                    f"{rank}'s {report['loop_ns'] / 1e6:.3f} ms: the times reported are not the time that passed (a "
-                    "clock changed in the rank's process)")
-        if sum(steps) > report["loop_ns"] or (
-                floor_owner and unaccounted > len(steps) * FLOOR_SHARE * per_floor_step + slack):
-            return (f"void: rank {rank}'s {len(steps)} timed steps add up to {sum(steps) / 1e6:.3f} ms of the "
-                    f"{loop_owner / 1e6:.3f} ms the evaluator's clock read around them, and a step without a call "
-                    f"took {per_floor_step / 1e3:.1f} µs: the steps' times were made smaller than they were")
-    return ""
+    def finish(self) -> list:
+        """Stops the ranks and waits for their results (the case's deadline and watchdog apply); a rank that asks
+        the owner anything voids the case: this job asks nothing."""
+        with contextlib.suppress(OSError):
+            self.steps.stop()
+        try:
+            while True:
+                event = self.case.next_event()
+                if isinstance(event, list):
+                    return event
+                self.case.violation = f"the ranks asked '{event.kind[:40]}', which no step of the judge asks"
+        finally:
+            self.steps.close()
 
 
-# A floor step does all a timed step does but the call, so a loop's time outside its steps' windows is about its
-# steps' count times a floor step. Measured on CPU (gloo, 2 ranks, 100 honest steps): that outside time per step was
-# 0.51-1.30 floor steps on a quiet machine, and above 1.25 plus the slack in one honest run of a loaded suite run.
-# The floor step's own window (the synchronize and barrier around no call) cannot be subtracted either, since the
-# rank reports it: a step's time made smaller by more than that window plus one floor step is caught, a smaller
-# forgery is not, and a call faster than that room can be hidden whole (docs/judge.md, "What stays open").
-FLOOR_SHARE = 2.0
+def step_failures(results: list, problems: Optional[list], step: str) -> list:
+    """The ranks' results with each output problem the owner found (`problems[rank]`) turned into that rank's
+    failure."""
+    out = []
+    for rank, result in enumerate(results):
+        problem = problems[rank] if problems and result.ok else None
+        out.append(RankResult(False, RankFailure(f"{step}: {problem}"), result.import_s) if problem else result)
+    return out
 
 
 @dataclasses.dataclass
 class ProtocolRun:
-    """One protocol-face run: the output, the pool and what the human face asked for (A2A_*, read once)."""
+    """One protocol-face run: the output, the pool, the run's seeds and what the human face asked for (A2A_*, read
+    once). `fresh`: every timed step gets a fresh input (the judge's own runs; the runner's benchmark mode repeats
+    the case's one input)."""
     logger: PopcornOutput
     pool: RankPool
     backend: str
     extra: bool
     timeout_s: Optional[float]
+    seeds: judge.Seeds
+    fresh: bool
     import_logged: bool = False
-    oracle: Optional["InputOracle"] = None
-    reports: dict = dataclasses.field(default_factory=dict)  # the last timed case's clock-end reports, by rank
 
-    def case(self, job: str, test: TestCase, mode: str, params: Optional[dict] = None) -> list[RankResult]:
-        answers = OwnerAnswers()
-        try:
-            results = self.pool.run(job, test, self.timeout_s or OFFICIAL_TIMEOUT_S[mode], params, answer=answers)
-        except ValueError as exc:
-            results = [RankResult(False, RankFailure(f"void: {exc}"))] * test.args["world_size"]
-        if answers.void:  # a rank's own failure (a wrong output, tampering) is the reason it shows, if it has one
-            results = [RankResult(False, RankFailure(answers.void), r.import_s) if r.ok else r for r in results]
+    def start(self, test: TestCase, mode: str) -> CaseSteps:
+        return CaseSteps(self.pool, test, [test.args], self.timeout_s or OFFICIAL_TIMEOUT_S[mode])
+
+    @staticmethod
+    def inputs(test: TestCase, seed: int) -> list:
+        return [judge.make_input(test.args, seed, rank) for rank in range(test.args["world_size"])]
+
+    def ended(self, results: list) -> list:
         imports = [r.import_s for r in results if r.import_s is not None]
         if self.extra and imports and not self.import_logged:  # human face: what the first case spent importing
             self.logger.log("import_s", f"{max(imports):.2f}")
             self.import_logged = True
-        if self.oracle is None:
-            self.oracle = InputOracle(self.backend)
-        self.reports = answers.reports
-        return failed_apart(results, test, answers.picks, answers.loop_seeds, self.oracle)
-
-
-def _oracle_inputs(rank: int, world_size: int, requests: list) -> list:
-    """In a worker that never imports a submission: each requested rank input made where that rank makes it, as
-    the plain tensors the closed form reads."""
-    return _inputs_made(bound().reference[0], requests)
-
-
-def _inputs_made(generate_input: Callable, requests: list) -> list:
-    import torch
-
-    made = []
-    for args, which, device in requests:
-        cfg, data, _, ws = generate_input(**args, rank=which, device=torch.device(device))
-        made.append({"x": data.x.cpu(), "indices": data.indices.cpu(), "weights": data.weights.cpu(),
-                     "num_experts": cfg.num_experts, "world_size": ws})
-    return made
-
-
-class InputOracle:
-    """The inputs a case's ranks made, made again where no submission runs: a pool of one worker of its own (in
-    the ranks' sandbox and GPU environment, on a CPU group), started on first use; on a CPU group the ranks made
-    theirs on the CPU, and this process (which never imports a submission) makes them itself, with its own
-    reference, sparing a worker's start. The check apart reads these, never an input a rank shipped."""
-
-    def __init__(self, backend: str):
-        self.backend, self.pool, self.cache = backend, None, {}
-
-    def inputs(self, requests: list) -> list:
-        """[(case args, rank)] -> the rank's input for each, made on that rank's device."""
-        missing = [(args, rank) for args, rank in requests if self._key(args, rank) not in self.cache]
-        if missing:
-            made = self._made_here(missing) if self.backend == "gloo" else self._made_in_worker(missing)
-            self.cache.update((self._key(args, rank), inputs) for (args, rank), inputs in zip(missing, made))
-        return [self.cache[self._key(args, rank)] for args, rank in requests]
-
-    @staticmethod
-    def _made_here(missing: list) -> list:
-        import reference
-
-        return _inputs_made(reference.generate_input, [(args, rank, "cpu") for args, rank in missing])
-
-    def _made_in_worker(self, missing: list) -> list:
-        import torch
-
-        if self.pool is None:
-            self.pool = RankPool(1, "gloo")
-        test = TestCase(args={"world_size": 1}, spec="the evaluator's own inputs")
-        (result,) = self.pool.run("call", test, OFFICIAL_TIMEOUT_S["benchmark"], {
-            "fn": _oracle_inputs, "args": ([(args, rank, f"cuda:{rank % torch.cuda.device_count()}")
-                                            for args, rank in missing],)})
-        if not result.ok:
-            raise RuntimeError(f"the evaluator could not make the inputs again: {result.value.message}")
-        return result.value
-
-    @staticmethod
-    def _key(args: dict, rank: int) -> tuple:
-        return tuple(sorted(args.items())) + (rank,)
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
-            self.pool = None
-
-
-def check_apart(item: dict, made: dict) -> tuple[bool, str]:
-    """The check made where the submission cannot reach: in this process, which never imports the submission,
-    against the closed form of the input the owner made itself (InputOracle), with this process's own torch and
-    reference, imported before any rank started."""
-    import types
-
-    from reference import check_output, closed_form_output
-
-    if item.get("output") is None:
-        return False, f"custom_kernel returned a {item.get('returned')}, not a plain torch.Tensor"
-    cfg = types.SimpleNamespace(num_experts=made["num_experts"], out_dtype=item["output"].dtype)
-    rank_data = types.SimpleNamespace(x=made["x"], indices=made["indices"], weights=made["weights"])
-    return check_output(item["output"], closed_form_output((cfg, rank_data, None, made["world_size"]), on_cpu=True))
-
-
-def failed_apart(results: list, test: TestCase, picks: dict, loop_seeds: list, oracle: InputOracle) -> list:
-    """Ranks whose outputs the check apart rejects, as failures: the checked call, and (timed modes) each timed
-    call the owner drew, exactly those, each against the input of its own seed (the case's, or the step's in
-    leaderboard mode). A rank that shipped more, fewer or other outputs than that fails too."""
-    wanted = {}
-    for rank, result in enumerate(results):
-        if result.ok and isinstance(result.value, dict):
-            seeds = [test.args["seed"]] + [loop_seeds[i] if loop_seeds else test.args["seed"]
-                                           for i in picks.get(rank, [])]
-            wanted[rank] = [(dict(test.args, seed=seed), rank) for seed in seeds]
-    made = dict(zip(wanted, _chunked(oracle.inputs([r for rs in wanted.values() for r in rs]),
-                                     [len(rs) for rs in wanted.values()])))
-    checked_results = []
-    for rank, result in enumerate(results):
-        if rank not in wanted:
-            checked_results.append(result)
-            continue
-        items = result.value.pop("apart", None)
-        if not isinstance(items, list) or len(items) != len(wanted[rank]):
-            message = (f"it shipped {len(items) if isinstance(items, list) else 'no'} outputs for the check apart, "
-                       f"not the {len(wanted[rank])} the evaluator drew")
-        else:
-            message = next((why for good, why in (check_apart(i, m) for i, m in zip(items, made[rank]))
-                            if not good), None)
-        checked_results.append(result if message is None else RankResult(False, RankFailure(
-            "the output failed the check made outside the submission's process, although the check in it passed "
-            f"(something in that process changed what the check saw): {message}"), result.import_s))
-    return checked_results
-
-
-def _chunked(items: list, sizes: list) -> list:
-    out, at = [], 0
-    for size in sizes:
-        out.append(items[at:at + size])
-        at += size
-    return out
+        return results
 
 
 def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
@@ -1932,7 +1733,13 @@ def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
     run.logger.log("test-count", len(tests))
     for idx, test in enumerate(tests):
         run.logger.log(f"test.{idx}.spec", test.spec)
-        results = run.case("test", test, "test")
+        inputs = run.inputs(test, run.seeds.case_seed(idx, test.args["seed"]))
+        steps, problems = run.start(test, "test"), None
+        try:
+            problems = steps.step(judge.CALL, 0, inputs).problems
+        except (judge.RankEnded, judge.Missed):
+            pass
+        results = step_failures(run.ended(steps.finish()), problems, "custom_kernel")
         if all(r.ok for r in results):
             run.logger.log(f"test.{idx}.status", "pass")
         else:
@@ -1943,35 +1750,72 @@ def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
     return 0 if passed else EXIT_CHECK_FAILED
 
 
-def _benchmark(run: ProtocolRun, test: TestCase, recheck: bool, max_time_ns: float, mode: str):
-    """One timed case: its statistics, computed here from the steps rank 0 reported at the end of its loop, the
-    report the owner's clock was checked against (the device times are already the slowest rank's), or its
-    failures."""
-    params = dict(recheck=recheck, max_repeats=MAX_REPEATS, max_time_ns=max_time_ns, extra=run.extra)
-    results = run.case("benchmark", test, mode, params)
+def _timed_loop(run: ProtocolRun, steps: CaseSteps, idx: int, test: TestCase, fresh: bool,
+                max_time_ns: float) -> tuple:
+    """The checked call, the floor steps (human face) and the runner's timed loop, every step the owner's: returns
+    (durations, device times, floor windows, the first output problem as (rank, step, why) or None). Every output
+    is checked; the loop stops at the runner's rules, on the owner's times."""
+    first = run.inputs(test, run.seeds.case_seed(idx, test.args["seed"]))
+    result = steps.step(judge.CALL, 0, first)
+    if any(result.problems):
+        return [], [], [], next((r, "the checked call", p) for r, p in enumerate(result.problems) if p)
+    floor = [steps.step(judge.FLOOR, 0, first).window_ns for _ in range(FLOOR_STEPS if run.extra else 0)]
+    durations, device = [], []
+    loop_start = time.perf_counter_ns()
+    for step in range(MAX_REPEATS):
+        inputs = run.inputs(test, run.seeds.step_seed(idx, test.args["seed"], step)) if fresh else first
+        result = steps.step(judge.CALL, 0, inputs)
+        if any(result.problems):
+            return durations, device, floor, next((r, f"timed call {step}", p)
+                                                  for r, p in enumerate(result.problems) if p)
+        durations.append(result.window_ns)
+        device.append(max(result.call_ns))  # the slowest rank's own figure (NaN where a rank gave none)
+        if len(durations) > 2:
+            stats = calculate_stats(durations)
+            if (stats.err / stats.mean < 0.001 or stats.mean * stats.runs > max_time_ns
+                    or time.perf_counter_ns() - loop_start > 120e9):
+                break
+    return durations, device, floor, None
+
+
+def _benchmark(run: ProtocolRun, idx: int, test: TestCase, recheck: bool, max_time_ns: float, mode: str):
+    """One timed case: its statistics from the owner's step windows, or its failures (a string)."""
+    steps = run.start(test, mode)
+    timed = None
+    try:
+        timed = _timed_loop(run, steps, idx, test, recheck or run.fresh, max_time_ns)
+    except (judge.RankEnded, judge.Missed):
+        pass
+    results = run.ended(steps.finish())
+    if timed is not None and timed[3] is not None:
+        rank, where, why = timed[3]
+        results = step_failures(results, [why if r == rank else None for r in range(len(results))], where)
+    if timed is None and all(r.ok for r in results):  # the steps ended without a rank's word: never a pass
+        results = [RankResult(False, RankFailure("the ranks left the steps before the owner stopped them"))]
     if not all(r.ok for r in results):
         return rank_failures(results)
-    report = run.reports[0]
-    out = {"stats": calculate_stats(report["steps"])}
+    durations, device, floor, _ = timed
+    out = {"stats": calculate_stats(durations)}
     if run.extra:
-        out.update(host=calculate_extra_stats(report["steps"]), floor=calculate_extra_stats(report["floor"]))
-        if report["device"]:
-            out["device"] = calculate_extra_stats(report["device"])
+        out.update(host=calculate_extra_stats(durations), floor=calculate_extra_stats(floor))
+        device = [d for d in device if d == d]
+        if device:
+            out["device"] = calculate_extra_stats(device)
     return out
 
 
 def run_benchmarking(run: ProtocolRun, tests: list[TestCase], mode: str) -> int:
     """The runner's order: a warm-up on the first case (0.1 s budget in benchmark mode, 0.01 s in leaderboard
-    mode), then every case; leaderboard mode rechecks with fresh seeds, logs each spec after its run and stops at
-    the first failure."""
+    mode), then every case; leaderboard mode checks fresh inputs, logs each spec after its run and stops at the
+    first failure."""
     leaderboard = mode == "leaderboard"
-    _benchmark(run, tests[0], False, 1e7 if leaderboard else 1e8, mode)
+    _benchmark(run, 0, tests[0], False, 1e7 if leaderboard else 1e8, mode)
     run.logger.log("benchmark-count", len(tests))
     passed = True
     for idx, test in enumerate(tests):
         if not leaderboard:
             run.logger.log(f"benchmark.{idx}.spec", test.spec)
-        result = _benchmark(run, test, leaderboard, 30e9 if leaderboard else 10e9, mode)
+        result = _benchmark(run, idx, test, leaderboard, 30e9 if leaderboard else 10e9, mode)
         if leaderboard:
             run.logger.log(f"benchmark.{idx}.spec", test.spec)
         if isinstance(result, str):
@@ -2026,7 +1870,7 @@ def run_profiling(run: ProtocolRun, tests: list[TestCase]) -> int:
     run.logger.log("benchmark-count", len(tests))
     for idx, test in enumerate(tests):
         run.logger.log(f"benchmark.{idx}.spec", test.spec)
-        results = run.case("profile", test, "profile")
+        results = run.ended(run.pool.run("profile", test, run.timeout_s or OFFICIAL_TIMEOUT_S["profile"]))
         if not all(r.ok for r in results):
             passed = False
             run.logger.log(f"benchmark.{idx}.status", "fail")
@@ -2127,7 +1971,8 @@ def protocol_main() -> int:
     become_subreaper()
     pool = None
     try:
-        tests = read_test_file(Path(test_file), seed)
+        judged = os.environ.get(JUDGE_ENV) == "1"
+        tests = read_test_file(Path(test_file), None if judged else seed)
         gpus = machine_gpus()
         backend = os.environ.get("A2A_BACKEND") or ("nccl" if gpus else "gloo")
         validate_cases(tests, n_gpus, backend, gpus, shared=_sharing_asked())
@@ -2142,21 +1987,17 @@ def protocol_main() -> int:
             from utils import set_seed
 
             set_seed(seed or 42)
-            import reference  # noqa: F401  (this process's own, before any rank runs a case: the check apart reads it)
+            import reference  # noqa: F401  (this process's own, before any rank runs a case: the owner's checks read it)
             run = ProtocolRun(logger, pool, backend, bool(os.environ.get("A2A_EXTRA")),
-                              float(timeout) if timeout else None)
+                              float(timeout) if timeout else None, judge.Seeds(keyed=judged, secret=seed), judged)
             if run.extra:
                 logger.log("guards", pool.guards.describe())
-            try:
-                if mode == "test":
-                    code = run_testing(run, tests)
-                elif mode == "profile":
-                    code = run_profiling(run, tests)
-                else:
-                    code = run_benchmarking(run, tests, mode)
-            finally:
-                if run.oracle is not None:
-                    run.oracle.close()
+            if mode == "test":
+                code = run_testing(run, tests)
+            elif mode == "profile":
+                code = run_profiling(run, tests)
+            else:
+                code = run_benchmarking(run, tests, mode)
             pool.shutdown()
             pool = None
             return code

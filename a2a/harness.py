@@ -65,7 +65,8 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
         # size. Both are the runner's protocol: the child re-reads its cases as the runner's would, and the results
         # come back joined to the plan's cases by index and spec line (join_cases).
         env = core.environ_with(dict(POPCORN_GPUS=str(plan.world_size), A2A_BACKEND=plan.backend, A2A_EXTRA="1",
-                                     A2A_RANK_PREFIX="1", A2A_RENDEZVOUS="private", PYTHONUNBUFFERED="1", **share_env))
+                                     A2A_JUDGE="1", A2A_RANK_PREFIX="1", A2A_RENDEZVOUS="private",
+                                     PYTHONUNBUFFERED="1", **share_env))
         env.pop("POPCORN_SEED", None)
         if plan.seed is not None:
             env["POPCORN_SEED"] = str(plan.seed)

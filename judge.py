@@ -1,0 +1,410 @@
+"""The judge's trusted part: what a verdict and a time rest on, held where no rank can write.
+
+Everything inside a rank process is the submission's (its frames, its classes, its clocks, its messages), so the
+judge keeps its facts in the process that owns the ranks (the pool's owner, which never imports a submission and
+runs as a uid the ranks cannot signal, ptrace or write to):
+
+- **seeds**: every case's and step's seed comes from a per-run secret through a keyed hash (BLAKE2b), so no rank can
+  invert one or predict the next (`Seeds`; the protocol face run as the runner runs it keeps Cantor pairing);
+- **inputs**: the owner makes every rank's input itself (the reference's generator, on the CPU) and places it in a
+  buffer it shares with that rank only after the step's clock has started, so no rank sees an input before it is
+  timed;
+- **answers and checks**: the expected output (the closed form, local to each rank) and the comparison are the
+  owner's, on its own copy of the rank's output, taken when every rank has said "done";
+- **the time that ranks**: the owner's clock, from before it places the inputs to after it holds every rank's output.
+
+One timed step, as the owner runs it (`Steps.step`): clear the output buffers (untimed); start the clock; for each
+rank, place its input and raise its `go`; wait until every rank has raised `done`; copy every output out of the
+shared buffers; stop the clock; check each copy against its expected output (untimed). A rank that says "done"
+before its output is complete either finished its work inside the window anyway or is checked on an incomplete
+output: what it can gain is bounded by the owner's reaction (docs/judge.md, "The threat model").
+
+A rank's own figures (the call time and the held-stream device time from its CUDA events) travel in the same shared
+header; they are the rank's word, shown as diagnostics and never larger than the owner's window.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import mmap
+import os
+import secrets
+import select
+import struct
+import time
+from typing import Optional
+
+SEED_LIMIT = 2**62  # seeds the generator takes with room for + rank (generate_input seeds seed + rank)
+RTOL, ATOL = 1e-2, 5e-3  # the reference's check
+
+# A step's kind, in the shared header: what the rank does between `go` and `done`.
+CALL, HELD, FLOOR, STOP = 0, 1, 2, 3
+# What a rank says about its output (header `status`), so that no text of a rank's is needed to name a failure.
+OUTPUT_PROBLEMS = {1: "returned something that is not a torch.Tensor", 2: "returned a subclass of torch.Tensor (the "
+                   "output must be a plain torch.Tensor)", 3: "returned an output of the wrong shape",
+                   4: "returned an output of the wrong dtype", 5: "returned an output on the wrong device",
+                   6: "raised an exception in custom_kernel"}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Seeds
+# --------------------------------------------------------------------------------------------------------------
+
+
+def cantor_combine(a: int, b: int) -> int:
+    """The runner's mix of its secret seed into a public test seed (Cantor pairing; it inverts: docs/judge.md)."""
+    return int(a + (a + b) * (a + b + 1) // 2)
+
+
+class Seeds:
+    """Every seed a run uses. Keyed (the judge's own faces): BLAKE2b keyed with 16 bytes, random per run unless a
+    secret seed is given (then derived from it, so the run can be repeated); a rank sees only the seeds of its
+    inputs, from which neither the key nor another seed follows. Runner (the protocol face as the runner runs it):
+    the case's seed with the secret mixed in by Cantor pairing, and the +13 steps of leaderboard mode's reruns."""
+
+    def __init__(self, keyed: bool, secret: Optional[int] = None):
+        self.keyed, self.secret = keyed, secret
+        self.key = (hashlib.blake2b(str(secret).encode(), digest_size=16, person=b"a2a-judge").digest()
+                    if secret is not None else secrets.token_bytes(16))
+
+    def _hash(self, *parts: int) -> int:
+        digest = hashlib.blake2b(b",".join(str(p).encode() for p in parts), key=self.key, digest_size=8).digest()
+        return int.from_bytes(digest, "little") % SEED_LIMIT
+
+    def case_seed(self, case_index: int, public_seed: int) -> int:
+        if self.keyed:
+            return self._hash(0, case_index, public_seed)
+        return cantor_combine(public_seed, self.secret) if self.secret is not None else public_seed
+
+    def step_seed(self, case_index: int, public_seed: int, step: int) -> int:
+        """A timed step's seed: fresh and unpredictable (keyed), or the runner's +13 rule."""
+        if self.keyed:
+            return self._hash(1, case_index, public_seed, step)
+        return self.case_seed(case_index, public_seed) + 13 * (step + 1)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Inputs, answers, checks: made and compared in the owner, on the CPU
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RankInput:
+    """One rank's input of one step, as the owner made it, and what its output must be."""
+    x: object  # (n, hidden) float16
+    indices: object  # (n, topk) int32
+    weights: object  # (n, topk) float32
+    expected: object  # (n, hidden) float16
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.x.shape[0])
+
+
+def make_input(args: dict, seed: int, rank: int) -> RankInput:
+    """Rank `rank`'s input for `args` (a case) drawn from `seed` by the reference's generator on the CPU, and its
+    closed-form output (reference.closed_form_output, local to the rank: no communication needed to know it)."""
+    import torch
+    from reference import closed_form_output, generate_input
+
+    fields = {k: args[k] for k in ("num_experts", "experts_per_token", "hidden_dim", "max_num_tokens", "world_size")}
+    data = generate_input(**fields, seed=seed, rank=rank, device=torch.device("cpu"))
+    rank_data = data[1]
+    return RankInput(rank_data.x, rank_data.indices, rank_data.weights, closed_form_output(data, on_cpu=True))
+
+
+def check(output, expected) -> Optional[str]:
+    """Why `output` (the owner's copy of a rank's output) is wrong, or None (the reference's tolerance)."""
+    from reference import check_output
+
+    good, message = check_output(output, expected, RTOL, ATOL)
+    return None if good else message
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The channel: one shared buffer and two pipes per rank
+# --------------------------------------------------------------------------------------------------------------
+
+# The header: the owner writes seq..tokens, the rank done..held_ok. Plain stores; the pipes' system calls order them.
+HEADER = struct.Struct("<qqqqqqddqq")  # seq kind case tokens | done status call_ns held_ns held_ok pad
+HEADER_BYTES = 128
+SEQ, KIND, CASE, TOKENS, DONE, STATUS, CALL_NS, HELD_NS, HELD_OK = range(9)
+_FIELD = struct.Struct("<q")
+_REAL = struct.Struct("<d")
+ALIGN = 256
+
+
+def _offset(field: int) -> int:
+    return 8 * field
+
+
+def layout(cases: list) -> dict:
+    """Byte offsets of the regions for the largest of `cases`: x, indices, weights, out; and the total size."""
+    tokens = max(c["max_num_tokens"] for c in cases)
+    hidden = max(c["hidden_dim"] for c in cases)
+    topk = max(c["experts_per_token"] for c in cases)
+    sizes = {"x": tokens * hidden * 2, "indices": tokens * topk * 4, "weights": tokens * topk * 4,
+             "out": tokens * hidden * 2}
+    offsets, at = {}, HEADER_BYTES
+    for name, size in sizes.items():
+        offsets[name] = at
+        at += -(-size // ALIGN) * ALIGN
+    return dict(offsets, total=at)
+
+
+class Views:
+    """Typed views of a channel's regions for one case's step (either side)."""
+
+    def __init__(self, memory: mmap.mmap, regions: dict):
+        import torch
+
+        self.raw = {name: torch.frombuffer(memory, dtype=torch.uint8, count=size, offset=regions[name])
+                    for name, size in _sizes(regions).items()}
+
+    def tensors(self, tokens: int, hidden: int, topk: int) -> dict:
+        import torch
+
+        shapes = {"x": ((tokens, hidden), torch.float16), "indices": ((tokens, topk), torch.int32),
+                  "weights": ((tokens, topk), torch.float32), "out": ((tokens, hidden), torch.float16)}
+        out = {}
+        for name, (shape, dtype) in shapes.items():
+            count = shape[0] * shape[1] * torch.tensor([], dtype=dtype).element_size()
+            out[name] = self.raw[name][:count].view(dtype).view(shape)
+        return out
+
+
+def _sizes(regions: dict) -> dict:
+    names = ["x", "indices", "weights", "out"]
+    ends = [regions[n] for n in names[1:]] + [regions["total"]]
+    return {name: end - regions[name] for name, end in zip(names, ends)}
+
+
+class Channel:
+    """The owner's end of one rank's channel: a shared buffer (header, input regions, output region) and two pipes,
+    `go` (owner to rank) and `done` (rank to owner), whose bytes only wake the reader; the header says what happened.
+    `for_rank()` gives the descriptors the rank gets (sent once, then closed here)."""
+
+    def __init__(self, cases: list):
+        self.regions = layout(cases)
+        self.fd = os.memfd_create("a2a-channel", os.MFD_CLOEXEC) if hasattr(os, "memfd_create") else _unlinked_file()
+        os.ftruncate(self.fd, self.regions["total"])
+        self.memory = mmap.mmap(self.fd, self.regions["total"])
+        self.views = Views(self.memory, self.regions)
+        self.go_read, self.go_write = os.pipe()
+        self.done_read, self.done_write = os.pipe()
+        os.set_blocking(self.done_read, False)
+        self._given = False
+
+    def for_rank(self) -> list:
+        return [self.fd, self.go_read, self.done_write]
+
+    def given(self) -> None:
+        """The rank holds its descriptors now: this side's copies of its ends are closed (a dead rank then shows as
+        end of file on `done`)."""
+        if not self._given:
+            for fd in (self.go_read, self.done_write):
+                os.close(fd)
+            self._given = True
+
+    def field(self, index: int) -> int:
+        return _FIELD.unpack_from(self.memory, _offset(index))[0]
+
+    def real(self, index: int) -> float:
+        return _REAL.unpack_from(self.memory, _offset(index))[0]
+
+    def set(self, index: int, value: int) -> None:
+        _FIELD.pack_into(self.memory, _offset(index), value)
+
+    def go(self, seq: int, kind: int, case: int, tokens: int) -> None:
+        for index, value in ((KIND, kind), (CASE, case), (TOKENS, tokens), (SEQ, seq)):
+            self.set(index, value)
+        try:
+            os.write(self.go_write, b"g")
+        except (BrokenPipeError, BlockingIOError):  # a rank that is gone, or that never reads: the wait says so
+            pass
+
+    def drain(self) -> None:
+        try:
+            while os.read(self.done_read, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        self.given()
+        self.memory.close()
+        for fd in (self.fd, self.go_write, self.done_read):
+            os.close(fd)
+
+
+def _unlinked_file() -> int:
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="a2a-channel-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    os.unlink(path)
+    return fd
+
+
+@dataclasses.dataclass
+class StepResult:
+    """What the owner saw of one step: its window on the owner's clock, each rank's output problem (None: right),
+    and each rank's own figures (call and held-stream device time, ns; NaN where not taken)."""
+    window_ns: int
+    problems: list
+    call_ns: list
+    held_ns: list
+    held_ok: list
+
+
+class RankEnded(Exception):
+    """A rank's worker sent its result or died in the middle of the steps: the case is over (its result says why)."""
+
+
+class Missed(Exception):
+    """The step's deadline passed with ranks that never said `done`."""
+
+    def __init__(self, ranks: list):
+        super().__init__(ranks)
+        self.ranks = ranks
+
+
+def spin_budget_ns(ranks: int, name: str, default_us: float) -> int:
+    """How long a waiting side polls its flags before it sleeps on the pipe: spinning is sub-µs, a wake-up from the
+    pipe 5-30 µs, but a spinning process takes a core; so it spins only where every rank and the owner have a core
+    of their own (A2A_SPIN_US / A2A_RANK_SPIN_US set it)."""
+    text = os.environ.get(name)
+    if text is not None:
+        return int(float(text) * 1e3)
+    return int(default_us * 1e3) if (os.cpu_count() or 1) >= 2 * (ranks + 1) else 0
+
+
+class Steps:
+    """The owner's side of a case's steps over every rank's channel. `watch`: descriptors that turn readable when a
+    rank's worker ends or sends its result (the pool's pipes), so that a wait never outlives a dead rank."""
+
+    def __init__(self, channels: list, cases: list, watch: list):
+        self.channels, self.cases, self.watch = channels, cases, watch
+        self.seq = 0
+        self.spin_ns = spin_budget_ns(len(channels), "A2A_SPIN_US", 2000)
+        self.views_cache: dict = {}
+
+    def _views(self, rank: int, case: int, tokens: int) -> dict:
+        args = self.cases[case]
+        return self.channels[rank].views.tensors(tokens, args["hidden_dim"], args["experts_per_token"])
+
+    def step(self, kind: int, case: int, inputs: list, deadline: float) -> StepResult:
+        """One step on every rank: `inputs[rank]` a RankInput (every kind places one, so that a floor step moves
+        what a timed step moves). Raises RankEnded or Missed."""
+        import torch
+
+        self.seq += 1
+        seq = self.seq
+        views = [self._views(rank, case, inp.num_tokens) for rank, inp in enumerate(inputs)]
+        for view in views:
+            view["out"].fill_(float("nan"))
+        clock = time.perf_counter_ns
+        start = clock()
+        for channel, view, inp in zip(self.channels, views, inputs):
+            view["x"].copy_(inp.x)
+            view["indices"].copy_(inp.indices)
+            view["weights"].copy_(inp.weights)
+            channel.go(seq, kind, case, inp.num_tokens)
+        self._wait(seq, deadline)
+        outputs = [torch.empty_like(view["out"]).copy_(view["out"]) for view in views]
+        window = clock() - start
+        problems, calls, helds, held_ok = [], [], [], []
+        for channel, inp, output in zip(self.channels, inputs, outputs):
+            status = channel.field(STATUS)
+            if kind == FLOOR:
+                problems.append(None)
+            elif status:
+                problems.append(OUTPUT_PROBLEMS.get(status, f"said its output was wrong (status {status})"))
+            else:
+                problems.append(check(output, inp.expected))
+            call, held = channel.real(CALL_NS), channel.real(HELD_NS)
+            # NOTES: a rank's own figures are its word; one larger than the owner's window cannot be true.
+            calls.append(call if 0 <= call <= window else float("nan"))
+            helds.append(held if 0 <= held <= window else float("nan"))
+            held_ok.append(bool(channel.field(HELD_OK)))
+        return StepResult(window, problems, calls, helds, held_ok)
+
+    def _wait(self, seq: int, deadline: float) -> None:
+        pending = set(range(len(self.channels)))
+        spin_until = time.perf_counter_ns() + self.spin_ns
+        poller = select.poll()
+        for channel in self.channels:
+            poller.register(channel.done_read, select.POLLIN)
+        for fd in self.watch:
+            poller.register(fd, select.POLLIN)
+        watched = set(self.watch)
+        while True:
+            pending = {r for r in pending if self.channels[r].field(DONE) != seq}
+            if not pending:
+                break
+            if time.perf_counter_ns() < spin_until:
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Missed(sorted(pending))
+            for fd, _ in poller.poll(min(left, 0.5) * 1e3):
+                if fd in watched:
+                    raise RankEnded()
+            for channel in self.channels:
+                channel.drain()
+            if any(self.channels[r].field(DONE) != seq and _closed(self.channels[r]) for r in pending):
+                raise RankEnded()
+        for channel in self.channels:
+            channel.drain()
+
+    def stop(self) -> None:
+        self.seq += 1
+        for channel in self.channels:
+            channel.go(self.seq, STOP, 0, 0)
+
+    def close(self) -> None:
+        for channel in self.channels:
+            channel.close()
+
+
+def _closed(channel: Channel) -> bool:
+    """Whether the rank's end of `done` is closed (its process is gone)."""
+    poller = select.poll()
+    poller.register(channel.done_read, select.POLLIN)
+    return any(events & select.POLLHUP for _, events in poller.poll(0))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The rank's end (runs in the rank: the submission's process; nothing here is trusted)
+# --------------------------------------------------------------------------------------------------------------
+
+
+class RankChannel:
+    """A rank's end of its channel: waits for `go`, gives the step's input, publishes the output, says `done`."""
+
+    def __init__(self, fds: list, regions: dict):
+        self.fd, self.go_read, self.done_write = fds
+        self.memory = mmap.mmap(self.fd, regions["total"])
+        self.views = Views(self.memory, regions)
+        self.seq = 0
+        self.spin_ns = 0
+
+    def field(self, index: int) -> int:
+        return _FIELD.unpack_from(self.memory, _offset(index))[0]
+
+    def wait(self) -> tuple:
+        """(kind, case, tokens) of the next step; blocks until the owner says go."""
+        self.seq += 1
+        spin_until = time.perf_counter_ns() + self.spin_ns
+        while self.field(SEQ) < self.seq and time.perf_counter_ns() < spin_until:
+            pass
+        if not os.read(self.go_read, 1):
+            return STOP, 0, 0
+        return self.field(KIND), self.field(CASE), self.field(TOKENS)
+
+    def done(self, status: int, call_ns: float, held_ns: float, held_ok: bool) -> None:
+        _FIELD.pack_into(self.memory, _offset(STATUS), status)
+        _REAL.pack_into(self.memory, _offset(CALL_NS), call_ns)
+        _REAL.pack_into(self.memory, _offset(HELD_NS), held_ns)
+        _FIELD.pack_into(self.memory, _offset(HELD_OK), int(held_ok))
+        _FIELD.pack_into(self.memory, _offset(DONE), self.seq)
+        os.write(self.done_write, b"d")
