@@ -102,15 +102,25 @@ class RankInput:
 
 
 def make_input(args: dict, seed: int, rank: int) -> RankInput:
-    """Rank `rank`'s input for `args` (a case) drawn from `seed` by the reference's generator on the CPU, and its
-    closed-form output (reference.closed_form_output, local to the rank: no communication needed to know it)."""
-    import torch
-    from reference import closed_form_output, generate_input
+    """Rank `rank`'s input for `args` (a case) drawn from `seed + rank`, and its closed-form output
+    (reference.closed_form_output: local to the rank, no communication needed to know it). The draws have the
+    reference generator's distribution (a token count in [1, max_num_tokens), each token's experts the first k of a
+    uniform random permutation, uniform weights, normal activations), made at once on the CPU: the reference's
+    per-token loop there would cost the owner tens of ms per rank and step."""
+    import types
 
-    fields = {k: args[k] for k in ("num_experts", "experts_per_token", "hidden_dim", "max_num_tokens", "world_size")}
-    data = generate_input(**fields, seed=seed, rank=rank, device=torch.device("cpu"))
-    rank_data = data[1]
-    return RankInput(rank_data.x, rank_data.indices, rank_data.weights, closed_form_output(data, on_cpu=True))
+    import torch
+    from reference import MoEConfig, closed_form_output
+
+    generator = torch.Generator().manual_seed(seed + rank)
+    tokens = int(torch.randint(1, args["max_num_tokens"], [1], generator=generator))
+    indices = torch.rand(tokens, args["num_experts"], generator=generator).argsort(dim=1)
+    indices = indices[:, :args["experts_per_token"]].to(torch.int32).contiguous()
+    weights = torch.rand(tokens, args["experts_per_token"], generator=generator)
+    x = torch.randn(tokens, args["hidden_dim"], generator=generator).to(torch.float16)
+    cfg = MoEConfig(args["num_experts"], args["experts_per_token"], args["hidden_dim"], args["max_num_tokens"])
+    data = (cfg, types.SimpleNamespace(x=x, indices=indices, weights=weights), rank, args["world_size"])
+    return RankInput(x, indices, weights, closed_form_output(data, on_cpu=True))
 
 
 def check(output, expected) -> Optional[str]:
