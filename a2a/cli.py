@@ -98,10 +98,9 @@ def writable(out: Path) -> None:
 
 
 def save_run(out: Path, meta: dict, write: Callable[[Path], None]) -> Path:
-    """Makes the run's folder (a2a.plan.run_folder: date, device, placement, what ran, commit), lets `write` fill it,
-    and says where it is."""
-    folder = planning.run_folder(out, meta)
-    folder.mkdir(parents=True, exist_ok=True)
+    """Makes the run's new folder (a2a.plan.run_folder: date, device, placement, what ran, commit; a2a.plan.new_folder
+    adds -2, -3, ... where a run already has the name), lets `write` fill it, and says where it is."""
+    folder = planning.new_folder(planning.run_folder(out, meta))
     write(folder)
     print(f"\nsaved {folder}")
     return folder
