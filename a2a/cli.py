@@ -67,6 +67,8 @@ def run_cli(entry, argv=None) -> int:
 
     core.claim_run()
     core.install_signal_handlers()
+    # A submission's message may hold any character (a lone surrogate): printing it must not end the run.
+    sys.stdout.reconfigure(errors="backslashreplace")
     try:
         return entry(argv)
     except UserError as error:
@@ -84,8 +86,8 @@ def run_cli(entry, argv=None) -> int:
 
 
 def writable(out: Path) -> None:
-    """--out checked before any work starts (its folder is made at the end): a folder, or a new path whose nearest
-    existing parent is a writable folder."""
+    """--out checked before any work starts (the run's folder is made once there is something to save): a folder,
+    or a new path whose nearest existing parent is a writable folder."""
     import tempfile
 
     existing = next((p for p in [out, *out.parents] if p.exists()), None)
