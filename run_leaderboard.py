@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -135,17 +136,15 @@ def void_below_floor(frame: pd.DataFrame, run: clock.Run) -> None:
             run.failed.setdefault(row["version"], why)
 
 
-def run(plan: planning.RunPlan, settings: clock.Settings, anchors: bool = True, sol_path: Path | None = None,
-        progress=print) -> tuple[pd.DataFrame, dict, dict | None, clock.Run | None]:
-    """Every entry of the plan timed by the clock; on GPUs with peers this machine's speed of light as well."""
-    from a2a import sol
-
+def run(plan: planning.RunPlan, settings: clock.Settings, anchors: bool = True,
+        progress=print) -> tuple[pd.DataFrame, dict, clock.Run | None]:
+    """Every entry of the plan timed by the clock: one row per (entry, case), the run's meta, the clock's run."""
     entries, skipped = entries_of(plan, anchors)
     meta = {**plan.meta_for("benchmark"), "timing": TIMING, "skipped": list(plan.skipped) + skipped}
     for line in meta["skipped"]:
         progress(line)
     if not entries:
-        return pd.DataFrame(), meta, None, None
+        return pd.DataFrame(), meta, None
     timed = clock.time_entries(plan, entries, settings, progress)
     phases = {name: statistics.median(p[name] for p in timed.phases) for name in timed.phases[0]} \
         if timed.phases else {}
@@ -162,8 +161,17 @@ def run(plan: planning.RunPlan, settings: clock.Settings, anchors: bool = True, 
     given = speed_of_light_mi300x(plan.task)
     frame["sol_mi300x_us"] = [given.get((r["num_experts"], r["experts_per_token"], r["hidden_dim"],
                                          r["max_num_tokens"])) for r in frame.to_dict("records")]
+    return frame, meta, timed
+
+
+def speed_of_light_here(plan: planning.RunPlan, frame: pd.DataFrame, sol_path: Path | None = None,
+                        progress=print) -> dict | None:
+    """On GPUs with peers, this machine's speed of light (measured, or read from `sol_path`), and the frame's
+    columns that hold each shape to it (SOL here, the mark)."""
+    from a2a import sol
+
     figures = None
-    if plan.backend == "nccl" and not plan.meta["shared_gpus"] and plan.world_size >= 2:
+    if not frame.empty and plan.backend == "nccl" and not plan.meta["shared_gpus"] and plan.world_size >= 2:
         progress("speed of light of this machine: " + (f"from {sol_path}" if sol_path else "measuring"))
         figures = sol.load(sol_path) if sol_path else sol.measure(plan.world_size, plan.meta_for("sol"))
         for args in plan.case_args:
@@ -176,7 +184,7 @@ def run(plan: planning.RunPlan, settings: clock.Settings, anchors: bool = True, 
         if not handshake.empty:
             frame["mark_us"] = frame["sol_dedup_us"] + frame["shape"].map(handshake["device_mean_us"])
             frame["device_over_mark"] = frame["device_mean_us"] / frame["mark_us"]
-    return frame, meta, figures, timed
+    return figures
 
 
 def _cell(center, low, high) -> str:
@@ -189,10 +197,12 @@ def _ties(rank: dict, names: dict) -> str:
     return f"{rank['rank']}" + (f" (tied: {', '.join(names.get(t, t) for t in rank['ties'])})" if rank["ties"] else "")
 
 
-def problem_size_checks(plan: planning.RunPlan, selector: str = "tests", progress=print) -> tuple[pd.DataFrame, list]:
+def problem_size_checks(plan: planning.RunPlan, selector: str = "tests", progress=print,
+                        record=None) -> tuple[pd.DataFrame, list]:
     """Every version of the plan through the official tests at the problem's world size (8) when the timed run had
     fewer ranks: on GPUs the ranks share them, on a CPU run they are gloo processes. Returns one row per
-    (version, test) and the lines saying what was skipped and why."""
+    (version, test) and the lines saying what was skipped and why; `record(version, rows)` gets each version's rows
+    as soon as it is done."""
     world_size = max(case["world_size"] for case in plan.task["tests"])
     if plan.world_size >= world_size or not plan.versions:
         return pd.DataFrame(), []
@@ -207,13 +217,16 @@ def problem_size_checks(plan: planning.RunPlan, selector: str = "tests", progres
     with sharing.shared_ranks(shared.placement):  # one MPS daemon for every version (none on a CPU run)
         for path in shared.versions:
             result = harness.evaluate(shared, "test", version=path, progress=progress)
-            rows += [{"version": planning.label(path), "placement": result.placement, "world_size": world_size,
+            found = [{"version": planning.label(path), "placement": result.placement, "world_size": world_size,
                       "test": case["index"], "spec": case["spec"], "status": case["status"], "error": case["error"]}
                      for case in result.cases]
             if not result.cases:
-                rows.append({"version": planning.label(path), "placement": result.placement, "world_size": world_size,
-                             "test": None, "spec": "", "status": "not run",
-                             "error": f"evaluation failed (exit {result.exit_code})"})
+                found.append({"version": planning.label(path), "placement": result.placement, "world_size": world_size,
+                              "test": None, "spec": "", "status": "not run",
+                              "error": f"evaluation failed (exit {result.exit_code})"})
+            if record:
+                record(planning.label(path), pd.DataFrame(found))
+            rows += found
     return pd.DataFrame(rows), []
 
 
@@ -295,28 +308,94 @@ def tables(frame: pd.DataFrame, meta: dict, summary: dict) -> str:
     return "\n".join(out)
 
 
-def save(folder: Path, frame: pd.DataFrame, meta: dict, figures, timed, summary: dict, report: str,
-         checks: pd.DataFrame) -> None:
-    from a2a import plots, sol
+class RunFiles:
+    """The run's folder, made when the first result is ready (a2a.plan.new_folder: never a folder a run already
+    has) and filled as results come, so that a later failure (the harness ending, an entry whose message breaks a
+    file) costs nothing saved before it. Each entry's rows are rendered and written apart; text files are UTF-8 with
+    what has no encoding (a lone surrogate in a submission's message) backslash-escaped. `problems`: what could not
+    be saved, a line each."""
 
-    if not checks.empty:
-        checks.to_csv(folder / "checks.csv", index=False)
-    plain = {k: v for k, v in meta.items() if k not in ("skipped", "settings", "round_seeds")}
-    frame.assign(**{k: str(v) for k, v in plain.items()}).to_csv(folder / "results.csv", index=False)
+    def __init__(self, out: Path, meta: dict):
+        self.out, self.meta, self.problems, self._folder = out, meta, [], None
+
+    @property
+    def folder(self) -> Path:
+        if self._folder is None:
+            self._folder = planning.new_folder(planning.run_folder(self.out, self.meta))
+            print(f"saving into {self._folder}")
+        return self._folder
+
+    def attempt(self, what: str, step):
+        """step()'s value; where it raises, None, and `what` goes into `problems` (the next step still runs)."""
+        try:
+            return step()
+        except Exception as exc:
+            self.problems.append(f"{what} not saved: {type(exc).__name__}: {exc}")
+            return None
+
+    def append_rows(self, file: str, name: str, rows: pd.DataFrame) -> None:
+        """Entry `name`'s rows onto the CSV `file` (its header first where the file is new), rendered whole before
+        any is written: rows that cannot be rendered leave the file as it was."""
+        path = self.folder / file
+
+        def append():
+            text = rows.to_csv(index=False, header=not path.exists())
+            with open(path, "a", encoding="utf-8", errors="backslashreplace", newline="") as csv:
+                csv.write(text)
+        self.attempt(f"{name}'s rows in {file}", append)
+
+    def write_text(self, file: str, text: str) -> None:
+        """`file` whole, through a temporary file moved over it: a reader finds the last version or this one."""
+        path = self.folder / file
+        path.with_name(file + ".tmp").write_text(text, encoding="utf-8", errors="backslashreplace")
+        os.replace(path.with_name(file + ".tmp"), path)
+
+
+def save_rows(files: RunFiles, frame: pd.DataFrame, meta: dict) -> None:
+    """results.csv, one entry at a time: the frame's rows with the run's meta."""
+    if frame.empty:
+        return
+    plain = {k: str(v) for k, v in meta.items() if k not in ("skipped", "settings", "round_seeds")}
+    for name, rows in frame.assign(**plain).groupby("version", sort=False):
+        files.append_rows("results.csv", name, rows)
+
+
+def results_json(meta: dict, figures, frame: pd.DataFrame, timed, summary: dict, checks: pd.DataFrame,
+                 partial: str = "") -> str:
+    """results.json's text; `partial`: why this is not yet the run's final one (a key the final one lacks)."""
     samples = [{"entry": name, "case": index, "round": r, **values}
                for (name, index), per_round in (timed.samples.items() if timed else []) for r, values in per_round.items()]
     entries = {name: {"kind": s["kind"], "ranks": s.get("ranks", {}),
                       **{m: i._asdict() for m, i in s["intervals"].items()}} for name, s in summary.items()}
-    (folder / "results.json").write_text(json.dumps(
-        {"meta": meta, "sol": figures, "entries": entries, "rows": frame.to_dict(orient="records"),
-         "samples": samples, "problem_size_checks": checks.to_dict(orient="records")}, indent=1, default=str))
-    (folder / "table.md").write_text(report + "\n")
+    return json.dumps({**({"partial": partial} if partial else {}), "meta": meta, "sol": figures, "entries": entries,
+                       "rows": frame.to_dict(orient="records"), "samples": samples,
+                       "problem_size_checks": checks.to_dict(orient="records")}, indent=1, default=str)
+
+
+def save_whole(files: RunFiles, frame: pd.DataFrame, meta: dict, figures, timed, summary: dict,
+               checks: pd.DataFrame) -> str:
+    """The files made of every entry at once, each a step of its own: results.json (over the partial one), table.md
+    (the report, returned; empty where it could not be made), sol.json and the pictures."""
+    from a2a import plots, sol
+
+    files.attempt("results.json", lambda: files.write_text("results.json", results_json(
+        meta, figures, frame, timed, summary, checks)))
+
+    def table_md() -> str:
+        timed_part = tables(frame, meta, summary) if not frame.empty else "\n".join(meta["skipped"])
+        report = "\n".join(filter(None, [timed_part, checks_table(checks)]))
+        files.write_text("table.md", report + "\n")
+        return report
+    report = files.attempt("table.md", table_md) or ""
     if figures:
-        sol.save(figures, folder)
+        files.attempt("sol.json", lambda: sol.save(figures, files.folder))
     if not frame.empty:
         published = {prefix: us for prefix, (_, us) in published_by_version().items()}
-        plots.leaderboard_png(frame, meta, summary, folder / "leaderboard.png", published)
-        plots.shapes_png(frame, meta, folder / "leaderboard_shapes.png")
+        files.attempt("leaderboard.png", lambda: plots.leaderboard_png(frame, meta, summary,
+                                                                       files.folder / "leaderboard.png", published))
+        files.attempt("leaderboard_shapes.png", lambda: plots.shapes_png(frame, meta,
+                                                                         files.folder / "leaderboard_shapes.png"))
+    return report
 
 
 def stability(plan: planning.RunPlan, settings: clock.Settings, runs: int, anchors: bool, out: Path,
@@ -430,18 +509,27 @@ def main(argv=None) -> int:
     cli.writable(args.out)
     if args.stability:
         return stability(plan, settings, args.stability, not args.no_anchors, args.out)
-    frame, meta, figures, timed = run(plan, settings, anchors=not args.no_anchors, sol_path=args.sol)
-    checks, skipped = (pd.DataFrame(), []) if args.no_problem_size else \
-        problem_size_checks(plan, args.problem_size_cases)
+    frame, meta, timed = run(plan, settings, anchors=not args.no_anchors)
+    files = RunFiles(args.out, meta)
+    summary = summaries(timed) if timed else {}
+    if timed:  # the clock's measurements, saved before anything else runs
+        files.attempt("the partial results.json", lambda: files.write_text("results.json", results_json(
+            meta, None, frame, timed, summary, pd.DataFrame(), partial="saved when the clock ended; the speed of "
+            "light, the world-size-8 checks and the tables were still to come")))
+    figures = speed_of_light_here(plan, frame, args.sol)
+    save_rows(files, frame, meta)
+    checks, skipped = (pd.DataFrame(), []) if args.no_problem_size else problem_size_checks(
+        plan, args.problem_size_cases, record=lambda version, rows: files.append_rows("checks.csv", version, rows))
     meta["skipped"] += skipped
     if frame.empty and checks.empty:
         print("\n".join(["nothing ran on this machine"] + meta["skipped"]))
         return 0
-    summary = summaries(timed) if timed else {}
-    report = "\n".join(filter(None, [tables(frame, meta, summary) if not frame.empty else "\n".join(meta["skipped"]),
-                                     checks_table(checks)]))
-    print(report)
-    cli.save_run(args.out, meta, lambda folder: save(folder, frame, meta, figures, timed, summary, report, checks))
+    print(save_whole(files, frame, meta, figures, timed, summary, checks))
+    print(f"\nsaved {files.folder}")
+    for problem in files.problems:
+        print(f"run_leaderboard.py: {problem}", file=sys.stderr)
+    if files.problems:
+        return core.EXIT_CRASH
     versions_ok = frame.empty or frame[frame.kind == "version"].status.eq("pass").all()
     checks_ok = checks.empty or checks.status.eq("pass").all()
     return 0 if versions_ok and checks_ok else core.EXIT_CHECK_FAILED

@@ -67,6 +67,8 @@ def run_cli(entry, argv=None) -> int:
 
     core.claim_run()
     core.install_signal_handlers()
+    # A submission's message may hold any character (a lone surrogate): printing it must not end the run.
+    sys.stdout.reconfigure(errors="backslashreplace")
     try:
         return entry(argv)
     except UserError as error:
@@ -84,8 +86,8 @@ def run_cli(entry, argv=None) -> int:
 
 
 def writable(out: Path) -> None:
-    """--out checked before any work starts (its folder is made at the end): a folder, or a new path whose nearest
-    existing parent is a writable folder."""
+    """--out checked before any work starts (the run's folder is made once there is something to save): a folder,
+    or a new path whose nearest existing parent is a writable folder."""
     import tempfile
 
     existing = next((p for p in [out, *out.parents] if p.exists()), None)
@@ -98,10 +100,9 @@ def writable(out: Path) -> None:
 
 
 def save_run(out: Path, meta: dict, write: Callable[[Path], None]) -> Path:
-    """Makes the run's folder (a2a.plan.run_folder: date, device, placement, what ran, commit), lets `write` fill it,
-    and says where it is."""
-    folder = planning.run_folder(out, meta)
-    folder.mkdir(parents=True, exist_ok=True)
+    """Makes the run's new folder (a2a.plan.run_folder: date, device, placement, what ran, commit; a2a.plan.new_folder
+    adds -2, -3, ... where a run already has the name), lets `write` fill it, and says where it is."""
+    folder = planning.new_folder(planning.run_folder(out, meta))
     write(folder)
     print(f"\nsaved {folder}")
     return folder

@@ -78,9 +78,26 @@ def device_slug(meta: dict) -> str:
 
 
 def run_folder(out: Path, meta: dict) -> Path:
-    """results/<date>_<device>_<ranks>_<mode>_<commit>/, ranks `ws8` or, when they shared GPUs, `ws8-on-1gpu`."""
+    """The name of a run's folder: results/<date>_<device>_<ranks>_<mode>_<commit>/, ranks `ws8` or, when they
+    shared GPUs, `ws8-on-1gpu` (new_folder makes it)."""
     ranks = meta.get("ranks", f"ws{meta['world_size']}")
     return out / f"{meta['date']}_{device_slug(meta)}_{ranks}_{meta['mode']}_{meta['commit']}"
+
+
+def new_folder(path: Path) -> Path:
+    """Makes a new, empty folder for one run's files and returns it: `path`, or where that exists (a second run on
+    the same day and commit) the first free one of `path-2`, `path-3`, ...; a saved run is never written into. Each
+    name is claimed by os.mkdir, which fails on an existing one, so two runs racing for a name get one each. Every
+    results/ and traces/ folder is made here."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    number = 1
+    while True:
+        candidate = path if number == 1 else path.with_name(f"{path.name}-{number}")
+        try:
+            os.mkdir(candidate)
+            return candidate
+        except FileExistsError:
+            number += 1
 
 
 def load_task(path: Path = TASK_YML) -> dict:

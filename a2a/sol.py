@@ -181,7 +181,7 @@ def model(routing: Routing, hidden_dim: int, machine: dict) -> dict:
 
 
 def save(figures: dict, folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
+    """sol.json into a run's folder (made by its caller)."""
     path = folder / SOL_FILE
     path.write_text(json.dumps(figures, indent=1) + "\n")
     return path

@@ -17,11 +17,12 @@ and on the device clock, which gives each rank's host-to-device offset (error: h
 GPUs' clocks are aligned to rank 0's by a ping-pong through peer memory (a2a/probes.py; error: half the fastest
 round trip, at least one clock step). Both errors are written into the trace's metadata.
 
-Output under traces/<date>_<device>_ws<N>_<version>_<case>_<commit>/: trace.json (Chrome trace events: ranks are
-processes, blocks are threads, a host thread per rank; opens in ui.perfetto.dev and chrome://tracing), timeline.png
-(one band per rank, phases coloured, the median iteration) and phases.md (median over iterations per rank: the
-call cut into host-before-first-kernel, kernels, gaps between kernels and after the last kernel, which sum to the
-marker-to-marker time; within each kernel, the time each named phase was active; the host's time in the call).
+Output under traces/<date>_<device>_ws<N>_<version>_<case>_<commit>/ (-2, -3, ... for a repeat): trace.json (Chrome
+trace events: ranks are processes, blocks are threads, a host thread per rank; opens in ui.perfetto.dev and
+chrome://tracing), timeline.png (one band per rank, phases coloured, the median iteration) and phases.md (median over
+iterations per rank: the call cut into host-before-first-kernel, kernels, gaps between kernels and after the last
+kernel, which sum to the marker-to-marker time; within each kernel, the time each named phase was active; the host's
+time in the call).
 """
 from __future__ import annotations
 
@@ -380,8 +381,11 @@ def phases_markdown(ranks: list, meta: dict) -> str:
 
 def write(ranks: list, meta: dict, folder: Path) -> Path:
     """`ranks`: per rank {"clean": rank data, "profiled": rank data}. The table and the picture come from the clean
-    calls (the profiled ones for a version without probes); trace.json from the profiled calls."""
-    folder.mkdir(parents=True, exist_ok=True)
+    calls (the profiled ones for a version without probes); trace.json from the profiled calls. Writes into a new
+    folder at `folder` (or `folder-2`, ...: a2a.plan.new_folder) and returns it."""
+    from a2a.plan import new_folder
+
+    folder = new_folder(folder)
     profiled = [r["profiled"] for r in ranks]
     measured = [r["clean"] for r in ranks] if ranks[0]["clean"]["phases"] else profiled
     (folder / "trace.json").write_text(json.dumps(chrome_trace(profiled, meta)))
@@ -414,7 +418,7 @@ def trace_version(plan, iterations: int, out: Path) -> list:
     for index, args in enumerate(plan.case_args):
         meta = {**plan.meta_for("trace"), "version": path.stem, "case": core.spec_line(args),
                 "iterations": iterations, "profiled_iterations": JSON_ITERATIONS}
-        # The commit in the name: a later run of the same version and case never overwrites an earlier one.
+        # The commit in the name tells runs of the same version and case apart; `write` adds -2, ... to a repeat.
         name = (f"{meta['date']}_{device_slug(meta)}_{meta['ranks']}_{path.stem}_{result_rows.case_slug(**args)}_"
                 f"{meta['commit']}")
         folder = write([cases[index] for cases in per_rank], meta, out / name)

@@ -150,3 +150,58 @@ def test_a_version_with_no_gpu_work_is_void():
     assert list(frame.status) == ["fail", "pass", "pass"] and frame.loc[0, "error"].startswith("void: its held")
     assert list(run.failed) == ["fast"]
     assert not math.isnan(frame.loc[2, "held_mean_us"])
+
+
+def test_a_second_run_of_the_same_name_gets_its_own_folder(tmp_path):
+    """Same day, device and commit: the second run saves into <name>-2, the third into <name>-3, and the first
+    run's files stay as they were; runs racing for one name each get a folder of their own."""
+    import threading
+
+    from a2a import cli
+    from a2a import plan as planning
+
+    first = cli.save_run(tmp_path, META, lambda folder: (folder / "table.md").write_text("first\n"))
+    second = cli.save_run(tmp_path, META, lambda folder: (folder / "table.md").write_text("second\n"))
+    assert second == first.with_name(first.name + "-2") and (second / "table.md").read_text() == "second\n"
+    assert [p.name for p in first.iterdir()] == ["table.md"] and (first / "table.md").read_text() == "first\n"
+    assert planning.new_folder(first) == first.with_name(first.name + "-3")
+    start, made = threading.Barrier(8), []
+    raced = tmp_path / "raced"
+
+    def claim():
+        start.wait()
+        made.append(planning.new_folder(raced))
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(p.name for p in made) == sorted(["raced"] + [f"raced-{n}" for n in range(2, 9)])
+
+
+def test_each_entry_s_rows_are_saved_apart(tmp_path):
+    """results.csv is written one entry at a time: an entry whose rows cannot be rendered is named in the
+    problems and costs no other entry its rows; a message with a lone surrogate is saved, escaped. results.json is
+    replaced whole (the partial one by the final one)."""
+    import run_leaderboard
+
+    class Unprintable:
+        def __str__(self):
+            raise ValueError("a message that cannot be rendered")
+        __repr__ = __str__
+
+    row = {"kind": "version", "shape": "s", "status": "fail", "mean_us": 1.0}
+    frame = pd.DataFrame([{**row, "version": "hostile", "error": Unprintable()},
+                          {**row, "version": "surrogate", "error": "bad \udcff byte"},
+                          {**row, "version": "v1_torch_sort", "status": "pass", "error": ""}])
+    files = run_leaderboard.RunFiles(tmp_path, META)
+    run_leaderboard.save_rows(files, frame, META)
+    saved = pd.read_csv(files.folder / "results.csv", keep_default_na=False)
+    assert list(saved.version) == ["surrogate", "v1_torch_sort"] and list(saved.status) == ["fail", "pass"]
+    assert saved.error[0] == "bad \\udcff byte" and (saved.commit == "abc").all()
+    assert len(files.problems) == 1 and files.problems[0].startswith("hostile's rows in results.csv not saved: "
+                                                                     "ValueError: a message that cannot be rendered")
+    files.write_text("results.json", json.dumps({"partial": "clock only"}))
+    files.write_text("results.json", json.dumps({"rows": 2}))
+    assert json.loads((files.folder / "results.json").read_text()) == {"rows": 2}
+    assert sorted(p.name for p in files.folder.iterdir()) == ["results.csv", "results.json"]
