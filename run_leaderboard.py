@@ -5,11 +5,11 @@ interval, a ranking that names its ties; with anchors and this machine's speed o
 Timing is a2a/clock.py's: each round runs every entry (the versions; on GPUs the two floors, the empty submission
 and the handshake; with peers on their own GPUs the NCCL and NVSHMEM anchors) in fresh rank processes on every
 shape once, in an order shuffled with the round's recorded seed, until each entry's intervals meet their targets or
-the time cap comes. Three figures per entry: the call time (events around the call on an idle stream: the GPU
-waiting for the host path, the device-side figure of earlier tables), the device time with the stream held (the
-GPU's work alone), and the leaderboard-style time (rank 0's host clock around clone, call, synchronize and
-barrier, L2 cleared before each step). With peers, SOL here (a2a/sol.py) and the mark (SOL here + the handshake's
-call time) stand beside each shape.
+the time cap comes. Three figures per entry: the owner's step time, which ranks (the judge's clock from before it
+places a fresh input to after it holds every rank's output: judge.py), and two of the rank's own figures, shown as
+its word: the call time (events around the call on an idle stream) and the device time with the stream held (the
+GPU's work alone). With peers, SOL here (a2a/sol.py) and the mark (SOL here + the handshake's call time) stand beside
+each shape.
 
 The problem is posed at 8 ranks. Where the timed run has fewer (a machine with fewer GPUs), the same run also passes
 every version through the official tests at world size 8 with the ranks sharing the GPUs through MPS
@@ -17,7 +17,7 @@ every version through the official tests at world size 8 with the ranks sharing 
 
     python run_leaderboard.py [--versions v1,v2] [--world-size N] [--no-anchors] [--no-problem-size]
                               [--time-cap S] [--min-rounds N] [--max-rounds N] [--steps N] [--seed S]
-                              [--target held=0.02,call=0.03,host=0.05] [--stability N] [--sol FILE] [--out results]
+                              [--target held=0.02,call=0.05,owner=0.03] [--stability N] [--sol FILE] [--out results]
 """
 from __future__ import annotations
 
@@ -44,9 +44,11 @@ from a2a import sharing
 ROOT = planning.ROOT
 PUBLISHED = ROOT / "reference" / "published.yml"
 TIMING = ("clock: interleaved rounds, fresh processes per entry and round, order shuffled per round (seeds in "
-          "results.json); call time: max over ranks of events around custom_kernel on an idle stream; held: the same "
-          "events with the stream held by a sleep kernel until the call has queued its work; leaderboard-style: rank "
-          "0's host clock around clone+custom_kernel+sync+barrier, L2 cleared before each step; each figure the "
+          "results.json), a fresh input in every step; the owner's step (ranks): the judge's clock from before it "
+          "places the inputs to after it holds every rank's output (place, go, call, publish, done, copy out); call "
+          "time (the rank's word): max over ranks of events around custom_kernel on an idle stream; held (the rank's "
+          "word): the same events with the stream held by a sleep kernel until the call has queued its work; each "
+          "figure the "
           "geometric mean over rounds of the round's step mean, 95% Student-t interval on logs over rounds; "
           "geomeans over shapes per round; SOL here: a2a/sol.py's model; mark: SOL here (dedup) + the handshake's "
           "call time")
@@ -256,7 +258,7 @@ def tables(frame: pd.DataFrame, meta: dict, summary: dict) -> str:
            f"{meta.get('rounds', 0)} rounds in {meta.get('wall_s', 0):.0f} s; run seed {meta.get('clock_seed')} "
            f"(each round's in results.json); boundary: {meta.get('guards', '')}", ""]
     names = {name: name for name in summary}
-    order = sorted(summary, key=lambda n: (summary[n]["intervals"].get("call", iv.Interval(math.inf, 0, 0, 0)).center
+    order = sorted(summary, key=lambda n: (summary[n]["intervals"].get(clock.RANKING, iv.Interval(math.inf, 0, 0, 0)).center
                                            if summary[n]["intervals"] else math.inf))
     lines = []
     for name in order:
@@ -264,8 +266,8 @@ def tables(frame: pd.DataFrame, meta: dict, summary: dict) -> str:
         rows = frame[frame.version == name]
         ok = (rows.status == "pass").all()
         line = {"entry": name, "kind": summary[name]["kind"]}
-        for metric, title in (("call", f"call time {unit} [95%]"), ("held", f"held device {unit} [95%]"),
-                              ("host", f"leaderboard-style {unit} [95%]")):
+        for metric, title in (("owner", f"owner's step {unit} [95%]"), ("call", f"call time {unit} [95%], the rank's"),
+                              ("held", f"held device {unit} [95%], the rank's")):
             interval = found.get(metric)
             line[title] = _cell(*interval[:3]) if interval else ""
             rank = summary[name].get("ranks", {}).get(metric)
@@ -273,7 +275,7 @@ def tables(frame: pd.DataFrame, meta: dict, summary: dict) -> str:
         line["rounds"] = int(rows["rounds"].max()) if "rounds" in rows else 0
         line["stopped"] = rows["stopped"].iloc[0] if "stopped" in rows else ""
         if (rows["hold"] == "sync fallback").any():
-            line[f"held device {unit} [95%]"] += " (sync fallback: call time)"
+            line[f"held device {unit} [95%], the rank's"] += " (sync fallback: call time)"
         if "mark_us" in frame and found.get("call"):
             line["call / mark"] = f"{found['call'].center / result_rows.geomean(rows.mark_us):.1f}"
         step, pub = published.get(name.split("_")[0], ("", None)) if summary[name]["kind"] == "version" else ("", None)
@@ -490,7 +492,7 @@ def main(argv=None) -> int:
     parser.add_argument("--min-rounds", type=int, default=clock.Settings.min_rounds)
     parser.add_argument("--max-rounds", type=int, default=clock.Settings.max_rounds)
     parser.add_argument("--steps", type=int, default=clock.Settings.steps, help="steps per visit and kind")
-    parser.add_argument("--target", help="relative half-widths at which an entry stops, e.g. held=0.02,host=0.05")
+    parser.add_argument("--target", help="relative half-widths at which an entry stops, e.g. held=0.02,owner=0.03")
     parser.add_argument("--stability", type=int, metavar="N",
                         help="N back-to-back runs plus one in reverse order, and how well they agree")
     parser.add_argument("--sol", type=Path, help="reuse a saved sol.json instead of measuring")

@@ -154,22 +154,22 @@ _CALLS = {"nccl_a2a_x2": _nccl_call, "nvshmem_a2a_vdev_x2": _nvshmem_call, "empt
 
 
 class CaseCalls:
-    """An entry's call for several cases in one process: each case's own (its routed volume, its output shape),
-    found by the input's rank_data, which the runner's clone passes through uncopied. `close()` ends them all (a
-    collective; raises if an entry's own check failed, as a handshake that gave up)."""
+    """An entry's call for several cases in one process, each case's own (its routed volume, its output shape), built
+    from one input of each case. `close()` ends them all (a collective; raises if an entry's own check failed, as a
+    handshake that gave up)."""
 
     def __init__(self, name: str, inputs: list, rank: int):
         import eval as core
 
-        self.by_case, self.keep = {}, []
+        self.by_case, self.keep = [], []
         with core.own_device(rank):
             for data in inputs:
                 call, keep = _CALLS[name](exchange_of(data, rank), core.rank_device(rank))
-                self.by_case[id(data[1])] = call
+                self.by_case.append(call)
                 self.keep.append(keep)
 
-    def __call__(self, data):
-        return self.by_case[id(data[1])](data)
+    def for_case(self, index: int):
+        return self.by_case[index]
 
     def close(self) -> None:
         for keep in self.keep:

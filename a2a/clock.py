@@ -1,19 +1,20 @@
 """The judge's clock: every entry timed in interleaved rounds of fresh processes, with intervals and a stopping rule.
 
 A round starts every entry still running in fresh rank processes of its own (a pool each, born in the sandbox, as
-on the runner's fresh machine: nothing one entry or one round leaves in a process reaches another), lets each make
-its inputs, import the submission, check its first call on every shape and warm up, then visits every (entry,
-shape) pair once in an order shuffled with the round's seed (recorded). A visit is `steps` timed steps in the
-runner's order (eval.timed_step), alternating two kinds:
-- idle-stream steps: the leaderboard-style host time (rank 0's clock around clone, call, synchronize and barrier)
-  and the call time (events around the call on an idle stream: the GPU waiting for the host path, today's
-  device-side figure);
-- held steps: the stream held by a sleep kernel until the call has queued its work (nvbench's blocking kernel), so
-  the events see the GPU's work alone; a call that synchronizes inside falls back to the call time, named.
-Per step the slowest rank's device times count (nccl-tests' rule); a round's value is the mean of the visit's steps.
-The owner (this process) never imports a submission: it keeps its own clock around each visit, draws which outputs
-go to the check apart, checks them, and reads the GPU's SM clock and throttle reasons after each visit (NVML); a
-visit that ran below 75% of the maximum SM clock is flagged and left out (nvbench's rule).
+on the runner's fresh machine: nothing one entry or one round leaves in a process reaches another), lets each import
+the submission and checks its first call on every shape, then visits every (entry, shape) pair once in an order
+shuffled with the round's seed (recorded). Every step is the owner's (judge.Steps): the owner places a fresh input,
+raises the ranks' `go`, waits for every `done`, copies the outputs out and stops its clock; the ranks never see an
+input before its step starts, an expected output, a check or the clock that ranks. A visit is `warmup` untimed
+steps, then `steps` steps of each kind, taking turns:
+- idle-stream steps: the owner's step time (the ranking figure) and, as the rank's own word, the call time (its
+  events around the call on an idle stream);
+- held steps: the rank's held-stream device time (its stream held by a sleep kernel until the call has queued its
+  work, nvbench's blocking kernel); a call that synchronizes inside falls back to the call time, named.
+Per step the slowest rank's figures count (nccl-tests' rule); a round's value is the mean of the visit's steps. A
+rank's figure larger than the owner's window is dropped (it cannot be true). The owner checks every output of a
+version against its closed form, and reads the GPU's SM clock and throttle reasons after each visit (NVML); a visit
+that ran below 75% of the maximum SM clock is flagged and left out (nvbench's rule).
 
 After `min_rounds`, an entry whose intervals (a2a/intervals.py) meet every target leaves the rounds; the others go on
 until they do or the time cap comes, so the time goes where the intervals are widest. Each entry says what
@@ -21,7 +22,6 @@ stopped it.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import random
@@ -32,22 +32,22 @@ from pathlib import Path
 from typing import Optional
 
 import eval as core
+import judge
 from a2a import intervals as iv
 from a2a import sharing
 
-METRICS = {"call": "device_mean_us", "held": "held_mean_us", "host": "mean_us"}  # metric -> its row column
+METRICS = {"owner": "mean_us", "call": "device_mean_us", "held": "held_mean_us"}  # metric -> its row column
 # metric -> its row columns: the figure and its 95% interval
-COLUMNS = {"call": ("device_mean_us", "device_low_us", "device_high_us"),
-           "held": ("held_mean_us", "held_low_us", "held_high_us"), "host": ("mean_us", "low_us", "high_us")}
-METRIC_NAMES = {"call": "call time (device, idle stream)", "held": "device time (stream held)",
-                "host": "leaderboard-style"}
-# What a round-limited run reaches on one H100 at world size 1 (2026-11-25, WORKLOG "The judge's clock"): the held
-# device time ±0.5-1% after 5 rounds, the call time ±4-9% and the leaderboard-style time ±7-12% after 10.
-DEFAULT_TARGETS = (iv.Target("held", 0.02), iv.Target("call", 0.05), iv.Target("host", 0.08))
+COLUMNS = {"owner": ("mean_us", "low_us", "high_us"), "call": ("device_mean_us", "device_low_us", "device_high_us"),
+           "held": ("held_mean_us", "held_low_us", "held_high_us")}
+METRIC_NAMES = {"owner": "the owner's step (ranks)", "call": "call time (the rank's events, idle stream)",
+                "held": "device time (the rank's events, stream held)"}
+RANKING = "owner"  # the figure that ranks: the owner's clock, out of every rank's reach
+# What a round-limited run reached on one H100 at world size 1 (2026-11-25, WORKLOG "The judge's clock"): the held
+# device time ±0.5-1% after 5 rounds, the call time ±4-9% after 10.
+DEFAULT_TARGETS = (iv.Target("held", 0.02), iv.Target("call", 0.05), iv.Target("owner", 0.03))
 SETUP_TIMEOUT_S = 300.0  # a round's start: imports, the first round's extension builds, checks, warm-up
 VISIT_TIMEOUT_S = 120.0
-APART_PER_VISIT = 1  # outputs of a visit checked apart, after the round's visits; every round adds one per shape
-FIGURES = ("steps", "device_ns", "held_ns")  # the lists of times a visit's clock-end report carries
 THROTTLE_FRACTION = 0.75  # nvbench: a sample taken below 75% of the clock is throttled
 # MPS serves at most 48 clients per GPU: pools alive at once, when ranks share GPUs, stay below that.
 MPS_CLIENTS = 40
@@ -80,71 +80,20 @@ class Settings:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _entry_call(entry: Entry, rank: int, inputs: list):
-    """The callable an entry's steps time. A version's custom_kernel is imported here, after its inputs exist, as
-    the runner imports it inside the worker; the harness rows build one call per case on the rank's device."""
+def session_rank(rank: int, world_size: int, cases: list, regions: dict, entry: Entry) -> dict:
+    """One entry's rank for one round: the submission (imported here, as the runner imports it inside the worker) or
+    the harness row's call for each case, then the owner's steps until it stops them."""
     if entry.kind == "version":
-        return core.import_submission()
+        kernel = core.import_submission()
+        return {"steps": core.run_steps(rank, world_size, cases, regions, lambda _case: kernel)}
     from a2a import anchors
 
-    return anchors.CaseCalls(entry.call, inputs, rank)
-
-
-def _schedule(steps: int) -> list:
-    """Idle and held steps taking turns, each kind first in every other pair."""
-    pair = ["call", ("call", core.HELD)]
-    return [kind for k in range(steps) for kind in (pair if k % 2 == 0 else pair[::-1])]
-
-
-def session_rank(rank: int, world_size: int, entry: Entry, cases: list, settings: dict) -> dict:
-    """One entry's rank for one round: inputs, then the submission, then one visit per owner's command."""
-    b = core.bound()
-    generate_input = b.reference[0]
-    version = entry.kind == "version"
-    # NOTES: the inputs and their expected outputs are made before any submission code runs in this process.
-    inputs = [generate_input(**args, rank=rank) for args in cases]
-    unchanged = [core.snapshot(data) for data in inputs]
-    expected = [core.expected_output(data, b) for data in unchanged] if version else None
-    call = _entry_call(entry, rank, inputs)
-    first = []
-    for i, data in enumerate(inputs):
-        output = call(core.clone_data(data, rank, b))
-        if version:
-            good, message = core.checked(b, unchanged[i], output)
-            if not core.all_ok(good, rank, b):
-                raise RuntimeError(message or "another rank failed its check")
-            first.append(core.shipped(b, output))
-    hold = core.Hold(sync_inside=settings["sync_inside"])  # whether a call synchronizes inside is the entry's
-    command = core.ask_owner("ready", {"apart": first})
-    while command[0] == "visit":
-        i = command[1]
-        checker = core.OutputCheck(b, core.rank_device(rank)) if version else None
-        count = [0]
-
-        def after(step: core.Step) -> bool:
-            if checker:
-                checker.add(count[0], step.output, expected[i])
-            count[0] += 1
-            return False
-
-        core.ask_owner("clock-start")
-        started = b.clock_ns()
-        taken = core.measure({"call": call}, inputs[i], rank, _schedule(settings["steps"]), warmup=settings["warmup"],
-                             device_clock=True, after_step=after, holds={"call": hold}, b=b)["call"]
-        loop_ns = b.clock_ns() - started
-        # NOTES: the figures the owner records are those of this report, the one its own clock is checked against.
-        core.ask_owner("clock-end", {"loop_ns": loop_ns, "steps": taken.host_ns, "device_ns": taken.device_ns,
-                                     "held_ns": taken.held_ns})
-        why = (checker.verdict() if checker else None) or b.tampering(b)
-        if not core.all_ok(why is None, rank, b):
-            raise core.Tampering(why) if why and why.startswith("the ") else RuntimeError(
-                why or "another rank failed its check")
-        picks = core.ask_owner("apart", count[0]) if checker else []
-        command = core.ask_owner("visit-done", {"sync_inside": hold.sync_inside,
-                                                "apart": [core.shipped(b, checker.copies[j]) for j in picks]})
-    if hasattr(call, "close"):
-        call.close()
-    return {"rank": rank}
+    generate_input = core.bound().reference[0]
+    calls = anchors.CaseCalls(entry.call, [generate_input(**args, rank=rank) for args in cases], rank)
+    try:
+        return {"steps": core.run_steps(rank, world_size, cases, regions, calls.for_case, harness_row=True)}
+    finally:
+        calls.close()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -193,12 +142,11 @@ def clocks_locked(samples: list) -> str:
 
 @dataclasses.dataclass
 class _Live:
-    """One entry's pool in one round."""
+    """One entry's pool in one round, and the owner's steps on it."""
     entry: Entry
     pool: Optional[core.RankPool]
-    case: Optional[core.CaseRun]
+    steps: Optional[core.CaseSteps]
     failure: str = ""
-    apart: list = dataclasses.field(default_factory=list)  # each visit's shipped outputs, checked after the visits
 
 
 @dataclasses.dataclass
@@ -207,7 +155,7 @@ class Run:
     entry; the run's seeds; the clock samples."""
     entries: list
     cases: list
-    samples: dict  # (entry name, case index) -> {round: {"host": µs, "call": µs, "held": µs}}
+    samples: dict  # (entry name, case index) -> {round: {"owner": µs, "call": µs, "held": µs}}
     stopped: dict  # entry name -> why it left the rounds
     failed: dict  # entry name -> why it failed
     sync_inside: set  # entries timed on an idle stream in place of a held one
@@ -254,6 +202,10 @@ class Clock:
     def __init__(self, plan, entries: list, settings: Settings, bundles: dict, progress=print):
         self.plan, self.entries, self.settings, self.bundles, self.progress = plan, entries, settings, bundles, progress
         self.seed = settings.seed if settings.seed is not None else secrets.randbits(32)
+        # NOTES: the inputs' seeds come from a key drawn here and never recorded: a round's inputs cannot be known
+        # ahead from the run's recorded seed (which orders the visits), nor repeated by a rank from one round to the
+        # next.
+        self.seeds = judge.Seeds(keyed=True)
         self.samples: dict = {}
         self.stopped: dict = {}
         self.failed: dict = {}
@@ -264,11 +216,18 @@ class Clock:
         self.uid: Optional[int] = None
         self.round_seeds: list = []
         self.phases: list = []
-        self.oracle = core.InputOracle(plan.backend)
         self.visits: list = []
         self.processes: list = []
         self.devices = sorted({plan.placement.device_index(r) for r in range(plan.world_size)}) \
             if plan.backend == "nccl" else []
+
+    def _bank(self, round_index: int) -> list:
+        """The round's inputs: per case, `steps` fresh input sets (one per rank each). Every entry's visit of a case
+        gives each of them once to its idle-stream steps and once to its held ones, so no input repeats within an
+        entry's process; the next round draws new ones."""
+        world = self.plan.world_size
+        return [[[judge.make_input(args, self.seeds.step_seed(round_index, i, k), rank) for rank in range(world)]
+                 for k in range(max(1, self.settings.steps))] for i, args in enumerate(self.plan.case_args)]
 
     # One entry's pool: born, ready, visited, ended.
     def _start(self, entry: Entry, env: dict) -> _Live:
@@ -278,111 +237,86 @@ class Clock:
                                  bundle=self.bundles.get(entry.name), rerun_main=False)
             self.guards, self.uid = pool.guards.describe(), pool.guards.uid
             test = core.TestCase(args={"world_size": self.plan.world_size}, spec=f"{entry.name} (clock round)")
-            params = {"fn": session_rank, "args": (entry, self.plan.case_args, {
-                "steps": self.settings.steps, "warmup": self.settings.warmup,
-                "sync_inside": entry.name in self.sync_inside})}
-            return _Live(entry, pool, pool.begin("call", test, SETUP_TIMEOUT_S, params))
+            steps = core.CaseSteps(pool, test, list(self.plan.case_args), SETUP_TIMEOUT_S, fn=session_rank,
+                                   fn_args=(entry,))
+            return _Live(entry, pool, steps)
         except Exception as exc:  # a pool that cannot start fails its entry, not the run
             if pool is not None:
                 pool.kill()
             return _Live(entry, None, None, f"{type(exc).__name__}: {exc}")
 
-    def _until(self, live: _Live, kind: str, answers: core.OwnerAnswers):
-        """Answers the owner's questions of a visit (clock, apart) until the ranks ask `kind`; its Gather, or None
-        when the entry failed (live.failure says why)."""
-        while True:
-            event = live.case.next_event()
-            if isinstance(event, list):
-                live.failure = core.rank_failures(event) or "the session ended early"
-                return None
-            if event.kind == kind:
-                return event
-            try:
-                reply = answers(event)
-            except ValueError as exc:
-                live.case.violation = str(exc)
-                continue
-            if isinstance(reply, dict) and "per_rank" in reply:
-                live.case.reply(per_rank=reply["per_rank"])
-            else:
-                live.case.reply(reply)
+    def _step(self, live: _Live, kind: int, index: int, inputs: list):
+        """One step of `live` on case `index`; None when the entry failed (live.failure says why)."""
+        version = live.entry.kind == "version"
+        try:
+            result = live.steps.step(kind, index, inputs, check_outputs=version)
+        except (judge.RankEnded, judge.Missed):
+            results = live.steps.finish()
+            live.failure = core.rank_failures(results) or "the ranks left the steps before the owner stopped them"
+            return None
+        problem = next(((rank, why) for rank, why in enumerate(result.problems) if why), None)
+        if problem:
+            live.failure = f"rank {problem[0]} - case {index}: the output the owner copied at 'done' {problem[1]}"
+            return None
+        return result
 
-    def _check_apart(self, live: _Live, cases: list, payloads: dict) -> bool:
-        """The outputs a visit (or the first calls) shipped, each against the input of its case made again by the
-        owner's oracle; exactly one output per case named, or the entry fails."""
-        for rank, payload in sorted(payloads.items()):
-            items = payload.get("apart")
-            if not isinstance(items, list) or len(items) != len(cases):
-                live.failure = f"rank {rank} shipped {len(items or [])} outputs for the check apart, not {len(cases)}"
-                return False
-            made = self.oracle.inputs([(self.plan.case_args[index], rank) for index in cases])
-            for item, input_made in zip(items, made):
-                good, message = core.check_apart(item, input_made)
-                if not good:
-                    live.failure = (f"rank {rank}: the output failed the check made outside the submission's "
-                                    f"process: {message}")
-                    return False
-        return True
+    def _ready(self, live: _Live, bank: list) -> bool:
+        """The import (and builds) and a checked first call on every shape, within the setup's time."""
+        return all(self._step(live, judge.CALL, i, bank[i][0]) is not None for i in range(len(bank)))
 
-    def _visit(self, live: _Live, index: int, round_index: int) -> None:
-        answers = core.OwnerAnswers(apart_min=APART_PER_VISIT, apart_fraction=0.0)
-        live.case.extend(VISIT_TIMEOUT_S)
-        live.case.reply(("visit", index))
-        done = self._until(live, "visit-done", answers)
-        if done is None:
-            return
-        if answers.void:
-            live.failure = answers.void
-            return
-        # NOTES: the check apart runs after the round's visits (it is CPU work that would compete with the ranks'
-        # host path); a failure then voids the entry's samples of this round.
-        live.apart.append(([index] * APART_PER_VISIT, done.payloads))
-        said = answers.reports.get(0)
-        if not isinstance(said, dict) or not all(isinstance(said.get(key), list) and all(
-                isinstance(v, (int, float)) for v in said[key]) for key in FIGURES) or not said["steps"]:
-            live.failure = "rank 0 sent no times, or not numbers, with the end of its timed loop"
-            return
+    def _visit(self, live: _Live, index: int, round_index: int, bank: list) -> None:
+        live.steps.case.extend(VISIT_TIMEOUT_S)
+        inputs = bank[index]
+        for _ in range(self.settings.warmup):
+            if self._step(live, judge.CALL, index, inputs[0]) is None:
+                return
+        owner, call, held, synced = [], [], [], False
+        for k in range(self.settings.steps):
+            for kind in (judge.CALL, judge.HELD) if k % 2 == 0 else (judge.HELD, judge.CALL):
+                result = self._step(live, kind, index, inputs[k % len(inputs)])
+                if result is None:
+                    return
+                if kind == judge.CALL:
+                    owner.append(result.window_ns)
+                    call.append(max(result.call_ns))
+                else:
+                    held.append(max(result.held_ns))
+                    # a held step whose stream was never held but that still gave its time: the rank ran it on an
+                    # idle stream (its call synchronizes inside)
+                    synced = synced or any(v == v and not ok for v, ok in zip(result.held_ns, result.held_ok))
         clocks = gpu_clocks(self.devices) if self.plan.backend == "nccl" else None
         self.clocks.append(clocks)
         if clocks and min(clocks["sm_mhz"]) < THROTTLE_FRACTION * max(clocks["max_mhz"]):
             self.throttled += 1
             return
-        sample = {"host": statistics.fmean(said["steps"]) / 1e3}
-        if said["device_ns"]:
-            sample["call"] = statistics.fmean(said["device_ns"]) / 1e3
-        held = [v for v in said["held_ns"] if v == v]
-        synced = any(isinstance(p, dict) and p.get("sync_inside") for p in done.payloads.values())
+        sample = {"owner": statistics.fmean(owner) / 1e3}
+        call = [v for v in call if v == v]
+        if call:
+            sample["call"] = statistics.fmean(call) / 1e3
         if synced and live.entry.name not in self.sync_inside:
             self.sync_inside.add(live.entry.name)
             for (name, _), per_round in self.samples.items():  # its figure is the call time from the start
                 for value in per_round.values() if name == live.entry.name else ():
                     if "call" in value:
                         value["held"] = value["call"]
+        held = [v for v in held if v == v]
         if live.entry.name in self.sync_inside:
             sample["held"] = sample.get("call", math.nan)
-        elif held and len(held) >= len(said["held_ns"]) // 2:
+        elif held and len(held) >= self.settings.steps // 2:
             sample["held"] = statistics.fmean(held) / 1e3
         self.samples.setdefault((live.entry.name, index), {})[round_index] = sample
 
     def _end(self, lives: list, round_index: int) -> None:
-        """Ends a chunk's sessions (their last answers first, then every pool), then checks apart what the visits
-        shipped."""
+        """Ends a chunk's sessions (the steps stopped, the ranks' results read), then every pool."""
         for live in lives:
-            if live.case is not None and live.case.done is None and not live.failure:
-                live.case.extend(VISIT_TIMEOUT_S)
-                live.case.reply(("done",))
-        for live in lives:
-            if live.case is not None and live.case.done is None and not live.failure:
-                results = live.case.next_event()
-                if isinstance(results, list) and not all(r.ok for r in results):
+            if live.steps is not None and live.steps.case.done is None:
+                live.steps.case.extend(VISIT_TIMEOUT_S)
+                results = live.steps.finish()
+                if not live.failure and not all(r.ok for r in results):
                     live.failure = core.rank_failures(results)
         for live in lives:
             if live.pool is not None:
                 (live.pool.kill if live.failure else live.pool.shutdown)(clean_files=False)
-            if not live.failure and live.entry.kind == "version":
-                for cases, payloads in live.apart:
-                    if not self._check_apart(live, cases, payloads):
-                        break
             if live.failure:
                 self.failed.setdefault(live.entry.name, live.failure)
                 for index in range(len(self.plan.case_args)):
@@ -395,19 +329,16 @@ class Clock:
         self.visits.append([])
         self.processes.append({})
         order = random.Random(seed)
-        phases = dict.fromkeys(("start", "ready", "visits", "end"), 0.0)
+        phases = dict.fromkeys(("inputs", "start", "ready", "visits", "end"), 0.0)
+        mark = time.monotonic()
+        bank = self._bank(round_index)
+        phases["inputs"] += time.monotonic() - mark
         for chunk in _chunks(active, self.plan.placement):
             mark = time.monotonic()
             lives = [self._start(entry, env) for entry in chunk]
             phases["start"] += time.monotonic() - mark
             mark = time.monotonic()
-            ready = []
-            for live in lives:
-                if not live.failure:
-                    gather = self._until(live, "ready", core.OwnerAnswers())
-                    if gather is not None:
-                        live.apart.append((list(range(len(self.plan.case_args))), gather.payloads))
-                        ready.append(live)
+            ready = [live for live in lives if not live.failure and self._ready(live, bank)]
             phases["ready"] += time.monotonic() - mark
             mark = time.monotonic()
             visits = [(live, index) for live in ready for index in range(len(self.plan.case_args))]
@@ -417,7 +348,7 @@ class Clock:
                                        for live in ready})
             for live, index in visits:
                 if not live.failure:
-                    self._visit(live, index, round_index)
+                    self._visit(live, index, round_index, bank)
             phases["visits"] += time.monotonic() - mark
             mark = time.monotonic()
             self._end(lives, round_index)
@@ -431,7 +362,7 @@ class Clock:
         round_s = 0.0
         rounds = 0
         timing_from = None
-        with sharing.shared_ranks(self.plan.placement) as env, contextlib.closing(self.oracle):
+        with sharing.shared_ranks(self.plan.placement) as env:
             for round_index in range(self.settings.max_rounds):
                 active = [by_name[n] for n in names if n not in self.stopped and n not in self.failed]
                 if not active:

@@ -162,7 +162,7 @@ def verdict(ratio: float, shown: tuple, decisive: tuple) -> str:
     return "no difference within noise"
 
 
-TIMINGS = (("device-side (call time)", "call"), ("device-side (stream held)", "held"), ("leaderboard-style", "host"))
+TIMINGS = (("the owner's step (ranks)", "owner"), ("call time (the rank's)", "call"), ("device time, stream held (the rank's)", "held"))
 
 
 def compare(run, cases: list, alpha: float = FAMILY_ALPHA) -> list:

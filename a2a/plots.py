@@ -2,9 +2,9 @@
 
 leaderboard.png, read first: one panel, three bars per entry (versions, anchors, the empty submission, the
 handshake): geometric means over the shapes of the call time (filled), the device time with the stream held
-(light) and the leaderboard-style time (hatched), each with its 95% interval over rounds as an error bar and its
+(light) and the owner's step time (hatched), each with its 95% interval over rounds as an error bar and its
 value written on it; the mark (SOL here + the handshake's call time) and the harness floor (the empty submission's
-leaderboard-style time) as lines; the published MI300X figure of each version's blog step as a hollow marker.
+owner's step time) as lines; the published MI300X figure of each version's blog step as a hollow marker.
 Colours say the kind of entry, not the entry, so the legend stays short.
 
 leaderboard_shapes.png, the detail: one small panel per shape, call-time bars per entry with their intervals and
@@ -67,7 +67,7 @@ def leaderboard_png(frame: pd.DataFrame, meta: dict, summary: dict, path: Path, 
         color = KIND_COLORS.get(kind, "tab:purple")
         found = summary[entry]["intervals"]
         for offset, metric, style in ((-width, "call", {}), (0.0, "held", {"alpha": 0.55}),
-                                      (width, "host", {"alpha": 0.35, "hatch": "//"})):
+                                      (width, "owner", {"alpha": 0.35, "hatch": "//"})):
             interval = found.get(metric)
             if interval is None or interval.center != interval.center:
                 continue
@@ -85,7 +85,7 @@ def leaderboard_png(frame: pd.DataFrame, meta: dict, summary: dict, path: Path, 
         _line(ax, geomean(per_shape["sol_dedup_us"].median()), "-", "green", "SOL here (dedup)")
     empty = frame[frame["kind"] == "empty"]
     if not empty.empty:
-        _line(ax, geomean(empty["mean_us"]), "--", "black", "harness floor (empty submission, leaderboard-style)")
+        _line(ax, geomean(empty["mean_us"]), "--", "black", "harness floor (empty submission, the owner's step)")
     labelled = False
     for i, entry in enumerate(entries):
         mark = published.get(entry.split("_")[0]) if kinds[i] == "version" else None
@@ -97,7 +97,7 @@ def leaderboard_png(frame: pd.DataFrame, meta: dict, summary: dict, path: Path, 
     handles += [Patch(color=KIND_COLORS.get(kind, "tab:purple"), label=KIND_NAMES.get(kind, kind))
                 for kind in dict.fromkeys(kinds)]
     handles.append(Patch(facecolor="white", edgecolor="black",
-                         label="call time (filled) | held device (light) | leaderboard-style (hatched); bars: 95%"))
+                         label="call time (filled) | held device (light) | the owner's step (hatched); bars: 95%"))
     ax.set_xticks(range(len(entries)))
     ax.set_xticklabels(entries, rotation=25, ha="right", fontsize=8)
     _log_scale(ax, drawn)

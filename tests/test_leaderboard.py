@@ -73,7 +73,7 @@ def _synthetic() -> tuple[pd.DataFrame, dict]:
         summary[version] = {"kind": kind, "intervals": {
             "call": iv.Interval(center, center * 0.95, center * 1.05, 8),
             "held": iv.Interval(center / 2, center / 2.05, center / 1.95, 8),
-            "host": iv.Interval(center + 90, center + 80, center + 100, 8)}}
+            "owner": iv.Interval(center + 90, center + 80, center + 100, 8)}}
     for metric in clock.METRICS:
         for name, (rank, ties) in iv.ranks_with_ties({n: s["intervals"][metric] for n, s in summary.items()}).items():
             summary[name].setdefault("ranks", {})[metric] = {"rank": rank, "ties": ties}
