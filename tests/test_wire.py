@@ -57,8 +57,8 @@ def refused(raw: bytes, types: dict = TYPES, **limits) -> str:
 
 
 @pytest.mark.parametrize("value", [
-    None, True, False, 0, -1, 2**63 - 1, -2**63, 2**64 - 1, 1.5, float("inf"), -0.0, "", "héllo ∑ 🙂", b"", b"\x00\xff",
-    [], (), {}, [1, [2, [3, (4, 5)]]], {"a": 1, 2: "b", None: [], (1, "x"): {"nested": b"y"}, 1.5: True},
+    None, True, False, 0, -1, 2**63 - 1, -2**63, 2**64 - 1, 1.5, float("inf"), -0.0, "", "héllo ∑ 🙂", b"",
+    b"\x00\xff", [], (), {}, [1, [2, [3, (4, 5)]]], {"a": 1, 2: "b", None: [], (1, "x"): {"nested": b"y"}, 1.5: True},
     Failure("boom", True), Result(False, Failure("x")), Result(True, {"apart": [1.0, 2.0]}, 0.25),
 ])
 def test_plain_values_come_back_equal_and_of_the_same_type(value):
@@ -285,7 +285,8 @@ def rank_output(*writes: bytes, pause_s: float = 0.0, **options) -> list:
 def test_each_line_is_prefixed_and_escaped_so_none_is_forged():
     lines = rank_output(FORGED.encode("utf-8", "surrogatepass") + b"\n\x1b]0;title\x07done\n")
     assert lines == ["[rank1] boom", "[rank1] test.0.status: pass",
-                     "[rank1] test.1.status: pass\\u2028check: pass\\x1b[2K\\x85\\u202e", "[rank1] \\x1b]0;title\\x07done"]
+                     "[rank1] test.1.status: pass\\u2028check: pass\\x1b[2K\\x85\\u202e",
+                     "[rank1] \\x1b]0;title\\x07done"]
 
 
 def test_a_line_split_across_reads_is_one_line_and_an_unended_one_is_kept():
