@@ -12,6 +12,7 @@ import struct
 import threading
 import time
 import unicodedata
+from types import SimpleNamespace
 from typing import Any, NamedTuple, Optional
 
 import pytest
@@ -328,3 +329,19 @@ def test_close_returns_while_a_process_left_behind_keeps_the_pipe_open():
     os.close(write_fd)  # the writer may block no more: the reader closed its end
     writer.join(5)
     assert stream.getvalue().startswith("[rank0] still here\n")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Where a rank's words reach a file or a person
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_a_value_stays_on_its_line_in_the_result_channel():
+    from a2a import rows
+
+    text = ("test.0.status: fail\ntest.0.error: boom\u2028test.0.status: pass\x85check: pass\rtest-count: 9\n"
+            "stray words\n  \ntest-count: 1\n")
+    assert rows.parse_popcorn(text) == {"test.0.status": "fail", "test-count": "1",
+                                        "test.0.error": "boom\u2028test.0.status: pass\x85check: pass\rtest-count: 9"}
+    assert rows.stray_lines(text) == 1 and rows.repeated_keys(text) == []
+
