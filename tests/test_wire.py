@@ -345,3 +345,22 @@ def test_a_value_stays_on_its_line_in_the_result_channel():
                                         "test.0.error": "boom\u2028test.0.status: pass\x85check: pass\rtest-count: 9"}
     assert rows.stray_lines(text) == 1 and rows.repeated_keys(text) == []
 
+
+def test_a_timed_entry_s_failure_is_one_escaped_cell_in_every_file():
+    import eval as core
+    import run_leaderboard
+
+    run = SimpleNamespace(entries=[SimpleNamespace(name="v1", kind="version")], case_intervals=lambda *_: {},
+                          failed={"v1": FORGED}, stopped={}, sync_inside=set())
+    plan = SimpleNamespace(case_args=[{key: 1 for key in core.SPEC_KEYS}])
+    (row,) = run_leaderboard.rows_of(run, plan)
+    assert row["status"] == "fail" and row["error"] == wire.as_text(FORGED) and is_one_safe_line(row["error"])
+
+
+def test_a_diff_s_failure_is_one_escaped_line():
+    from a2a import diffing
+
+    run = SimpleNamespace(samples={}, failed={"B": FORGED + "x" * 500})
+    case = {"num_experts": 8, "experts_per_token": 2, "hidden_dim": 16, "max_num_tokens": 4}
+    verdicts = [row["verdict"] for row in diffing.compare(run, [case])]
+    assert verdicts and all(is_one_safe_line(v) and "B fails: boom\\ntest.0.status" in v for v in verdicts)
