@@ -35,6 +35,7 @@ import yaml
 from tabulate import tabulate
 
 import eval as core
+import wire
 from a2a import cli, clock, harness
 from a2a import intervals as iv
 from a2a import plan as planning
@@ -99,7 +100,7 @@ def rows_of(run: clock.Run, plan: planning.RunPlan) -> list:
     for entry in run.entries:
         for index, args in enumerate(plan.case_args):
             found = run.case_intervals(entry.name, index)
-            failure = run.failed.get(entry.name, "")
+            failure = wire.as_text(run.failed.get(entry.name, ""))  # a rank's words: one escaped line in every file
             row = {"version": entry.name, "kind": entry.kind, **{k: args[k] for k in core.SPEC_KEYS},
                    "status": "fail" if failure else "pass" if found else "not run", "error": failure,
                    "rounds": max((i.rounds for i in found.values()), default=0), "stopped": run.stopped.get(entry.name, ""),

@@ -26,6 +26,8 @@ import re
 import statistics
 from pathlib import Path
 
+import wire
+
 DEVICE_STRINGS = ("KERNELS", "BINDING")
 RENAME_SIMILARITY = 0.8
 MIN_EFFECT = 0.02
@@ -180,7 +182,7 @@ def compare(run, cases: list, alpha: float = FAMILY_ALPHA) -> list:
         for timing, metric in TIMINGS:
             if any(key in run.failed for key in "AB"):
                 rows.append({"shape": shape, "timing": timing, "verdict": "not timed: " + "; ".join(
-                    f"{key} fails: {run.failed[key][:160]}" for key in "AB" if key in run.failed)})
+                    f"{key} fails: {wire.as_text(run.failed[key], 160)}" for key in "AB" if key in run.failed)})
                 continue
             if (i, metric) not in timed:
                 continue

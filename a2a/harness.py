@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import eval as core
+import wire
 from a2a import cli
 from a2a import rows as result_rows
 from a2a import sharing
@@ -33,6 +34,7 @@ from eval import UserError
 TERMINATE_GRACE_S = 5.0  # what the protocol child gets to end its ranks after SIGTERM, before SIGKILL
 SILENCE_MARGIN_S = 60.0  # beyond two case limits: the evaluator's start and its last case's wrap-up
 STALLED_EXIT = -1000  # run_protocol's exit code for an evaluator that stopped answering (never a process's)
+ERROR_CHARS = 20_000  # a case's whole error, as a row holds it (the human face prints it below the table)
 
 
 @dataclasses.dataclass
@@ -82,11 +84,16 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
                  + (", cold extension cache" if cold else ""))
         exit_code, output, stderr = run_protocol(bundle, mode, "cases.txt", env, progress, len(plan.cases))
     keys = result_rows.parse_popcorn(output)
+    if strays := result_rows.stray_lines(output):
+        progress(f"the result channel held {strays} line(s) that are not `key: value`; they were ignored")
     cases = result_rows.rows_from_keys(keys, mode)
     void = _void(output, exit_code, stderr) or join_cases(cases, plan.cases)
     cases = [row for row in cases if "args" in row]  # a row the plan has no case for is dropped (and voids the run)
-    for row in cases:
-        row["error"] = with_named_cause(row["error"], stderr)
+    for row in cases:  # from here on, a rank's words are escaped lines (wire.as_text) wherever they go
+        row["spec"] = wire.as_text(row["spec"], ERROR_CHARS)
+        row["error"] = wire.as_text(with_named_cause(row["error"], stderr), ERROR_CHARS)
+        if "report" in row:  # a profile's table, built from the names of what the ranks ran
+            row["report"] = "\n".join(wire.as_text(line, ERROR_CHARS) for line in row["report"].split("\n"))
     if void:
         for row in cases:  # its numbers too: a forged line may be the first of its key
             row.update({field: None for field in result_rows.TIMING_FIELDS}, status="fail", error=void)
@@ -241,11 +248,6 @@ def run_protocol(bundle: Path, mode: str, test_file: str, env: dict, progress=No
 ERROR_COLUMN_CHARS = 120
 
 
-def _short(text: str, limit: int = ERROR_COLUMN_CHARS) -> str:
-    text = text.replace("\n", " | ")
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def render(result: EvalResult) -> str:
     """The table, then every failed case's whole error (the failing rank's own error first)."""
     from tabulate import tabulate
@@ -253,14 +255,14 @@ def render(result: EvalResult) -> str:
     if result.mode == "profile":
         return "\n\n".join(f"case {c['index']}: {c['spec']}\n{c.get('report', c['error'])}" for c in result.cases)
     if result.mode == "test":
-        table = tabulate([[c["index"], c["spec"], c["status"], _short(c["error"])] for c in result.cases],
-                         headers=["#", "case", "status", "error"], tablefmt="github")
+        table = tabulate([[c["index"], c["spec"], c["status"], wire.as_text(c["error"], ERROR_COLUMN_CHARS)]
+                          for c in result.cases], headers=["#", "case", "status", "error"], tablefmt="github")
     else:
         unit = " [shared GPUs]" if result.shared_gpus else "" if result.backend == "nccl" else " [CPU]"
         table_rows = [[c["index"], result_rows.shape_label(**c["args"]), c["status"],
                        c.get("runs", ""), c.get("mean_us"), c.get("p50_us"), c.get("p90_us"), c.get("best_us"),
                        c.get("device_mean_us"), c.get("device_p50_us"), c.get("device_p90_us"),
-                       c.get("floor_mean_us"), _short(c["error"])] for c in result.cases]
+                       c.get("floor_mean_us"), wire.as_text(c["error"], ERROR_COLUMN_CHARS)] for c in result.cases]
         headers = ["#", "shape", "status", "runs", f"mean µs{unit}", "p50", "p90", "best", "device mean µs",
                    "device p50", "device p90", "floor µs", "error"]
         table = tabulate(table_rows, headers=headers, tablefmt="github", floatfmt=".1f")

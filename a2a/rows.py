@@ -18,27 +18,34 @@ TIMING_FIELDS = tuple(f"{kind + '_' if kind else ''}{stat}_us" for kind in ("",)
 ROW_FIELDS = ("status", "runs") + TIMING_FIELDS
 
 
+# A result line. Lines end at "\n" alone: str.splitlines would also end one at \r, \x0b, \x85, U+2028 and the like,
+# which a value may hold (a rank's words), and a value must stay on its line.
+KEY_LINE = re.compile(r"([\w.-]+): (.*)")
+
+
 def parse_popcorn(text: str) -> dict:
-    """`key: value` lines -> dict; a line that is not `key: value` continues the previous value. A key written
+    """`key: value` lines -> dict; a line that is not `key: value` is ignored (stray_lines counts them). A key written
     again keeps its first value (the evaluator writes each key once: a second one is forged; repeated_keys)."""
-    keys, last = {}, None
-    for line in text.splitlines():
-        matched = re.match(r"^([\w.-]+): (.*)$", line)
-        if matched:
-            last = None if matched[1] in keys else matched[1]
-            if last is not None:
-                keys[last] = matched[2]
-        elif last is not None:
-            keys[last] += "\n" + line
+    keys = {}
+    for line in text.split("\n"):
+        matched = KEY_LINE.fullmatch(line)
+        if matched and matched[1] not in keys:
+            keys[matched[1]] = matched[2]
     return keys
+
+
+def stray_lines(text: str) -> int:
+    """Lines that are not `key: value` (blank ones aside): the evaluator writes none, so each is a value that broke
+    its line or something else writing into the result channel."""
+    return sum(1 for line in text.split("\n") if line.strip() and not KEY_LINE.fullmatch(line))
 
 
 def repeated_keys(text: str) -> list[str]:
     """Keys written more than once, in order: the evaluator writes each key once, so each is evidence that
     something else wrote into the result channel. (The runner's own reader keeps the last value: docs/judge.md.)"""
     seen, repeated = set(), []
-    for line in text.splitlines():
-        matched = re.match(r"^([\w.-]+): ", line)
+    for line in text.split("\n"):
+        matched = KEY_LINE.fullmatch(line)
         if matched:
             if matched[1] in seen and matched[1] not in repeated:
                 repeated.append(matched[1])
