@@ -54,17 +54,18 @@ from boundary import (RUN_OWNER, RankSandbox, Sandbox, become_subreaper, claim_r
                       die_with_parent, enter_rank_sandbox, hide_result_channel, kill_tree, owned_tempdir,
                       prepare_rank_cache, release_uid)
 import judge  # noqa: E402
+from judge import cantor_combine  # noqa: E402
+import wire  # noqa: E402
 
 __all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything else is the core's own
-    "CaseRun", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED", "EXIT_CRASH", "EXTRA_STATS", "EXTRA_STAT_FIELDS", "HELD",
-    "HERE", "Hold", "LEADERBOARD_SEED_STEP", "MODES", "MPS_DEFAULT_PIPE_DIRECTORY",
-    "OFFICIAL_TIMEOUT_S", "RUN_OWNER", "RankPool", "SEED_MAX", "SPEC_KEYS", "Step",
-    "Tampering", "Terminated", "TestCase", "UserError", "WARMUP_CALLS", "all_ok", "ask_owner", "bound",
-    "calculate_extra_stats", "cantor_combine", "case_problem", "claim_run", "clone_data",
-    "die_with_parent", "environ_with", "environment_with", "get_test_cases", "import_submission",
-    "install_signal_handlers", "kill_tree", "machine_gpus", "measure", "nccl_version_tuple", "own_device", "owned_tempdir",
-    "prepare_rank_cache", "rank_device", "rank_failures", "release_uid", "snapshot", "spec_line",
-    "validate_cases", "version_text",
+    "all_ok", "bound", "calculate_extra_stats", "cantor_combine", "case_problem", "CaseSteps", "claim_run",
+    "clone_data", "die_with_parent", "environ_with", "environment_with", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED",
+    "EXIT_CRASH", "EXTRA_STAT_FIELDS", "EXTRA_STATS", "get_test_cases", "HERE", "import_submission",
+    "install_signal_handlers", "kill_tree", "LEADERBOARD_SEED_STEP", "machine_gpus", "measure", "MODES",
+    "MPS_DEFAULT_PIPE_DIRECTORY", "nccl_version_tuple", "OFFICIAL_TIMEOUT_S", "own_device", "owned_tempdir",
+    "prepare_rank_cache", "rank_device", "rank_failures", "RankPool", "release_uid", "RUN_OWNER", "run_steps",
+    "SEED_MAX", "SPEC_KEYS", "spec_line", "Terminated", "TestCase", "UserError", "validate_cases", "version_text",
+    "WARMUP_CALLS",
 ]
 HERE = Path(__file__).resolve().parent
 MODES = ("test", "benchmark", "leaderboard", "profile")
@@ -134,6 +135,9 @@ def install_signal_handlers() -> None:
 # --------------------------------------------------------------------------------------------------------------
 
 
+LOGGED_CHARS = 20000  # one logged value at most: a failed case's errors, every rank's
+
+
 class PopcornOutput:
     def __init__(self, fd: int):
         self.file = os.fdopen(fd, "w")
@@ -146,7 +150,8 @@ class PopcornOutput:
         self.file.close()
 
     def log(self, key, value):
-        print(f"{key}: {value}", file=self.file, flush=True)
+        """`key: value` on one line: a value that holds a rank's words (an error) is escaped (wire.as_text)."""
+        print(f"{key}: {wire.as_text(str(value), LOGGED_CHARS)}", file=self.file, flush=True)
 
 
 @dataclasses.dataclass
@@ -183,12 +188,6 @@ class ExtraStats:
 
 
 EXTRA_STAT_FIELDS = tuple(field.name for field in dataclasses.fields(ExtraStats))
-_PLAIN_TYPES: dict = {"Stats": Stats, "ExtraStats": ExtraStats}  # dataclasses a rank may send (RankFailure below)
-
-
-def cantor_combine(a: int, b: int) -> int:
-    """Mixes the secret seed into a public test seed (Cantor pairing), as the official runner does."""
-    return int(a + (a + b) * (a + b + 1) // 2)
 
 
 TEST_PART = re.compile(r"\s*([a-zA-Z_]+):\s*([a-zA-Z]+|[+-]?[0-9]+)\s*")
@@ -408,9 +407,6 @@ class RankFailure:
     at: float = dataclasses.field(default_factory=time.time)
 
 
-_PLAIN_TYPES["RankFailure"] = RankFailure
-
-
 class RankResult(NamedTuple):
     ok: bool
     value: Any  # the job's result, or a RankFailure
@@ -418,85 +414,20 @@ class RankResult(NamedTuple):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# What a rank sends its owner is plain data: the owner never unpickles an object a rank chose (an unpickled object
-# can run code, and the owner runs as root, outside the ranks' sandbox). Tensors, the result types and numbers go
-# as tagged dicts; the owner's unpickler resolves no class at all.
+# What a rank sends its owner is data (wire.py): a bounded format the owner decodes without running anything a rank
+# chose (the owner runs as root, outside the ranks' sandbox), with the result types below as its only records.
 # --------------------------------------------------------------------------------------------------------------
 
-MAX_MESSAGE_BYTES = 1 << 30
-_PLAIN = "__plain__"
-
-
-class Unsendable(TypeError):
-    """A rank tried to send its owner something that is not plain data."""
-
-
-def to_plain(obj):
-    """`obj` as plain data (None, bool, int, float, str, bytes, lists, tuples, dicts of those), with tensors, the
-    result types and numpy numbers tagged; Unsendable for anything else."""
-    import numbers
-
-    if obj is None or isinstance(obj, (bool, str, bytes)):
-        return obj
-    if isinstance(obj, numbers.Integral):
-        return int(obj)
-    if isinstance(obj, numbers.Real):
-        return float(obj)
-    if isinstance(obj, RankResult):
-        return {_PLAIN: "RankResult", "fields": [to_plain(v) for v in obj]}
-    if type(obj).__name__ == "Tensor" and type(obj).__module__ == "torch":
-        import torch
-
-        flat = obj.detach().cpu().contiguous().reshape(-1)
-        return {_PLAIN: "tensor", "dtype": str(obj.dtype).removeprefix("torch."), "shape": list(obj.shape),
-                "data": flat.view(torch.uint8).numpy().tobytes()}
-    if dataclasses.is_dataclass(obj) and type(obj).__name__ in _PLAIN_TYPES:
-        return {_PLAIN: type(obj).__name__, "fields": {f.name: to_plain(getattr(obj, f.name))
-                                                     for f in dataclasses.fields(obj)}}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_plain(v) for v in obj) if type(obj) in (list, tuple) else [to_plain(v) for v in obj]
-    if isinstance(obj, dict):
-        return {to_plain(k): to_plain(v) for k, v in obj.items()}
-    raise Unsendable(f"a {type(obj).__module__}.{type(obj).__name__} cannot be sent to the evaluator")
-
-
-def from_plain(obj):
-    """to_plain's inverse, with this process's own classes."""
-    if isinstance(obj, list):
-        return [from_plain(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(from_plain(v) for v in obj)
-    if not isinstance(obj, dict):
-        return obj
-    kind = obj.get(_PLAIN)
-    if kind is None:
-        return {k: from_plain(v) for k, v in obj.items()}
-    if kind == "tensor":
-        import torch
-
-        raw = torch.frombuffer(bytearray(obj["data"]), dtype=torch.uint8) if obj["data"] else \
-            torch.empty(0, dtype=torch.uint8)
-        return raw.view(getattr(torch, obj["dtype"])).reshape(obj["shape"])
-    if kind == "RankResult":
-        return RankResult(*from_plain(obj["fields"]))
-    return _PLAIN_TYPES[kind](**from_plain(obj["fields"]))
-
-
-class _PlainUnpickler(__import__("pickle").Unpickler):
-    def find_class(self, module, name):
-        raise Unsendable(f"a rank sent {module}.{name}: not plain data")
+MAX_MESSAGE_BYTES = 64 << 20  # a rank's message: results, a profile's rows, a tool's figures; more voids the case
+_WIRE_TYPES = {"RankResult": RankResult, "RankFailure": RankFailure, "Stats": Stats, "ExtraStats": ExtraStats}
 
 
 def encode(obj) -> bytes:
-    import pickle
-
-    return pickle.dumps(to_plain(obj), protocol=5)
+    return wire.encode(obj, _WIRE_TYPES)
 
 
 def decode(raw: bytes):
-    import io
-
-    return from_plain(_PlainUnpickler(io.BytesIO(raw)).load())
+    return wire.decode(raw, _WIRE_TYPES, max_bytes=MAX_MESSAGE_BYTES)
 
 
 class Tampering(Exception):
@@ -603,7 +534,7 @@ def tampering(b: Bound) -> Optional[str]:
 _setup: Optional[RankSetup] = None
 _kernel: Optional[Callable] = None
 _import_s: Optional[float] = None
-_owner_conn = None  # the worker's pipe to the pool's owner, for a job's questions (ask_owner)
+_owner_conn = None  # the worker's pipe to the pool's owner (descriptors it sends with a job: receive_fds)
 
 
 def _on_gpu() -> bool:
@@ -714,21 +645,6 @@ def slowest_rank(values: list, rank: int, b: Optional[Bound] = None) -> list:
     merged = ops["tensor"](values, dtype=ops["float64"], device=rank_device(rank))
     ops["all_reduce"](merged, op=ops["reduce_max"])
     return ops["tolist"](merged)
-
-
-class AbortAsk(NamedTuple):
-    """The owner's answer to a question when a peer has failed: the case is over."""
-    why: str
-
-
-def ask_owner(kind: str, payload: Any = None) -> Any:
-    """A question to the pool's owner, which answers once every rank of the case has asked the same (a
-    collective). The owner never imports the submission: its clock, generator and checks are out of reach."""
-    _owner_conn.send_bytes(encode(("ask", kind, payload)))
-    answer = _owner_conn.recv()
-    if isinstance(answer, AbortAsk):
-        raise RuntimeError(answer.why)
-    return answer
 
 
 # Holding the stream (nvbench's blocking kernel): a sleep kernel queued before the start event keeps the GPU from
@@ -1256,7 +1172,7 @@ def _send_result(conn, result: RankResult) -> None:
     at once, which its owner reports as a death."""
     try:
         raw = encode(result)
-    except Unsendable as exc:
+    except wire.Unsendable as exc:
         raw = encode(RankResult(False, RankFailure(str(exc)), result.import_s))
     try:
         conn.send_bytes(raw)
@@ -1310,16 +1226,10 @@ def _send_fds(conn, fds: list) -> None:
         sendfds(sock, fds)
 
 
-class Gather(NamedTuple):
-    """Every rank of a case asked the owner the same question (ask_owner): `kind`, and each rank's payload."""
-    kind: str
-    payloads: dict
-
-
 class CaseRun:
-    """One case in flight on a pool: the owner's side of the ranks' questions and results. `next_event()` returns a
-    Gather when every rank has asked the same question (answer it with `reply`), or the ranks' results when the
-    case is over (failed, timed out, or done). Every wait has the case's deadline."""
+    """One case in flight on a pool: the owner's side of the ranks' results. `next_event()` returns the ranks'
+    results when the case is over (failed, timed out, or done); every wait has the case's deadline. A rank sends
+    exactly one message per case, its result: anything else voids the case."""
 
     def __init__(self, pool: "RankPool", job: str, test: TestCase, timeout_s: float, params: Optional[dict],
                  fds: Optional[list] = None):
@@ -1340,7 +1250,6 @@ class CaseRun:
             if fds:  # right behind the job's message, where the rank's receive_fds reads them
                 _send_fds(pool.workers[slot][1], fds[rank])
         self.results: dict = {}
-        self.asks: dict = {}
         self.deadline = time.monotonic() + timeout_s
         self.timeout_s = timeout_s
         self.violation: Optional[str] = None
@@ -1354,7 +1263,15 @@ class CaseRun:
         process = self.pool.workers[self.slots[rank]][0]
         try:
             message = decode(conn.recv_bytes(MAX_MESSAGE_BYTES))
-        except (EOFError, OSError):  # the pipe closes before the dying process is reaped: wait for its code
+        except OSError as exc:
+            if "bad message length" in str(exc):
+                self.violation = self.violation or (f"rank {rank} sent the evaluator a message larger than "
+                                                    f"{MAX_MESSAGE_BYTES >> 20} MiB")
+                return
+            process.join(timeout=5)  # the pipe closes before the dying process is reaped: wait for its code
+            self.results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode)))
+            return
+        except EOFError:
             process.join(timeout=5)
             self.results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode)))
             return
@@ -1364,9 +1281,7 @@ class CaseRun:
             return
         if isinstance(message, RankResult):
             self.results[rank] = message
-        elif isinstance(message, tuple) and len(message) == 3 and message[0] == "ask" and rank not in self.asks:
-            self.asks[rank] = (message[1], message[2])
-        else:  # NOTES: the harness sends exactly one result per case and asks one question at a time
+        else:  # NOTES: the harness sends exactly one result per case
             self.violation = self.violation or (f"rank {rank} sent the evaluator a message it did not expect: its "
                                                 "channel carried something besides the harness's own")
 
@@ -1380,33 +1295,14 @@ class CaseRun:
             failed = [rank for rank, result in self.results.items() if not result.ok]
             if failed:
                 self.deadline = min(self.deadline, time.monotonic() + FAILED_PEER_GRACE_S)
-                if self.asks:  # peers waiting on the owner hear at once that the case is over
-                    self.reply(AbortAsk(f"another rank failed (rank {failed[0]}); the evaluator ended the case"))
             waiting = [rank for rank in range(world_size) if rank not in self.results]
-            if not failed and self.asks and set(self.asks) == set(range(world_size)):
-                kinds = {kind for kind, _ in self.asks.values()}
-                if len(kinds) > 1:
-                    self.violation = f"the ranks asked different questions at once ({', '.join(sorted(kinds))})"
-                    continue
-                event = Gather(kinds.pop(), {rank: payload for rank, (_, payload) in self.asks.items()})
-                return event
-            if not failed and self.results and self.asks:
-                self.violation = "a rank finished while its peers were still asking the evaluator"
-                continue
             now = time.monotonic()
             if now > self.deadline:
                 return self._watchdog(failed, waiting)
-            conns = {self.pool.workers[self.slots[rank]][1]: rank for rank in waiting if rank not in self.asks}
+            conns = {self.pool.workers[self.slots[rank]][1]: rank for rank in waiting}
             ready = multiprocessing.connection.wait(list(conns), timeout=min(0.5, self.deadline - now))
             for conn in ready:
                 self._receive(conns[conn], conn)
-
-    def reply(self, answer: Any = None, per_rank: Optional[dict] = None) -> None:
-        """Answers the gathered question: the same `answer` to every rank, or `per_rank[rank]`."""
-        for rank in sorted(self.asks):
-            with contextlib.suppress(OSError):
-                self.pool.workers[self.slots[rank]][1].send(per_rank[rank] if per_rank is not None else answer)
-        self.asks = {}
 
     def _watchdog(self, failed: list, waiting: list) -> list:
         where = ", ".join(f"rank {rank} {self.pool._where(self.slots[rank], self.test)}" for rank in waiting)
@@ -1554,27 +1450,12 @@ class RankPool:
     def begin(self, job: str, test: TestCase, timeout_s: float, params: Optional[dict] = None,
               fds: Optional[list] = None) -> CaseRun:
         """Starts `job` on every rank of `test` (`fds[rank]`: descriptors that rank receives with its job); the owner
-        then drives it with the CaseRun's next_event/reply."""
+        then waits for the results with the CaseRun's next_event."""
         return CaseRun(self, job, test, timeout_s, params, fds)
 
-    def run(self, job: str, test: TestCase, timeout_s: float, params: Optional[dict] = None,
-            answer: Optional[Callable[[Gather], Any]] = None) -> list[RankResult]:
-        """Runs `job` on every rank of `test`; one RankResult per rank (value a RankFailure when not ok). The ranks'
-        questions go to `answer(gather)`, which returns the reply ({"per_rank": {...}} for one per rank); a
-        question nobody answers voids the case."""
-        case = self.begin(job, test, timeout_s, params)
-        while True:
-            event = case.next_event()
-            if isinstance(event, list):
-                return event
-            if answer is None:
-                case.violation = f"the ranks asked '{event.kind}', which this run does not answer"
-                continue
-            reply = answer(event)
-            if isinstance(reply, dict) and "per_rank" in reply:
-                case.reply(per_rank=reply["per_rank"])
-            else:
-                case.reply(reply)
+    def run(self, job: str, test: TestCase, timeout_s: float, params: Optional[dict] = None) -> list[RankResult]:
+        """Runs `job` on every rank of `test`; one RankResult per rank (value a RankFailure when not ok)."""
+        return self.begin(job, test, timeout_s, params).next_event()
 
     def sweep(self) -> list[int]:
         """Ends what the ranks started besides themselves: everything else in the sandbox's namespace; without one,
@@ -1631,6 +1512,7 @@ class RankPool:
 # --------------------------------------------------------------------------------------------------------------
 
 FOLLOW_ON_SUMMARY_CHARS = 160
+FAILURE_CHARS = 2000  # one rank's failure as shown
 
 
 def rank_failures(results: list[RankResult]) -> str:
@@ -1651,7 +1533,7 @@ def rank_failures(results: list[RankResult]) -> str:
                             + ("..." if len(failure.message) > FOLLOW_ON_SUMMARY_CHARS else "")
                             for rank, failure in follow_ons)
         lines.append(f"follow-on (after the failure above): {summary}")
-    return "\n".join(lines)
+    return " | ".join(wire.as_text(line, FAILURE_CHARS) for line in lines)
 
 
 class CaseSteps:
@@ -1680,16 +1562,11 @@ class CaseSteps:
         return self.steps.step(kind, case, inputs, self.case.deadline, check_outputs)
 
     def finish(self) -> list:
-        """Stops the ranks and waits for their results (the case's deadline and watchdog apply); a rank that asks
-        the owner anything voids the case: this job asks nothing."""
+        """Stops the ranks and waits for their results (the case's deadline and watchdog apply)."""
         with contextlib.suppress(OSError):
             self.steps.stop()
         try:
-            while True:
-                event = self.case.next_event()
-                if isinstance(event, list):
-                    return event
-                self.case.violation = f"the ranks asked '{event.kind[:40]}', which no step of the judge asks"
+            return self.case.done or self.case.next_event()
         finally:
             self.steps.close()
 
@@ -1867,7 +1744,7 @@ def profile_table(per_rank: list, on_gpu: bool) -> str:
     for key, row in ranked:
         lines.append(f"{key[:60]:<{width}}  {int(row['count']):>7}" + "".join(f"  {row[n]:>15.1f}"
                                                                              for n in PROFILE_TOTALS))
-    return "\n".join(lines) + f"\n(summed over {len(per_rank)} ranks; µs)"
+    return " | ".join(wire.as_text(line, FAILURE_CHARS) for line in lines) + f"\n(summed over {len(per_rank)} ranks; µs)"
 
 
 def run_profiling(run: ProtocolRun, tests: list[TestCase]) -> int:

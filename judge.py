@@ -60,7 +60,8 @@ class Seeds:
     """Every seed a run uses. Keyed (the judge's own faces): BLAKE2b keyed with 16 bytes, random per run unless a
     secret seed is given (then derived from it, so the run can be repeated); a rank sees only the seeds of its
     inputs, from which neither the key nor another seed follows. Runner (the protocol face as the runner runs it):
-    the case's seed with the secret mixed in by Cantor pairing, and the +13 steps of leaderboard mode's reruns."""
+    a case's seed is the runner's, its public seed with the secret mixed in by Cantor pairing (as read from the
+    test file); its timed steps' seeds stay keyed."""
 
     def __init__(self, keyed: bool, secret: Optional[int] = None):
         self.keyed, self.secret = keyed, secret
@@ -71,16 +72,14 @@ class Seeds:
         digest = hashlib.blake2b(b",".join(str(p).encode() for p in parts), key=self.key, digest_size=8).digest()
         return int.from_bytes(digest, "little") % SEED_LIMIT
 
-    def case_seed(self, case_index: int, public_seed: int) -> int:
-        if self.keyed:
-            return self._hash(0, case_index, public_seed)
-        return cantor_combine(public_seed, self.secret) if self.secret is not None else public_seed
+    def case_seed(self, case_index: int, seed: int) -> int:
+        """A case's seed: keyed, or `seed` as the runner has it (the test file's, the secret already mixed in)."""
+        return self._hash(0, case_index, seed) if self.keyed else seed
 
     def step_seed(self, case_index: int, public_seed: int, step: int) -> int:
-        """A timed step's seed: fresh and unpredictable (keyed), or the runner's +13 rule."""
-        if self.keyed:
-            return self._hash(1, case_index, public_seed, step)
-        return self.case_seed(case_index, public_seed) + 13 * (step + 1)
+        """A timed step's seed: keyed in every run, the runner's too (its +13 rule would let a rank compute the next
+        input; docs/judge.md)."""
+        return self._hash(1, case_index, public_seed, step)
 
 
 # --------------------------------------------------------------------------------------------------------------
