@@ -11,6 +11,7 @@ import ctypes
 import dataclasses
 import os
 import re
+import secrets
 import shutil
 import signal
 import stat
@@ -172,33 +173,47 @@ def kill_tree(pid: int, include_root: bool = True) -> None:
 # The boundary the kernel holds. Started as root on Linux, a pool's ranks live in a PID namespace of their own
 # (whose init dies with the pool's owner, and the kernel then ends everything in it: daemons, double forks,
 # setsid), each with a mount namespace and a /proc of its own (no harness process, environment or command line in
-# sight), as an unprivileged uid with no_new_privs (so the kernel refuses them ptrace, /proc/<pid>/mem, pidfd_getfd
-# and signals to every harness process). Whatever a machine cannot do is said in the run's header (Guards).
+# sight), as an unprivileged uid of the pool's own with no_new_privs (so the kernel refuses them ptrace,
+# /proc/<pid>/mem, pidfd_getfd and signals to every harness process). In that mount namespace every mount is
+# read-only but the pool's run folders, which cover /tmp, /var/tmp and /dev/shm and go with the pool. Whatever a
+# machine cannot do is said in the run's header (Guards).
 # --------------------------------------------------------------------------------------------------------------
 
 CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
 PR_SET_NO_NEW_PRIVS = 38
-# One uid per live pool owner (pids are unique among live processes), so two runs never share files or an MPS
-# server, and what a run's ranks left in the shared temporary folders can be found by owner.
+# The ranks' uids: one per live pool, claimed by creating its record (UID_RECORDS), so two pools (two entries of
+# run_leaderboard.py's clock side by side) never share files, a uid to signal or an MPS server.
 RANK_UID_BASE, RANK_UID_SPAN = 60000, 5000
-# Folders every user may write and that outlive a process: what the ranks left there is removed with the run.
-SHARED_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
-# Extension and Triton caches the ranks can write as their uid, kept between runs (A2A_RANK_CACHE moves it).
+# Folders every user may write. In a rank's mount namespace each is covered by a folder of its pool's run.
+COVERED = ("/tmp", "/var/tmp", "/dev/shm")
+# The judge's own build cache, root's and out of the ranks' reach (A2A_RANK_CACHE moves it): `builds/<key>/`, what a
+# pool of that source built, copied back by the judge when the pool ends; `prebuilt/`, what the judge's build step
+# (a2a/plan.prebuild) made; `owners/`, the uid records.
 RANK_CACHE = Path(os.environ.get("A2A_RANK_CACHE", "/var/tmp/a2a-rank-cache"))
-# The caches a sandboxed rank uses unless its caller named its own (prepare_rank_cache makes them).
-RANK_CACHE_ENV = {"TORCH_EXTENSIONS_DIR": str(RANK_CACHE / "torch_extensions"),
-                  "TRITON_CACHE_DIR": str(RANK_CACHE / "triton")}
-# The namespace's guardian and its init. The guardian, a tiny process outside the namespace, forks the init into
-# it, says its pid, then waits for its owner's pipe to close (the owner is done, or was killed: SIGKILL included);
-# then it kills the init (the kernel ends everything in the namespace with it) and, unless the owner said "keep",
-# removes what the ranks' uid left in the shared temporary folders. Signals to the run's process group leave it.
+BUILDS = RANK_CACHE / "builds"
+UID_RECORDS = RANK_CACHE / "owners"  # uid -> the command that runs ranks as it (pid:start time:since ns)
+# Where a rank's torch and Triton put their builds, within its run's `cache` folder.
+CACHE_FOLDERS = {"TORCH_EXTENSIONS_DIR": "torch_extensions", "TRITON_CACHE_DIR": "triton"}
+# Folders (os.pathsep between) the operator lets the ranks write besides their run's own (a test's marks).
+RANK_WRITABLE = "A2A_RANK_WRITABLE"
+MPS_DEFAULT_PIPE = "/tmp/nvidia-mps"  # where an MPS client looks when CUDA_MPS_PIPE_DIRECTORY is unset
+# The namespace's guardian and its init. The guardian, a tiny process outside the namespace, first tries in a mount
+# namespace of its own how this kernel makes mounts read-only, forks the init into the PID namespace and says both,
+# then waits for its owner's pipe: a line ("end") or its close (the owner is done, or was killed: SIGKILL included).
+# It kills the init (the kernel ends everything in the namespace with it), answers "ended" to a line, and once the
+# pipe is closed (the owner has copied the builds back) removes the run's folders and frees the uid. Signals to the
+# run's process group leave it.
 _NAMESPACE_INIT = r"""
 import ctypes, os, signal, sys
-owner, here, uid = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+owner, here, uid, owner_mark = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+sys.path.insert(0, here)
+import boundary
 libc = ctypes.CDLL(None, use_errno=True)
 for name in ("SIGINT", "SIGTERM", "SIGHUP"):
     signal.signal(getattr(signal, name), signal.SIG_IGN)
+read_only = boundary.read_only_method()
 if os.getppid() != owner or libc.unshare(0x20000000):
     print("error", os.strerror(ctypes.get_errno()), flush=True)
     sys.exit(1)
@@ -210,30 +225,40 @@ if child == 0:
             os.wait()
         except ChildProcessError:
             signal.pause()
-print(child, flush=True)
-told = sys.stdin.read()
+print(child, read_only, flush=True)
+told = sys.stdin.readline()
 os.kill(child, signal.SIGKILL)
 os.waitpid(child, 0)
-if "keep" not in told:
-    sys.path.insert(0, here)
-    import boundary
-    boundary.release_uid(uid)
+if told:
+    print("ended", flush=True)
+    sys.stdin.read()
+boundary.release_uid(uid, owner_mark)
 """
 
 
 def _libc():
-    return ctypes.CDLL(None, use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
 
 
 @dataclasses.dataclass(frozen=True)
 class RankSandbox:
     """What a rank does to itself at start, before it imports torch or a submission (sent to every worker).
-    `expose`: (folder, entry) pairs: in the rank's mount namespace the folder, which other users cannot search (a
-    home like /root), is covered by an empty one holding only the entry the ranks need (the interpreter, the
-    bundle), so the rest of it stays out of their sight too."""
+    `covers`: (folder, run folder) pairs, each folder every user may write covered by its run folder. `writable`:
+    folders that stay writable (the run's own, the operator's, the MPS pipe). `keep`: folders the ranks read below a
+    covered folder (a staged bundle), put back read-only. `read_only`: how every other mount is made read-only
+    (read_only_method), or "" where it cannot be. `expose`: (folder, entry) pairs: in the rank's mount namespace the
+    folder, which other users cannot search (a home like /root), is covered by an empty one holding only the entry
+    the ranks need (the interpreter, the harness), so the rest of it stays out of their sight too. `env`: the
+    rank's home, temporary folder and build caches, all in its run folder."""
     private_proc: bool
     uid: Optional[int]
-    home: str
+    env: dict = dataclasses.field(default_factory=dict)
+    covers: tuple = ()
+    writable: tuple = ()
+    keep: tuple = ()
+    read_only: str = ""
     expose: tuple = ()
 
 
@@ -242,12 +267,14 @@ class Guards:
     """Which of the kernel's guards a pool's ranks run under, and why any is off."""
     pid_namespace: bool = False
     private_proc: bool = False
+    read_only: bool = False
     uid: Optional[int] = None
     off: list = dataclasses.field(default_factory=list)
 
     def describe(self) -> str:
-        if self.pid_namespace and self.private_proc and self.uid is not None:
-            return f"ranks in their own PID namespace and /proc, as uid {self.uid} with no_new_privs"
+        if self.pid_namespace and self.private_proc and self.read_only and self.uid is not None:
+            return (f"ranks in their own PID namespace and /proc, as uid {self.uid} with no_new_privs, every mount "
+                    "read-only but their run's own folders")
         return "guards off: " + "; ".join(self.off)
 
 
@@ -268,17 +295,23 @@ def _ns_inode(pid: int) -> Optional[int]:
 
 class Sandbox:
     """The pool owner's side of the boundary: the PID namespace (its init, and the owner's children spawned into
-    it), the ranks' uid and what they left behind. Without root, or without the kernel's namespaces, it turns the
+    it), the ranks' uid and their run folders. Without root, or without the kernel's namespaces, it turns the
     guard off and says why; the process-tree clean-up (subreaper, RUN_OWNER sweep) still applies. `reach`: paths the
-    ranks must read besides the interpreter, the harness and this process's import path (a staged bundle)."""
+    ranks must read besides the interpreter, the harness and this process's import path (a staged bundle). `env`:
+    the pool's variables on top of this process's (an MPS pipe folder). `build_key`: what the pool runs (a hash of
+    its source, Sandbox.source_key): its ranks start from the builds an earlier pool of the same key left, and theirs are
+    kept for the next one."""
 
-    def __init__(self, enabled: bool = True, reach: tuple = ()):
+    def __init__(self, enabled: bool = True, reach: tuple = (), env: Optional[dict] = None,
+                 build_key: Optional[str] = None):
         self.guards = Guards()
         self.parent: Optional[Any] = None
         self.init_pid: Optional[int] = None
         self.inode: Optional[int] = None
         self._theirs = self._own = None
-        self.started_ns = time.time_ns()
+        self.uid: Optional[int] = None
+        self.build_key = build_key if build_key and re.fullmatch(r"[0-9a-f]{16,64}", build_key) else None
+        self.setup = RankSandbox(private_proc=False, uid=None)
         if not enabled:
             self.guards.off.append("the sandbox was turned off (A2A_SANDBOX=0)")
             return
@@ -286,44 +319,64 @@ class Sandbox:
             self.guards.off.append("not started as root: the ranks run as this user, in this PID namespace, and can "
                                    "reach this user's processes")
             return
+        self.uid = claim_uid()
+        make_run_folders(self.uid)
+        self._seeded = seed_builds(self.uid, self.build_key)
+        read_only = self._start_guardian()
+        if self.init_pid is None:
+            return
+        self.guards.pid_namespace = self.guards.private_proc = True
+        self.setup = RankSandbox(private_proc=True, uid=None)
+        pool_env = {**os.environ, **(env or {})}
+        needed = [Path(sys.executable), Path(os.__file__).parent, HERE, Path.cwd(), *map(Path, sys.path),
+                  *map(Path, filter(None, reach))]
+        needed = [p.resolve() for p in needed if str(p) and p.exists()]
+        pairs, unreachable = exposure([p for p in needed if not _below_covered(p)])
+        if unreachable:
+            self.guards.off.append(f"the ranks keep this user's uid: {unreachable} is not readable by other users")
+            return
+        self.guards.read_only = bool(read_only)
+        if not read_only:
+            self.guards.off.append("the kernel makes no mount read-only for the ranks (mount_setattr, remount): "
+                                   "what they write outside /tmp, /var/tmp and /dev/shm outlives the run")
+        self.guards.uid = self.uid
+        self.setup = RankSandbox(private_proc=True, uid=self.uid, env=run_env(self.uid), covers=run_covers(self.uid),
+                                 writable=_writable(self.uid, pool_env), read_only=read_only,
+                                 keep=tuple(sorted({str(p) for p in needed if _below_covered(p)})),
+                                 expose=tuple(pairs))
+
+    @staticmethod
+    def source_key(path: Path) -> Optional[str]:
+        """The build key of a submission file: the hash of its bytes (None when there is none)."""
+        import hashlib
+
+        try:
+            return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        except OSError:
+            return None
+
+    def _start_guardian(self) -> str:
+        """Starts the namespace's guardian; the way mounts are made read-only here ("" for none)."""
         import subprocess
 
         env = {k: v for k, v in os.environ.items() if k != RUN_OWNER}  # no orphan sweep may end it mid-clean
         self.parent = subprocess.Popen([sys.executable, "-c", _NAMESPACE_INIT, str(os.getpid()), str(HERE),
-                                        str(RANK_UID_BASE + os.getpid() % RANK_UID_SPAN)],
+                                        str(self.uid), _own_mark()],
                                        stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, env=env,
                                        start_new_session=True)  # a kill of the run's process group spares it
         answer = self.parent.stdout.readline().split()
         if not answer or answer[0] == "error":
             self.guards.off.append(f"the kernel refused a PID namespace ({' '.join(answer[1:]) or 'no answer'})")
             self.close()
-            return
+            return ""
         self.init_pid = int(answer[0])
         self.inode = _ns_inode(self.init_pid)
         self._theirs = os.open(f"/proc/{self.init_pid}/ns/pid", os.O_RDONLY)
         self._own = os.open("/proc/self/ns/pid", os.O_RDONLY)
-        self.guards.pid_namespace = self.guards.private_proc = True
-        self.expose: tuple = ()
-        prepare_rank_cache()
-        for name in RANK_CACHE_ENV:  # caches a caller named: the ranks must write them
-            if os.environ.get(name) and not rank_writable(Path(os.environ[name])):
-                self.guards.off.append(f"the ranks keep this user's uid: {name}={os.environ[name]} cannot be made "
-                                       "writable for another uid")
-                return
-        needed = [Path(sys.executable), Path(os.__file__).parent, HERE, Path.cwd(), RANK_CACHE, *map(Path, sys.path),
-                  *map(Path, reach),
-                  *(Path(os.environ[n]) for n in RANK_CACHE_ENV if os.environ.get(n))]
-        pairs, unreachable = exposure([p for p in needed if str(p) and p.exists()])
-        if unreachable:
-            self.guards.off.append(f"the ranks keep this user's uid: {unreachable} is not readable by other users")
-            return
-        self.expose = tuple(pairs)
-        self.guards.uid = RANK_UID_BASE + os.getpid() % RANK_UID_SPAN  # the guardian's, given when it started
-        _record_uid(self.guards.uid, self.started_ns)
+        return answer[1] if len(answer) > 1 else ""
 
     def rank_setup(self) -> RankSandbox:
-        return RankSandbox(private_proc=self.guards.private_proc, uid=self.guards.uid,
-                           home=str(RANK_CACHE / "home"), expose=getattr(self, "expose", ()))
+        return self.setup
 
     @contextlib.contextmanager
     def spawning(self):
@@ -363,11 +416,15 @@ class Sandbox:
         return killed
 
     def close(self, clean_files: bool = True) -> None:
-        """Ends the namespace (the kernel kills every process in it with its init) and, with `clean_files`, removes
-        what the ranks' uid left in the shared temporary folders (a caller with many pools does it once, last)."""
+        """Ends the namespace (the kernel kills every process in it with its init), keeps what the ranks built
+        under the pool's build key, then removes the run's folders and frees the uid. `clean_files` is taken
+        and not needed: every pool's folders go with it."""
         if self.parent is not None:
-            with contextlib.suppress(OSError):  # the guardian ends the namespace, and cleans unless told to keep
-                self.parent.stdin.write("clean" if clean_files and self.guards.uid is not None else "keep")
+            with contextlib.suppress(OSError, ValueError):  # the guardian ends the namespace, then says so
+                self.parent.stdin.write("end\n")
+                self.parent.stdin.flush()
+                if self.parent.stdout.readline().strip() == "ended" and self.guards.uid is not None:
+                    keep_builds(self.uid, self.build_key, self._seeded)
                 self.parent.stdin.close()
             try:
                 self.parent.wait(timeout=60)
@@ -375,6 +432,8 @@ class Sandbox:
                 self.parent.kill()
                 self.parent.wait()
             self.parent = None
+        if self.uid is not None:
+            release_uid(self.uid)  # the guardian's work, unless it never started
         deadline = time.monotonic() + 5
         while self.members() and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -383,6 +442,11 @@ class Sandbox:
                 os.close(fd)
         self._theirs = self._own = None
         self.inode = None
+
+
+def _below_covered(path: Path) -> bool:
+    """Whether `path` lies below a folder that a rank sees covered by its run folder (it must be put back)."""
+    return any(Path(folder) in Path(path).parents for folder in COVERED)
 
 
 def exposure(paths: list) -> tuple[list, Optional[str]]:
@@ -408,149 +472,343 @@ def exposure(paths: list) -> tuple[list, Optional[str]]:
     return sorted(pairs), None
 
 
-def rank_writable(folder: Path) -> bool:
-    """Makes `folder` writable for every uid (sticky, like /tmp); False when a folder above it keeps others out."""
+# --------------------------------------------------------------------------------------------------------------
+# A pool's run folders and uid. Its ranks write only there (every other mount is read-only to them); the guardian
+# removes them when the pool ends, and the next command's sweep after a guardian that was killed too.
+# --------------------------------------------------------------------------------------------------------------
+
+
+def run_folder(uid: int) -> Path:
+    """The run folder of the pool whose ranks run as `uid` (root's; the ranks own what is inside): home/, cache/,
+    tmp/ (their /tmp), var-tmp/ (their /var/tmp)."""
+    return Path("/var/tmp", f"a2a-run-{uid}")
+
+
+def shm_folder(uid: int) -> Optional[Path]:
+    """The pool's /dev/shm (its ranks share it: NCCL and multiprocessing), on /dev/shm's own memory."""
+    return Path("/dev/shm", f"a2a-run-{uid}") if os.path.isdir("/dev/shm") else None
+
+
+def _rank_folders(uid: int) -> list[Path]:
+    base = run_folder(uid)
+    return [base / "home", base / "tmp", base / "var-tmp", base / "cache",
+            *(base / "cache" / sub for sub in CACHE_FOLDERS.values()), *filter(None, [shm_folder(uid)])]
+
+
+def make_run_folders(uid: int) -> None:
+    remove_run_folders(uid)  # a folder a cut-off clean-up left
+    run_folder(uid).mkdir(mode=0o755)
+    for folder in _rank_folders(uid):
+        folder.mkdir(mode=0o700)  # the pool's ranks only: another entry's cannot look in
+        os.chown(folder, uid, uid)
+
+
+def remove_run_folders(uid: int) -> list[str]:
+    removed = []
+    for folder in filter(None, [run_folder(uid), shm_folder(uid)]):
+        if folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # never follows a link a rank made
+            removed.append(str(folder))
+    return removed
+
+
+def run_env(uid: int) -> dict:
+    base = run_folder(uid)
+    return {"HOME": str(base / "home"), "TMPDIR": str(base / "tmp"), "USER": f"a2a-rank-{uid}",
+            "LOGNAME": f"a2a-rank-{uid}", **{name: str(base / "cache" / sub) for name, sub in CACHE_FOLDERS.items()}}
+
+
+def run_covers(uid: int) -> tuple:
+    base, shm = run_folder(uid), shm_folder(uid)
+    return (("/tmp", str(base / "tmp")), ("/var/tmp", str(base / "var-tmp")),
+            *((("/dev/shm", str(shm)),) if shm else ()))
+
+
+def _writable(uid: int, env: dict) -> tuple:
+    """The folders a rank may write: its run folder, the operator's (RANK_WRITABLE) and the MPS pipe folder."""
+    folders = [str(run_folder(uid)), *env.get(RANK_WRITABLE, "").split(os.pathsep),
+               env.get("CUDA_MPS_PIPE_DIRECTORY", MPS_DEFAULT_PIPE)]
+    return tuple(sorted({os.path.realpath(f) for f in folders if f and os.path.isdir(f)}))
+
+
+def claim_uid() -> int:
+    """A uid no live pool runs as, claimed by creating its record (O_EXCL: two pools never get the same)."""
+    prepare_rank_cache()
+    first = secrets.randbelow(RANK_UID_SPAN)
+    for step in range(RANK_UID_SPAN):
+        uid = RANK_UID_BASE + (first + step) % RANK_UID_SPAN
+        try:
+            fd = os.open(UID_RECORDS / str(uid), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "w") as record:
+            record.write(f"{_own_mark()}:{time.time_ns()}")
+        return uid
+    raise OSError(f"every rank uid ({RANK_UID_BASE}-{RANK_UID_BASE + RANK_UID_SPAN - 1}) is taken")
+
+
+def _record_owner(uid: int) -> Optional[str]:
+    """`pid:start time` of the command that claimed `uid`, or None (no record, or one still being written)."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        if os.stat(folder).st_mode & 0o7777 != 0o1777:
-            os.chmod(folder, 0o1777)
-    except OSError:
-        return False
-    return not exposure([folder])[1]
+        pid, start, _ = (UID_RECORDS / str(uid)).read_text().split(":")
+    except (OSError, ValueError):
+        return None
+    return f"{pid}:{start}"
 
 
-def prepare_rank_cache() -> dict:
-    """The ranks' caches and home, writable by every run's rank uid (ranks create files with umask 0); returns the
-    cache variables a sandboxed rank gets unless its caller named its own (the builds they find there)."""
-    for sub in ("home", "torch_extensions", "triton"):
-        folder = RANK_CACHE / sub
-        folder.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(OSError):
-            os.chmod(folder, 0o1777)
-    with contextlib.suppress(OSError):
-        os.chmod(RANK_CACHE, 0o755)
-    return dict(RANK_CACHE_ENV)
-
-
-UID_RECORDS = RANK_CACHE / "owners"  # uid -> the command that ran ranks as it, and since when (release_uid)
-
-
-def _record_uid(uid: int, since_ns: int) -> None:
-    """Notes which command runs ranks as `uid`, so that the next command cleans up after one that was killed before
-    it could (sweep_orphans)."""
-    UID_RECORDS.mkdir(parents=True, exist_ok=True)
-    record = UID_RECORDS / str(uid)
-    if not record.exists():
-        record.write_text(f"{_own_mark()}:{since_ns}")
-
-
-def release_uid(uid: int) -> list[str]:
-    """Removes what ranks running as `uid` left in the shared temporary folders, then the uid's record."""
-    record = UID_RECORDS / str(uid)
-    try:
-        since_ns = int(record.read_text().split(":")[2])
-    except (OSError, IndexError, ValueError):
+def release_uid(uid: int, owner: Optional[str] = None) -> list[str]:
+    """Removes the run folders of the pool that ran as `uid`, then frees the uid, when its record names `owner`
+    (this process unless told): never a uid another command has claimed since. Returns the folders removed."""
+    if _record_owner(uid) != (owner or _own_mark()):
         return []
-    removed = remove_owned_by(uid, since_ns)
+    removed = remove_run_folders(uid)
     with contextlib.suppress(OSError):
-        record.unlink()
+        (UID_RECORDS / str(uid)).unlink()
     return removed
 
 
 def _release_stale_uids() -> None:
-    """Cleans up after every command whose ranks' uid is recorded and which is gone (killed before its own
-    clean-up)."""
+    """Cleans up after every pool whose command is gone and whose guardian was killed with it."""
     if not UID_RECORDS.is_dir():
         return
     for record in UID_RECORDS.iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            pid, start, _ = record.read_text().split(":")
-            if _gone(pid, start):
-                release_uid(int(record.name))
+        owner = _record_owner(int(record.name)) if record.name.isdigit() else None
+        if owner and _gone(*owner.split(":")):
+            release_uid(int(record.name), owner)
 
 
-def remove_owned_by(uid: int, since_ns: int) -> list[str]:
-    """Removes what `uid` made in the shared temporary folders since `since_ns` (its own caches excepted)."""
-    import shutil
+# --------------------------------------------------------------------------------------------------------------
+# The build cache. A rank writes its builds into its run's cache folder only. The judge (root) fills that folder
+# when the pool starts, from the caches its own build step made (the variables this process names) and from what
+# an earlier pool of the same source left (builds/<key>), and copies it back there when the pool has ended: a build
+# a submission made is only ever read by a later run of the same source.
+# --------------------------------------------------------------------------------------------------------------
 
-    removed = []
-    for top in SHARED_SCRATCH:
-        for dirpath, dirnames, filenames in os.walk(top, topdown=True):
-            if Path(dirpath) == RANK_CACHE.parent:  # the caches and the records stay
-                dirnames[:] = [d for d in dirnames if Path(dirpath, d) != RANK_CACHE]
-            for name in list(dirnames) + filenames:
-                path = os.path.join(dirpath, name)
-                try:
-                    info = os.lstat(path)
-                except OSError:
-                    continue
-                if info.st_uid == uid and info.st_ctime_ns >= since_ns - 10**9:
-                    if stat.S_ISDIR(info.st_mode):
-                        shutil.rmtree(path, ignore_errors=True)
-                        dirnames.remove(name)
-                    else:
-                        with contextlib.suppress(OSError):
-                            os.unlink(path)
-                    removed.append(path)
-    return removed
+LEGACY_CACHES = ("home", "torch_extensions", "triton")  # world-writable and shared by every run, before builds/
 
 
-SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429  # the same on x86-64 and arm64
+def prepare_rank_cache() -> dict:
+    """The judge's cache folders, root's and closed to the ranks (what older versions left shared, world-writable,
+    goes); returns the cache variables for the judge's own build step (a2a/plan.prebuild), whose builds every pool
+    then starts from."""
+    for folder in (RANK_CACHE, BUILDS, UID_RECORDS, RANK_CACHE / "prebuilt"):
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, 0o755)
+    for name in LEGACY_CACHES:
+        shutil.rmtree(RANK_CACHE / name, ignore_errors=True)
+    return {name: str(RANK_CACHE / "prebuilt" / sub) for name, sub in CACHE_FOLDERS.items()}
+
+
+def _copy_builds(source: Path, target: Path, uid: Optional[int]) -> None:
+    """Copies the plain files of `source` into `target` (owned by `uid` when given). Left out: links and anything
+    not a file of one link (a rank's hard link to a file it cannot read), and a folder whose build lock is still
+    there (torch's, of a build cut off: it would hold the next build waiting)."""
+    for dirpath, dirnames, filenames in os.walk(source):
+        if "lock" in filenames:
+            dirnames.clear()
+            continue
+        into = target / os.path.relpath(dirpath, source)
+        into.mkdir(parents=True, exist_ok=True)
+        for name in filenames:
+            info = os.lstat(os.path.join(dirpath, name))
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+                shutil.copy2(os.path.join(dirpath, name), into / name, follow_symlinks=False)
+                if uid is not None:
+                    os.chown(into / name, uid, uid)
+        if uid is not None:
+            os.chown(into, uid, uid)
+
+
+def _listing(folder: Path) -> set:
+    return {(os.path.relpath(os.path.join(d, f), folder), os.lstat(os.path.join(d, f)).st_size)
+            for d, _, files in os.walk(folder) for f in files}
+
+
+def seed_builds(uid: int, key: Optional[str]) -> set:
+    """Fills the pool's cache folder from the judge's caches; returns what it then holds (keep_builds compares)."""
+    cache = run_folder(uid) / "cache"
+    for name, sub in CACHE_FOLDERS.items():
+        if os.environ.get(name) and os.path.isdir(os.environ[name]):
+            _copy_builds(Path(os.environ[name]), cache / sub, uid)
+    if key and (BUILDS / key).is_dir():
+        _copy_builds(BUILDS / key, cache, uid)
+    return _listing(cache)
+
+
+def keep_builds(uid: int, key: Optional[str], seeded: set) -> None:
+    """Copies the ended pool's cache folder to builds/<key>, whole, in place of the one there (a new folder renamed
+    into place: a pool starting meanwhile reads the old one or the new one); nothing when the ranks built nothing."""
+    cache = run_folder(uid) / "cache"
+    if not key or _listing(cache) <= seeded:
+        return
+    fresh = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=BUILDS))
+    _copy_builds(cache, fresh, None)
+    os.chmod(fresh, 0o755)
+    retired = Path(tempfile.mkdtemp(prefix=f".{key}-old-", dir=BUILDS))
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(BUILDS / key, retired / key)
+    try:
+        os.rename(fresh, BUILDS / key)
+    except OSError:  # another pool of the same key put its own there first
+        shutil.rmtree(fresh, ignore_errors=True)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The rank's side: its mount namespace, then the uid drop.
+# --------------------------------------------------------------------------------------------------------------
+
+SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442  # the same on x86-64 and arm64
 OPEN_TREE_CLONE, AT_RECURSIVE, MOVE_MOUNT_F_EMPTY_PATH, AT_FDCWD = 1, 0x8000, 4, -100
+MOUNT_ATTR_RDONLY = 1
+# Per-mount flags a read-only remount must repeat, or it clears them (mountinfo's names).
+_KEPT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": 1024, "nodiratime": 2048,
+               "relatime": 1 << 21}
 
 
-def _expose(libc, pairs: tuple, check) -> None:
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
+
+
+def _fail(what: str) -> None:
+    raise OSError(ctypes.get_errno(), f"rank sandbox: {what}: {os.strerror(ctypes.get_errno())}")
+
+
+def _make_read_only(libc, method: str) -> None:
+    """Every mount of this mount namespace read-only: one recursive mount_setattr (Linux 5.12 on), or a read-only
+    bind remount of each mount in mountinfo (a mount hidden below another stays as it was, and out of reach)."""
+    if method == "mount_setattr":
+        attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
+        if libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)):
+            _fail("mount_setattr(/, read-only)")
+        return
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        target = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4])
+        flags = MS_BIND | MS_REMOUNT | MS_RDONLY
+        for option in fields[5].split(","):
+            flags |= _KEPT_FLAGS.get(option, 0)
+        if libc.mount(None, target.encode(), None, flags, None):
+            _fail(f"remounting {target} read-only")
+
+
+def read_only_method() -> str:
+    """How this kernel lets a rank make its mounts read-only ("mount_setattr", "remount"), or "": each tried in a
+    child of this (single-threaded) process, in a mount namespace of its own."""
+    for method in ("mount_setattr", "remount"):
+        child = os.fork()
+        if child == 0:
+            libc = _libc()
+            code = 1
+            with contextlib.suppress(Exception):
+                if not libc.unshare(CLONE_NEWNS) and not libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None):
+                    _make_read_only(libc, method)
+                    code = 0
+            os._exit(code)
+        if os.waitpid(child, 0)[1] == 0:
+            return method
+    return ""
+
+
+def _clone(libc, path: str) -> int:
+    """A detached copy of the mounts at `path` (open_tree, Linux 5.2 on), with their flags of now."""
+    fd = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, path.encode(), OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC)
+    if fd < 0:
+        _fail(f"open_tree({path})")
+    return fd
+
+
+def _attach(libc, fd: int, target: str) -> None:
+    if libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH):
+        _fail(f"move_mount({target})")
+    os.close(fd)
+
+
+def _mount_point(path: str, is_dir: bool) -> None:
+    """Makes the way to `path` below a covered folder, in the run folder that covers it: root's folders (one a rank
+    made, or a link, in its place fails the rank instead of leading root's mounts elsewhere)."""
+    top = next(folder for folder in COVERED if Path(folder) in Path(path).parents)
+    here = Path(top)
+    for part in Path(path).relative_to(top).parts:
+        here = here / part
+        last = here == Path(path)
+        with contextlib.suppress(FileExistsError):
+            if is_dir or not last:
+                here.mkdir(mode=0o755)
+            else:
+                here.touch(mode=0o644, exist_ok=False)
+        info = os.lstat(here)
+        if info.st_uid != 0 or stat.S_ISLNK(info.st_mode):
+            raise OSError(f"rank sandbox: {here} was made by a rank, not the judge")
+
+
+def _put_back(libc, trees: dict) -> None:
+    """Attaches each cloned tree at its own path, parents first: over itself, or, below a covered folder, at a
+    mount point made in the run folder that covers it."""
+    for path in sorted(trees, key=lambda p: len(Path(p).parts)):
+        fd, is_dir = trees[path]
+        if _below_covered(Path(path)):
+            _mount_point(path, is_dir)
+        _attach(libc, fd, path)
+
+
+def _cover_scratch(libc, sandbox: RankSandbox) -> None:
+    """/tmp, /var/tmp and /dev/shm become the run's own folders; every other mount read-only; the writable
+    folders and what the ranks read below a covered folder put back at their paths."""
+    writable = {path: (_clone(libc, path), True) for path in sandbox.writable}
+    covers = [(folder, _clone(libc, run)) for folder, run in sandbox.covers]
+    if sandbox.read_only:
+        _make_read_only(libc, sandbox.read_only)
+    kept = {path: (_clone(libc, path), os.path.isdir(path)) for path in sandbox.keep if path not in writable}
+    for folder, fd in covers:
+        _attach(libc, fd, folder)
+    _put_back(libc, {**kept, **writable})
+
+
+def _expose(libc, pairs: tuple) -> None:
     """Covers each folder others cannot search with an empty searchable one, holding only the named entries (moved
-    there as detached copies of their mounts: open_tree and move_mount, Linux 5.2 on)."""
-    libc.syscall.restype = ctypes.c_long
+    there as detached copies of their mounts)."""
     by_folder: dict = {}
     for folder, entry in pairs:
         by_folder.setdefault(folder, []).append(entry)
     for folder, entries in by_folder.items():
-        trees = []
-        for entry in entries:
-            source = os.path.join(folder, entry)
-            fd = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, source.encode(), OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC)
-            check(0 if fd >= 0 else 1, f"open_tree({source})")
-            trees.append((entry, fd, os.path.isdir(source)))
-        check(libc.mount(b"tmpfs", folder.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755"),
-              f"covering {folder}")
+        trees = [(entry, _clone(libc, os.path.join(folder, entry)), os.path.isdir(os.path.join(folder, entry)))
+                 for entry in entries]
+        if libc.mount(b"tmpfs", folder.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755"):
+            _fail(f"covering {folder}")
         for entry, fd, is_dir in trees:
             target = os.path.join(folder, entry)
             if is_dir:
                 os.mkdir(target, 0o755)
             else:
                 open(target, "w").close()
-            check(libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH),
-                  f"move_mount({target})")
-            os.close(fd)
+            _attach(libc, fd, target)
 
 
 def enter_rank_sandbox(sandbox: Optional[RankSandbox]) -> None:
-    """A worker's first act, before torch or a submission: a mount namespace with its own /proc (only the ranks'
-    PID namespace in sight), then the uid drop with no_new_privs. The ranks keep their GPU devices (world-usable
-    device files), the caches (RANK_CACHE) and the MPS pipe."""
+    """A worker's first act, before torch or a submission: a mount namespace in which it writes only its run's
+    folders (_cover_scratch), with its own /proc (only the ranks' PID namespace in sight), then the uid drop with
+    no_new_privs. The ranks keep their GPU devices (device files are used, not written, on a read-only mount), the
+    MPS pipe and what they must read."""
     if sandbox is None:
         return
     libc = _libc()
-
-    def check(code: int, what: str) -> None:
-        if code:
-            raise OSError(ctypes.get_errno(), f"rank sandbox: {what}: {os.strerror(ctypes.get_errno())}")
-
     if sandbox.private_proc:
-        check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-        check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making / private")
-        check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mounting /proc")
-        _expose(libc, sandbox.expose, check)
+        if libc.unshare(CLONE_NEWNS):
+            _fail("unshare(CLONE_NEWNS)")
+        if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None):
+            _fail("making / private")
+        if sandbox.uid is not None:
+            _cover_scratch(libc, sandbox)
+        if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None):
+            _fail("mounting /proc")
+        _expose(libc, sandbox.expose)
     if sandbox.uid is not None:
-        check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0):
+            _fail("no_new_privs")
         os.setgroups([])
         os.setgid(sandbox.uid)
         os.setuid(sandbox.uid)
-        os.umask(0)
-        os.environ.update(HOME=sandbox.home, USER=f"a2a-rank-{sandbox.uid}", LOGNAME=f"a2a-rank-{sandbox.uid}")
-        for name, folder in RANK_CACHE_ENV.items():
-            os.environ.setdefault(name, folder)
-
-
+        os.umask(0o077)  # the ranks are one uid: nobody else needs their files
+        os.environ.update(sandbox.env)

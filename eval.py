@@ -1379,10 +1379,12 @@ class RankPool:
     `env`: variables every worker starts with on top of this process's own (ranks sharing GPUs: the MPS pipe
     folder, the SM share, NCCL's multi-rank switch and library; a2a/sharing.py). `bundle`: a folder whose
     `submission`, `reference`, `utils` and `task` the workers import (a staged version). `rerun_main` False: no job
-    comes from the owner's main script, which the workers then skip (_main_not_rerun)."""
+    comes from the owner's main script, which the workers then skip (_main_not_rerun). `build_key`: what keys the
+    builds the ranks keep between pools (boundary.Sandbox); by default the hash of the submission they import."""
 
     def __init__(self, size: int, backend: str, master_port: Optional[int] = None, rank_prefix: bool = False,
-                 env: Optional[dict] = None, bundle: Optional[Path] = None, rerun_main: bool = True):
+                 env: Optional[dict] = None, bundle: Optional[Path] = None, rerun_main: bool = True,
+                 build_key: Optional[str] = None):
         self.context = multiprocessing.get_context("spawn")
         self.rerun_main = rerun_main
         self.backend, self.rank_prefix, self.env = backend, rank_prefix, dict(env or {})
@@ -1390,7 +1392,8 @@ class RankPool:
         self.nccl_version = self.env.get("A2A_NCCL_VERSION", os.environ.get("A2A_NCCL_VERSION"))
         self.store, self.master_port = None, master_port
         self.sandbox = Sandbox(enabled=os.environ.get("A2A_SANDBOX", "1") != "0",
-                               reach=(self.bundle,) if self.bundle else ())
+                               reach=(self.bundle,) if self.bundle else (), env=self.env,
+                               build_key=build_key or Sandbox.source_key(Path(self.bundle or ".") / "submission.py"))
         self.guards = self.sandbox.guards
         self.workers: list = []
         self.cases_run = 0

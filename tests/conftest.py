@@ -136,9 +136,12 @@ def _alone_when_marked(request, tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _reachable_tmp_path(request):
+def _reachable_tmp_path(request, monkeypatch):
+    """A test's tmp_path is readable by the ranks and the one place besides their run folders they may write (their
+    marks; boundary.RANK_WRITABLE): every other mount is read-only to them."""
     if "tmp_path" in request.fixturenames:
         reachable(request.getfixturevalue("tmp_path"))
+        monkeypatch.setenv("A2A_RANK_WRITABLE", str(request.getfixturevalue("tmp_path")))
     yield
 
 

@@ -1,0 +1,152 @@
+"""The kernel's boundary around the ranks (boundary.py): what a rank can write, and what is left of it after its
+pool. Run as root (the sandbox's condition); each test is skipped otherwise."""
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import boundary
+from tests.conftest import ROOT, run_eval, v1_kernel_source
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
+                                reason="the boundary needs root on Linux")
+
+# Every place a rank might leave a file for a later command (the environment's own after the uid drop).
+PLANTS = '''
+import os as _os
+import sys as _sys
+
+_PLANTED = False
+
+
+def _plant():
+    """Files named after the token everywhere a rank could write before; each place said with what happened."""
+    token = "@TOKEN@"
+    places = [_os.environ.get("HOME", "/root"), _os.environ.get("TMPDIR", "/tmp"), "/tmp", "/var/tmp", "/dev/shm",
+              "/run/lock", _os.environ.get("TORCH_EXTENSIONS_DIR", "/tmp"), _os.environ.get("TRITON_CACHE_DIR", "/tmp"),
+              "@RANK_CACHE@", "@RANK_CACHE@/torch_extensions", "@RANK_CACHE@/builds"]
+    for place in places:
+        try:
+            with open(_os.path.join(place, f"{token}-file"), "w") as planted:
+                planted.write("planted")
+            said = "written"
+        except OSError as error:
+            said = error.strerror
+        _os.write(2, f"HOSTILE planted {place} {said}\\n".encode())
+    for place in (_os.environ.get("TORCH_EXTENSIONS_DIR", "/tmp"), "@RANK_CACHE@"):
+        try:
+            _os.mkdir(_os.path.join(place, f"{token}-open"), 0o777)
+            _os.chmod(_os.path.join(place, f"{token}-open"), 0o777)
+        except OSError:
+            pass
+
+
+def custom_kernel(data):
+    global _PLANTED
+    if not _PLANTED:
+        _PLANTED = True
+        _plant()
+    return _v1_kernel(data)
+'''
+
+
+def _named(token: str) -> list[str]:
+    """Every path whose name holds `token` under the places a rank could write before, the judge's cache among them."""
+    found = []
+    for top in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", str(boundary.RANK_CACHE)):
+        for folder, dirnames, filenames in os.walk(top):
+            found += [os.path.join(folder, n) for n in dirnames + filenames if token in n]
+    return found
+
+
+def test_nothing_a_rank_plants_outlives_the_command(tmp_path, monkeypatch, process_token):
+    """A submission that writes a file named after a token into its HOME, TMPDIR, /tmp, /var/tmp, /dev/shm,
+    /run/lock, both build caches and the judge's own cache, and makes a 0777 folder in its cache (issue #49): the
+    run passes, the ranks' own places took the files, and after the command none is anywhere but in the builds kept
+    for a later run of the same source."""
+    monkeypatch.delenv("A2A_RANK_WRITABLE")  # the ranks get nothing but their run folders
+    path = tmp_path / "plants.py"
+    path.write_text(v1_kernel_source() + PLANTS.replace("@TOKEN@", process_token)
+                    .replace("@RANK_CACHE@", str(boundary.RANK_CACHE)))
+    result = run_eval("test", str(path), "--world-size", "2", "--cases", "tests:0", timeout=300)
+    said = result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, said
+    written = {line.split()[2] for line in result.stderr.splitlines() if line.split()[-1:] == ["written"]
+               and "HOSTILE planted" in line}
+    assert {"/tmp", "/var/tmp", "/dev/shm"} <= written, said  # the run's own folders, seen at those paths
+    assert not written & {"/run/lock", str(boundary.RANK_CACHE)}, said
+    own_builds = boundary.BUILDS / boundary.Sandbox.source_key(path)  # the same source's next run reads them
+    try:
+        left = [p for p in _named(process_token) if own_builds not in Path(p).parents]
+        assert not left, left
+    finally:
+        subprocess.run(["rm", "-rf", str(own_builds)], check=True)
+
+
+def _in_sandbox(sandbox: boundary.Sandbox, code: str) -> subprocess.CompletedProcess:
+    """`code` run as a rank of `sandbox` (its namespace, mounts and uid), after `import os`."""
+    entry = (f"import os, pickle, sys\nsys.path.insert(0, {str(ROOT)!r})\nimport boundary\n"
+             f"boundary.enter_rank_sandbox(pickle.loads(bytes.fromhex(sys.argv[1])))\n") + code
+    with sandbox.spawning():
+        return subprocess.run([sys.executable, "-c", entry, pickle.dumps(sandbox.rank_setup()).hex()],
+                              capture_output=True, text=True, timeout=60)
+
+
+def test_two_pools_have_two_uids_and_neither_reads_the_others_run_folder():
+    """Two pools alive at once (two entries of run_leaderboard.py's clock): two uids, and a rank of the second
+    reaches nothing of the first's run folder (covered in its view, and closed to its uid besides)."""
+    first, second = boundary.Sandbox(), boundary.Sandbox()
+    try:
+        assert first.guards.uid is not None and second.guards.uid is not None, first.guards.describe()
+        assert first.guards.uid != second.guards.uid
+        secret = boundary.run_folder(first.uid) / "cache" / "triton" / "build.bin"
+        secret.write_text("the first entry's build")
+        os.chown(secret, first.uid, first.uid)
+        reads = _in_sandbox(second, f"""
+for path in ({str(secret)!r}, {str(boundary.run_folder(first.uid))!r}):
+    try:
+        print(path, open(path).read() if os.path.isfile(path) else os.listdir(path))
+    except OSError as error:
+        print(path, "refused", error.strerror)
+""")
+        assert reads.returncode == 0, reads.stderr
+        assert "the first entry's build" not in reads.stdout and reads.stdout.count("refused") == 2, reads.stdout
+        assert os.stat(secret.parent).st_mode & 0o777 == 0o700
+    finally:
+        first.close()
+        second.close()
+    assert not boundary.run_folder(first.uid).exists() and not boundary.run_folder(second.uid).exists()
+
+
+def test_builds_are_kept_for_the_same_source_only():
+    """What a pool's ranks built is copied back under its build key when it ends: a later pool of the same key
+    starts from it, one of another key does not, and no rank writes the judge's copy."""
+    key, other = "ab" * 32, "cd" * 32
+    boundary.prepare_rank_cache()
+    for stale in (key, other):
+        subprocess.run(["rm", "-rf", str(boundary.BUILDS / stale)], check=True)
+    builder = boundary.Sandbox(build_key=key)
+    try:
+        made = _in_sandbox(builder, "open(os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], 'ext.so'), 'w').write('built')"
+                                    "\ntry:\n    open(%r, 'w')\nexcept OSError as e:\n    print('refused', e.strerror)\n"
+                           % str(boundary.BUILDS / key / "planted"))
+        assert made.returncode == 0 and "refused" in made.stdout, made.stdout + made.stderr
+    finally:
+        builder.close()
+    assert (boundary.BUILDS / key / "torch_extensions" / "ext.so").read_text() == "built"
+    assert not (boundary.BUILDS / key / "planted").exists()
+    same, another = boundary.Sandbox(build_key=key), boundary.Sandbox(build_key=other)
+    try:
+        cache = "boundary.run_folder(os.getuid()) / 'cache' / 'torch_extensions' / 'ext.so'"
+        for sandbox, expected in ((same, "True"), (another, "False")):
+            seen = _in_sandbox(sandbox, f"print(({cache}).exists())")
+            assert seen.stdout.strip() == expected, seen.stdout + seen.stderr
+    finally:
+        same.close()
+        another.close()
+    subprocess.run(["rm", "-rf", str(boundary.BUILDS / key)], check=True)
