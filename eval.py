@@ -1002,34 +1002,11 @@ def _rank_call(b: Bound, test: TestCase, rank: int, fn, args: tuple):
 _RANK_JOBS = {"steps": _rank_steps, "profile": _rank_profile, "call": _rank_call}
 
 
-class _RankPrefix:
-    """Line-prefixing wrapper for a worker's stdout/stderr (`[rank3] ...`), human face only."""
-
-    def __init__(self, stream, prefix: str):
-        self.stream, self.prefix, self.at_line_start = stream, prefix, True
-
-    def write(self, text: str):
-        out = []
-        for piece in text.splitlines(keepends=True):
-            out += [self.prefix, piece] if self.at_line_start else [piece]
-            self.at_line_start = piece.endswith("\n")
-        self.stream.write("".join(out))
-        return len(text)
-
-    def __getattr__(self, name):
-        return getattr(self.stream, name)
-
-
 def _join_group(rank: int, world_size: int, setup: RankSetup, case_id: int):
     """The runner's group: NCCL bound to cuda:rank through `device_id`, which does not change the current device."""
     import torch
     import torch.distributed as dist
 
-    if setup.rank_prefix:
-        if not isinstance(sys.stdout, _RankPrefix):  # a closed stream (None) prints nowhere, without a traceback
-            sys.stdout, sys.stderr = (_RankPrefix(stream or open(os.devnull, "w"), "")
-                                      for stream in (sys.stdout, sys.stderr))
-        sys.stdout.prefix = sys.stderr.prefix = f"[rank{rank}] "
     if setup.store_port is not None:
         client = dist.TCPStore("127.0.0.1", setup.store_port, is_master=False, timeout=timedelta(seconds=120))
         rendezvous = {"store": dist.PrefixStore(f"case{case_id}/", client)}
@@ -1136,6 +1113,11 @@ def _worker_loop(conn, phase_slot, parent_pid: int, sandbox: Optional[RankSandbo
     if os.getppid() not in (parent_pid, 0):  # the owner died before the line above took effect (0: born in the
         os._exit(1)  # ranks' PID namespace, whose parent is outside it)
     _phase_slot, _owner_conn = phase_slot, conn
+    # NOTES: what a rank prints is data: its stdout and stderr are pipes the owner reads, escapes and bounds
+    # (wire.RankText), never the terminal or a file a person reads as the harness's own lines.
+    for target, fd in zip((1, 2), receive_fds(2)):
+        os.dup2(fd, target)
+        os.close(fd)
     failure = None
     try:
         enter_rank_sandbox(sandbox)
@@ -1246,6 +1228,7 @@ class CaseRun:
         # here): the seed they get is the one their inputs are made from.
         sent = TestCase(args=dict(test.args), spec="")
         for rank, slot in enumerate(self.slots):
+            pool.label(slot, rank)
             pool.workers[slot][1].send((job, sent, rank, params or {}, setup, self.case_id))
             if fds:  # right behind the job's message, where the rank's receive_fds reads them
                 _send_fds(pool.workers[slot][1], fds[rank])
@@ -1396,6 +1379,7 @@ class RankPool:
                                build_key=build_key or Sandbox.source_key(Path(self.bundle or ".") / "submission.py"))
         self.guards = self.sandbox.guards
         self.workers: list = []
+        self.texts: dict = {}  # worker pid -> the readers of its stdout and stderr
         self.cases_run = 0
         try:
             self.workers = [self._start() for _ in range(size)]
@@ -1420,6 +1404,7 @@ class RankPool:
         process = self.context.Process(target=_worker_loop, args=(child_end, phase, os.getpid(),
                                                                   self.sandbox.rank_setup(), self.bundle),
                                        daemon=True)
+        (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
         # NOTES: multiprocessing's tracker, which the first spawn starts, is this process's helper, not a rank: it
         # starts here with this process's own environment and outside the ranks' namespace, since MPS's guardian
         # ends every process that carries the ranks' pipe folder (a2a/sharing.py).
@@ -1427,7 +1412,20 @@ class RankPool:
         with environment_with(self.env), self.sandbox.spawning(), _main_not_rerun(not self.rerun_main):
             process.start()
         child_end.close()
+        _send_fds(parent_end, [out_write, err_write])
+        os.close(out_write)
+        os.close(err_write)
+        self.texts[process.pid] = (wire.RankText(out_read, sys.stdout, ""), wire.RankText(err_read, sys.stderr, ""))
         return process, parent_end, phase
+
+    def label(self, slot: int, rank: int) -> None:
+        """What the lines of the worker in `slot` start with while it runs `rank` (`[rankN] `, human face)."""
+        for text in self.texts.get(self.workers[slot][0].pid, ()):
+            text.prefix = f"[rank{rank}] " if self.rank_prefix else ""
+
+    def _close_texts(self, pid: int) -> None:
+        for text in self.texts.pop(pid, ()):
+            text.close(wait_s=1.0)
 
     def _where(self, slot: int, test: TestCase) -> str:
         phase = PHASES[self.workers[slot][2].value] if 0 <= self.workers[slot][2].value < len(PHASES) else "?"
@@ -1481,6 +1479,7 @@ class RankPool:
             kill_tree(process.pid, include_root=process.is_alive())
             process.join()
             conn.close()
+            self._close_texts(process.pid)
             self.workers[slot] = None
         if slots and self.master_port is not None:
             self.master_port += 1
@@ -1500,6 +1499,7 @@ class RankPool:
                 kill_tree(process.pid)
                 process.join()
             conn.close()
+            self._close_texts(process.pid)
         self.workers = []
         self.sandbox.close(clean_files)
 
