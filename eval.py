@@ -174,7 +174,7 @@ class Stats:
 # The result contract: the official Stats fields for every timed case; with A2A_EXTRA, the quantiles of the official
 # (leaderboard-style) time (`benchmark.N.p50`, ...) and, for each extra kind, these statistics
 # (`benchmark.N.device_mean`, ...). The human face and the tables derive their columns from here (a2a/rows.py).
-EXTRA_STATS = ("device", "floor")
+EXTRA_STATS = ("device", "floor", "race")
 QUANTILES = {"p50": 0.5, "p90": 0.9}
 
 
@@ -1638,29 +1638,30 @@ def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
 def _timed_loop(run: ProtocolRun, steps: CaseSteps, idx: int, test: TestCase, fresh: bool,
                 max_time_ns: float) -> tuple:
     """The checked call, the floor steps (human face) and the runner's timed loop, every step the owner's: returns
-    (durations, device times, floor windows, the first output problem as (rank, step, why) or None). Every output
-    is checked; the loop stops at the runner's rules, on the owner's times."""
+    (durations, device times, floor windows, race windows, the first output problem as (rank, step, why) or None).
+    Every output is checked; the loop stops at the runner's rules, on the owner's times."""
     first = run.inputs(test, run.seeds.case_seed(idx, test.args["seed"]))
     result = steps.step(judge.CALL, 0, first)
     if any(result.problems):
-        return [], [], [], next((r, "the checked call", p) for r, p in enumerate(result.problems) if p)
+        return [], [], [], [], next((r, "the checked call", p) for r, p in enumerate(result.problems) if p)
     floor = [steps.step(judge.FLOOR, 0, first).window_ns for _ in range(FLOOR_STEPS if run.extra else 0)]
-    durations, device = [], []
+    durations, device, race = [], [], []
     loop_start = time.perf_counter_ns()
     for step in range(MAX_REPEATS):
         inputs = run.inputs(test, run.seeds.step_seed(idx, test.args["seed"], step)) if fresh else first
         result = steps.step(judge.CALL, 0, inputs)
         if any(result.problems):
-            return durations, device, floor, next((r, f"timed call {step}", p)
-                                                  for r, p in enumerate(result.problems) if p)
+            return durations, device, floor, race, next((r, f"timed call {step}", p)
+                                                        for r, p in enumerate(result.problems) if p)
         durations.append(result.window_ns)
         device.append(max(result.call_ns))  # the slowest rank's own figure (NaN where a rank gave none)
+        race.append(result.race_ns)
         if len(durations) > 2:
             stats = calculate_stats(durations)
             if (stats.err / stats.mean < 0.001 or stats.mean * stats.runs > max_time_ns
                     or time.perf_counter_ns() - loop_start > 120e9):
                 break
-    return durations, device, floor, None
+    return durations, device, floor, race, None
 
 
 def _benchmark(run: ProtocolRun, idx: int, test: TestCase, recheck: bool, max_time_ns: float, mode: str):
@@ -1672,20 +1673,21 @@ def _benchmark(run: ProtocolRun, idx: int, test: TestCase, recheck: bool, max_ti
     except (judge.RankEnded, judge.Missed):
         pass
     results = run.ended(steps.finish())
-    if timed is not None and timed[3] is not None:
-        rank, where, why = timed[3]
+    if timed is not None and timed[4] is not None:
+        rank, where, why = timed[4]
         results = step_failures(results, [why if r == rank else None for r in range(len(results))], where)
     if timed is None and all(r.ok for r in results):  # the steps ended without a rank's word: never a pass
         results = [RankResult(False, RankFailure("the ranks left the steps before the owner stopped them"))]
     if not all(r.ok for r in results):
         return rank_failures(results)
-    durations, device, floor, _ = timed
+    durations, device, floor, race, _ = timed
     out = {"stats": calculate_stats(durations)}
     if run.extra:
         out.update(host=calculate_extra_stats(durations), floor=calculate_extra_stats(floor))
-        device = [d for d in device if d == d]
-        if device:
-            out["device"] = calculate_extra_stats(device)
+        for name, values in (("device", device), ("race", race)):
+            values = [v for v in values if v == v]
+            if values:
+                out[name] = calculate_extra_stats(values)
     return out
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import mmap
 import os
 import secrets
@@ -135,9 +136,8 @@ def check(output, expected) -> Optional[str]:
 # --------------------------------------------------------------------------------------------------------------
 
 # The header: the owner writes seq..tokens, the rank done..held_ok. Plain stores; the pipes' system calls order them.
-HEADER = struct.Struct("<qqqqqqddqq")  # seq kind case tokens | done status call_ns held_ns held_ok pad
-HEADER_BYTES = 128
-SEQ, KIND, CASE, TOKENS, DONE, STATUS, CALL_NS, HELD_NS, HELD_OK = range(9)
+HEADER_BYTES = 128  # seq kind case tokens | done status call_ns held_ns held_ok done_at_ns: 8 bytes each
+SEQ, KIND, CASE, TOKENS, DONE, STATUS, CALL_NS, HELD_NS, HELD_OK, DONE_AT_NS = range(10)
 _FIELD = struct.Struct("<q")
 _REAL = struct.Struct("<d")
 ALIGN = 256
@@ -257,12 +257,17 @@ def _unlinked_file() -> int:
 @dataclasses.dataclass
 class StepResult:
     """What the owner saw of one step: its window on the owner's clock, each rank's output problem (None: right),
-    and each rank's own figures (call and held-stream device time, ns; NaN where not taken)."""
+    and each rank's own figures (call and held-stream device time, ns; NaN where not taken). `race_ns`: how long
+    after a rank said `done` (its own monotonic clock, which is the owner's too) the owner was still copying that
+    rank's output, the largest over the ranks: the most that work finished after `done` could still reach the
+    copy, so the most a rank could gain by saying `done` early (the rank's stamp is its word; a lie only moves
+    this diagnostic)."""
     window_ns: int
     problems: list
     call_ns: list
     held_ns: list
     held_ok: list
+    race_ns: float = math.nan
 
 
 class RankEnded(Exception):
@@ -320,7 +325,10 @@ class Steps:
             view["weights"].copy_(inp.weights)
             channel.go(seq, kind, case, inp.num_tokens)
         self._wait(seq, deadline)
-        outputs = [torch.empty_like(view["out"]).copy_(view["out"]) for view in views]
+        outputs, copied = [], []
+        for view in views:
+            outputs.append(torch.empty_like(view["out"]).copy_(view["out"]))
+            copied.append(clock())
         window = clock() - start
         problems, calls, helds, held_ok = [], [], [], []
         for channel, inp, output in zip(self.channels, inputs, outputs):
@@ -336,7 +344,9 @@ class Steps:
             calls.append(call if 0 <= call <= window else float("nan"))
             helds.append(held if 0 <= held <= window else float("nan"))
             held_ok.append(bool(channel.field(HELD_OK)))
-        return StepResult(window, problems, calls, helds, held_ok)
+        races = [end - channel.field(DONE_AT_NS) for end, channel in zip(copied, self.channels)]
+        race = max(races) if all(0 <= r <= window for r in races) else math.nan
+        return StepResult(window, problems, calls, helds, held_ok, race)
 
     def _wait(self, seq: int, deadline: float) -> None:
         pending = set(range(len(self.channels)))
@@ -402,13 +412,13 @@ class RankChannel:
         return _FIELD.unpack_from(self.memory, _offset(index))[0]
 
     def wait(self) -> tuple:
-        """(kind, case, tokens) of the next step; blocks until the owner says go."""
-        self.seq += 1
+        """(kind, case, tokens) of the next step; blocks until the owner says go (one byte on `go` per step)."""
         spin_until = time.perf_counter_ns() + self.spin_ns
-        while self.field(SEQ) < self.seq and time.perf_counter_ns() < spin_until:
+        while self.field(SEQ) <= self.seq and time.perf_counter_ns() < spin_until:
             pass
         if not os.read(self.go_read, 1):
             return STOP, 0, 0
+        self.seq = self.field(SEQ)
         return self.field(KIND), self.field(CASE), self.field(TOKENS)
 
     def done(self, status: int, call_ns: float, held_ns: float, held_ok: bool) -> None:
@@ -416,5 +426,6 @@ class RankChannel:
         _REAL.pack_into(self.memory, _offset(CALL_NS), call_ns)
         _REAL.pack_into(self.memory, _offset(HELD_NS), held_ns)
         _FIELD.pack_into(self.memory, _offset(HELD_OK), int(held_ok))
+        _FIELD.pack_into(self.memory, _offset(DONE_AT_NS), time.perf_counter_ns())
         _FIELD.pack_into(self.memory, _offset(DONE), self.seq)
         os.write(self.done_write, b"d")

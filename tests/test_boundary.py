@@ -76,8 +76,8 @@ def test_nothing_a_rank_plants_outlives_the_command(tmp_path, monkeypatch, proce
     result = run_eval("test", str(path), "--world-size", "2", "--cases", "tests:0", timeout=300)
     said = result.stdout[-3000:] + result.stderr[-3000:]
     assert result.returncode == 0, said
-    written = {line.split()[2] for line in result.stderr.splitlines() if line.split()[-1:] == ["written"]
-               and "HOSTILE planted" in line}
+    written = {line.split("HOSTILE planted ")[1].split()[0] for line in result.stderr.splitlines()
+               if line.split()[-1:] == ["written"] and "HOSTILE planted " in line}
     assert {"/tmp", "/var/tmp", "/dev/shm"} <= written, said  # the run's own folders, seen at those paths
     assert not written & {"/run/lock", str(boundary.RANK_CACHE)}, said
     own_builds = boundary.BUILDS / boundary.Sandbox.source_key(path)  # the same source's next run reads them
