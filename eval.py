@@ -435,28 +435,16 @@ class Tampering(Exception):
     intercepts its calls): the case is void."""
 
 
-# Operators the harness's own steps run (L2 clear, clone, barrier, check, copies): a submission that re-registers any
-# of them with the dispatcher (torch.library) is caught by comparing their registrations with those taken at start.
-HARNESS_OPS = ("aten::fill_.Scalar", "aten::clone", "aten::_to_copy", "aten::copy_", "aten::isclose",
-               "aten::logical_not", "aten::sum", "aten::sum.dim_IntList", "aten::add.Tensor", "aten::mul.Tensor",
-               "aten::floor_divide", "aten::unsqueeze", "aten::empty.memory_format", "aten::_local_scalar_dense",
-               "aten::max", "c10d::allreduce_")
-
-
 class Bound(NamedTuple):
-    """The harness's primitives, taken in the worker before any submission is imported: a submission that replaces
-    `time.perf_counter_ns`, `torch.cuda.Event.elapsed_time`, `torch.distributed.barrier`, `utils.clear_l2_cache`,
-    `torch.cuda.synchronize`, `torch.allclose` or the reference's functions, in their modules or classes, changes
-    nothing the harness calls. It is a tuple, handed from the worker's loop to each job, never a global the
-    submission could swap. What binding cannot see (the dispatcher, modes) `tampering` looks for."""
+    """The primitives the tools' measuring loop (measure, timed_step) calls, taken in the worker before any
+    submission is imported, so that a submission that patches `time.perf_counter_ns` or `torch.cuda.Event` at import
+    does not bend a tool's figures by accident. It is no defence: everything in a rank's process is the
+    submission's, and no verdict or ranking time is taken there (judge.py)."""
     clock_ns: Callable
     reference: tuple  # (generate_input, check_implementation), or () where no bundle is importable
     on_cuda: bool
-    tensor: Any  # torch.Tensor, the class a plain output must be
+    tensor: Any  # torch.Tensor
     ops: dict  # name -> torch callable, taken from their classes and modules at start
-    registrations: dict  # HARNESS_OPS -> the dispatcher's registrations at start
-    harness: tuple  # (name, object) of every global of this module, Bound's class and `ops`, at start
-    tampering: Callable  # this module's `tampering`, as it was at start
 
 
 def bind_primitives() -> Bound:
@@ -464,16 +452,10 @@ def bind_primitives() -> Bound:
     import torch.distributed as dist
 
     t = torch.Tensor
-    ops = {"empty": torch.empty, "zeros": torch.zeros, "tensor": torch.tensor, "fill": t.fill_, "clone": t.clone,
-           "to": t.to, "cpu": t.cpu, "detach": t.detach, "item": t.item, "tolist": t.tolist,
-           "isclose": torch.isclose, "logical_not": torch.logical_not, "sum": torch.sum, "add": torch.add,
-           "mul": torch.mul, "floor_divide": torch.floor_divide, "unsqueeze": torch.unsqueeze, "long": t.long,
-           "all_reduce": dist.all_reduce, "broadcast": dist.broadcast, "world_size": dist.get_world_size,
-           "reduce_max": dist.ReduceOp.MAX, "reduce_sum": dist.ReduceOp.SUM, "device": torch.device,
-           "float16": torch.float16, "float32": torch.float32, "float64": torch.float64, "int32": torch.int32,
-           "int64": torch.int64, "bool": torch.bool,
-           "function_modes": torch._C._len_torch_function_stack, "dispatch_modes": torch._C._len_torch_dispatch_stack,
-           "no_torch_function": torch._C.DisableTorchFunction, "dispatch_dump": torch._C._dispatch_dump}
+    ops = {"empty": torch.empty, "tensor": torch.tensor, "fill": t.fill_, "clone": t.clone, "to": t.to,
+           "item": t.item, "tolist": t.tolist, "all_reduce": dist.all_reduce, "world_size": dist.get_world_size,
+           "reduce_max": dist.ReduceOp.MAX, "reduce_sum": dist.ReduceOp.SUM, "float64": torch.float64,
+           "int32": torch.int32, "int64": torch.int64}
     on_cuda = torch.cuda.is_available()
     if on_cuda:
         event_type = torch._C._CudaEventBase
@@ -486,20 +468,9 @@ def bind_primitives() -> Bound:
         from reference import check_implementation, generate_input
 
         reference = (generate_input, check_implementation)
-    registrations = {}
-    for name in HARNESS_OPS:
-        with contextlib.suppress(RuntimeError):
-            registrations[name] = torch._C._dispatch_dump(name)
     import types
 
-    harness = tuple((name, value) for name, value in globals().items() if name not in _HARNESS_STATE)
-    return Bound(time.perf_counter_ns, reference, on_cuda, t, types.MappingProxyType(ops), registrations,
-                 harness + (("Bound.__dict__", tuple(vars(Bound).items())), ("ops", tuple(ops.items()))),
-                 tampering)
-
-
-# The module's globals the harness itself rebinds as it runs (every other one must stay what it was at the bind).
-_HARNESS_STATE = ("_setup", "_kernel", "_import_s", "_bound")
+    return Bound(time.perf_counter_ns, reference, on_cuda, t, types.MappingProxyType(ops))
 
 
 _bound: Optional[Bound] = None  # the worker's, for tools' functions (the official jobs get theirs as an argument)
@@ -510,25 +481,6 @@ def bound() -> Bound:
     if _bound is None:
         raise RuntimeError("not in a rank worker: nothing was bound")
     return _bound
-
-
-def tampering(b: Bound) -> Optional[str]:
-    """What, if anything, changed under the harness's bound primitives: a torch function or dispatch mode left
-    active, or an operator the harness runs registered anew."""
-    here = dict(globals(), **{"Bound.__dict__": tuple(vars(type(b)).items()), "ops": tuple(b.ops.items())})
-    for name, value in b.harness:
-        now = here.get(name)
-        if now is not value and not (isinstance(value, tuple) and now == value):
-            return f"the harness's own `{name}` was replaced in its process"
-    if b.ops["function_modes"]():
-        return "a torch function mode is active around the harness's own calls"
-    if b.ops["dispatch_modes"]():
-        return "a torch dispatch mode is active around the harness's own calls"
-    for name, before in b.registrations.items():
-        with contextlib.suppress(RuntimeError):
-            if b.ops["dispatch_dump"](name) != before:
-                return f"the operator {name}, which the harness's own steps run, was registered anew"
-    return None
 
 
 _setup: Optional[RankSetup] = None

@@ -1,6 +1,7 @@
 """The evaluator: leaderboard protocol, human face, bad input, watchdog, signals, staged bundles of every version."""
 import ast
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,7 +114,9 @@ def test_hanging_rank_is_killed_and_named(tmp_path, process_token):
                       env={"A2A_TEST_TOKEN": process_token})
     assert time.monotonic() - started < 90
     assert result.returncode == 112
-    assert "rank 1 in custom_kernel" in result.stderr and "rank 0 leaving the process group" in result.stderr
+    # rank 0 said done: it waits for the owner's next step, or has been stopped and is leaving its group
+    assert "rank 1 in custom_kernel" in result.stderr
+    assert re.search(r"rank 0 (waiting for the owner|leaving the process group)", result.stderr), result.stderr
     assert "num_experts: 8" in result.stderr
     assert not wait_until_gone(process_token, 5), "processes left behind"
 
@@ -125,9 +128,8 @@ def test_failing_rank_error_comes_first_and_whole(tmp_path):
                    "    return data[1].x\n")
     result = run_eval("test", str(bad), "--world-size", "2", "--cases", "tests:0", "--timeout", "60", timeout=120)
     assert result.returncode == 112
-    report = result.stdout.split("case 0 failed", 1)[1].splitlines()[1:]
+    report = result.stdout.split("case 0 failed", 1)[1].splitlines()[1].split(" | ")
     assert report[0] == "rank 1 - ValueError: planted failure on rank 1: " + "x" * 600 + " end (at submission.py:3)"
-    assert all(not line.startswith("rank 0 -") for line in report), "rank 0's error is a follow-on"
 
 
 def test_crashing_rank_is_named_with_its_signal(tmp_path):
@@ -136,7 +138,7 @@ def test_crashing_rank_is_named_with_its_signal(tmp_path):
                      "        os.kill(os.getpid(), signal.SIGSEGV)\n    return data[1].x\n")
     result = run_eval("test", str(crash), "--world-size", "2", "--cases", "tests:0", "--timeout", "60", timeout=120)
     assert result.returncode == 112
-    report = result.stdout.split("case 0 failed", 1)[1].splitlines()[1:]
+    report = result.stdout.split("case 0 failed", 1)[1].splitlines()[1].split(" | ")
     assert report[0] == "rank 1 - rank process died (exit code -11, SIGSEGV)", result.stdout
 
 
@@ -156,7 +158,7 @@ def test_wrong_output_is_named_under_its_case(tmp_path):
     result = run_eval("test", str(path), "--world-size", "2", "--cases", "tests:0,1,3,5", timeout=120)
     assert result.returncode == 112, result.stdout + result.stderr
     reports = result.stdout.split("\ncase ")[1:]
-    for case, message in enumerate(("shape mismatch", "dtype mismatch", "device mismatch", "expected a torch.Tensor")):
+    for case, message in enumerate(("wrong shape", "wrong dtype", "wrong device", "not a torch.Tensor")):
         assert reports[case].startswith(f"{case} failed") and message in reports[case], result.stdout
 
 
@@ -258,7 +260,7 @@ def test_a_signal_to_the_human_face_ends_the_whole_tree(tmp_path, process_token,
 def test_sigterm_to_the_protocol_face_ends_the_whole_tree(bundle, process_token):
     write_submission(bundle, HANGS_WITH_A_CHILD)
     (bundle / "one.txt").write_text(SMALL_LINE.format(seed=1) + "\n")
-    marks = shared_folder(bundle / "marks")
+    marks = shared_folder(bundle.parent / "marks")  # beside the bundle, which the ranks read but cannot write
     env = {**os.environ, "A2A_TEST_TOKEN": process_token, "A2A_TEST_MARKS": str(marks), "POPCORN_FD": "1",
            "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo"}
     process = start_hanging([sys.executable, "eval.py", "test", "one.txt"], bundle, env, marks)

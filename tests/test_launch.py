@@ -137,7 +137,7 @@ def test_one_line_per_distinct_error_naming_every_rank_it_hit():
     killed = core.RankFailure("watchdog: case 'x' did not finish in 8 s; rank(s) 0, 2 did not return and were killed")
     results = [core.RankResult(False, killed), core.RankResult(False, core.RankFailure("ValueError: planted")),
                core.RankResult(False, killed), core.RankResult(True, None)]
-    lines = core.rank_failures(results).splitlines()
+    lines = core.rank_failures(results).split(" | ")
     assert lines == ["ranks 0, 2 - " + killed.message, "rank 1 - ValueError: planted"], lines
 
 

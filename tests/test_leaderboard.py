@@ -46,7 +46,7 @@ def test_leaderboard_saves_results_with_metadata_and_intervals(tmp_path):
     checks = pd.read_csv(folder / "checks.csv")
     assert list(checks.status) == ["pass"] and list(checks.world_size) == [8]
     assert (folder / "leaderboard.png").read_bytes()[:8] == PNG
-    assert "call time (device, idle stream) per shape (CPU µs, [95%])" in (folder / "table.md").read_text()
+    assert "the owner's step (ranks) per shape (CPU µs, [95%])" in (folder / "table.md").read_text()
 
 
 SHAPES = (("E=8 k=2 H=6144 T=16", 1.0), ("E=64 k=6 H=2048 T=32", 1.5), ("E=256 k=8 H=7168 T=256", 3.0))

@@ -10,6 +10,8 @@
 #          build[:FILES] (every extension not built yet, timed and trace builds, in parallel; FILES: comma-separated
 #          submission files, default every version) |
 #          tests[:K_EXPRESSION] | sol | leaderboard:VERSIONS[:OPTIONS] | trace:VERSION:CASES | sweep:VERSION |
+#          eval:MODE:VERSION[:OPTIONS] (the human face, e.g. eval:leaderboard:v9:--world-size 4 --cases benchmarks:0) |
+#          env (this machine: GPUs, driver, compilers, CUDA, torch, Triton, NCCL, into logs/env.log) |
 #          diff:A:B | anatomy:VERSION | ideas:SCRATCH[:SETS] (tools/compare_ideas.py against v5; IDEAS_BLOCK) |
 #          nccl (tools/build_nccl.sh: NCCL 2.30+ for ranks sharing a GPU; NCCL_SRC names a source archive) |
 #          sm_share:WORLD[:PERCENTS] (tools/sm_share.py) |
@@ -23,7 +25,7 @@
 # Export A2A_COMMIT=<the commit being measured> in the device command: the tree travels with a stale .git, so
 # without it results are labelled with an older commit and '-dirty' (seen 2026-11-22: 07249e2-dirty for 630334a).
 set -uo pipefail
-KNOWN="cold build _build _cold tests sol leaderboard trace sweep diff anatomy ideas nccl sm_share pack wait start"
+KNOWN="cold build _build _cold tests sol leaderboard eval env trace sweep diff anatomy ideas nccl sm_share pack wait start"
 if [ $# -lt 2 ] || [ -z "$1" ]; then
   echo "usage: tools/gpu_session.sh DIR [start] STEP... (a folder for logs and a step at least)" >&2; exit 113
 fi
@@ -82,6 +84,13 @@ run_steps() {
       tests) step "tests" 2400 $py -m pytest -q -rsP --durations=20 tests/test_gpu.py ${a:+-k "$a"} ;;
       sol) step sol 300 $py -m a2a.cli sol --out "$out/results" ;;
       leaderboard) step "leaderboard_${a//,/-}" 900 $py -m a2a.cli leaderboard --versions "$a" --out "$out/results" $b ;;
+      eval) IFS=: read -r _ mode version options <<< "$item"
+            step "eval_${mode}_${version}_$(echo "$options" | tr -c 'a-z0-9' '-' | cut -c1-40)" 600 \
+              $py -m a2a.cli eval "$mode" "$version" $options ;;
+      env) { nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1; uname -r
+             for cc in "$(command -v c++)" "$(command -v g++)" /opt/gcc/bin/g++; do [ -x "$cc" ] && echo "$cc: $($cc --version | head -1)"; done
+             nvcc --version | tail -2; "$py" -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "triton", triton.__version__)'
+           } > "$out/logs/env.log" 2>&1; cat "$out/logs/env.log" ;;
       trace) step "trace_$(basename "$a" .py)_${b//[:,]/-}" 400 \
                $py -m a2a.cli eval trace "$a" --cases "$b" --out "$out/traces" ;;
       sweep) step "sweep_$a" 600 $py -m a2a.cli sweep "$a" --out "$out/results" ;;
