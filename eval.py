@@ -823,13 +823,19 @@ def _output_status(output, tokens: int, hidden: int, device) -> int:
     return 5 if output.device != device else 0
 
 
-def _register_host(memory) -> None:
-    """Pins the channel's pages for this rank's GPU copies (cudaHostRegister), where the runtime allows it."""
+@contextlib.contextmanager
+def _registered(memory, gpu: bool):
+    """The channel's pages pinned for this rank's GPU copies (cudaHostRegister) while the steps run, and released
+    after: a later case's channel may be mapped at the same address, and registering it again fails."""
     import torch
 
-    with contextlib.suppress(Exception):
-        address = ctypes.addressof(ctypes.c_char.from_buffer(memory))
-        torch.cuda.cudart().cudaHostRegister(address, len(memory), 0)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(memory)) if gpu else None
+    registered = gpu and torch.cuda.cudart().cudaHostRegister(address, len(memory), 0) == 0
+    try:
+        yield
+    finally:
+        if registered:
+            torch.cuda.cudart().cudaHostUnregister(address)
 
 
 def _call_on_gpu(call: Callable, data, device, hold: Optional[Hold]) -> tuple:
@@ -871,8 +877,15 @@ def run_steps(rank: int, world_size: int, cases: list, regions: dict, call_for: 
     channel.spin_ns = judge.spin_budget_ns(world_size, "A2A_RANK_SPIN_US", 20000)
     device = rank_device(rank)
     gpu = device.type == "cuda"
-    if gpu:
-        _register_host(channel.memory)
+    with _registered(channel.memory, gpu):
+        return _steps(channel, rank, world_size, cases, call_for, harness_row, device)
+
+
+def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable, harness_row: bool, device) -> int:
+    import torch
+    from reference import MoEConfig, RankTestData
+
+    gpu = device.type == "cuda"
     configs = [MoEConfig(c["num_experts"], c["experts_per_token"], c["hidden_dim"], c["max_num_tokens"]) for c in cases]
     floor_out = [torch.zeros(c["max_num_tokens"], c["hidden_dim"], dtype=torch.float16, device=device) for c in cases]
     hold, steps = Hold(), 0
