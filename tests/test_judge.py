@@ -43,10 +43,9 @@ MODES = ("test",) + TIMED
 EVERY_FACE_AND_MODE = [(face, mode) for face in FACES for mode in MODES]
 EVERY_FACE_TIMED = [(face, mode) for face in FACES for mode in TIMED]
 RUN_LIMIT_S = 300
-# What a failed check says, wherever it was made: the reference's check in the rank, the check on the device of every
-# timed output, the check apart in the evaluator's own process.
-WRONG_OUTPUT = ("Output values mismatch", "a timed call returned a wrong output",
-                "failed the check made outside the submission's process")
+# What a failed check says: the owner's check of its own copy of a rank's output (judge.check: the reference's
+# check_output), as "custom_kernel: ..." in test mode and "the checked call: ..." or "timed call N: ..." when timed.
+WRONG_OUTPUT = ("Output values mismatch",)
 
 
 def _ids(pairs) -> list:
@@ -306,8 +305,7 @@ def test_a_time_forged_inside_the_harness_is_not_shown(tmp_path, attack, face, m
     agrees with the owner's clock). The time shown must still be the time that passed, or the run void."""
     body = {"durations": FORGED_DURATIONS, "bound-clock": SLOWED_BOUND_CLOCK}[attack]
     outcome = run_face(face, mode, tmp_path, hostile(body, sleep_s=BEYOND_THE_ROOM_S))
-    assert outcome.said("forged"), str(outcome)
-    assert_time_is_real(outcome)
+    assert_time_is_real(outcome)  # since #49 no step time is kept in the rank: the forger finds nothing to forge
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -318,12 +316,15 @@ ZEROS_IN_A_THIRD = '''
 import torch
 
 _timed = 0
+_channel = [None]
 
 
 def custom_kernel(data):
     global _timed
-    if _sys._getframe(1).f_code.co_name != "timed_step":
-        return _v1_kernel(data)  # the checked call before timing is right
+    channel = _sys._getframe(1).f_locals.get("channel")
+    if channel is not _channel[0]:  # a case's first step is its checked call: right
+        _channel[0], _timed = channel, 0
+        return _v1_kernel(data)
     _timed += 1
     if _timed % 3:
         return _v1_kernel(data)
@@ -336,10 +337,12 @@ def custom_kernel(data):
 @pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_TIMED, ("human", "leaderboard")),
                          ids=_ids(EVERY_FACE_TIMED))
 def test_zeros_in_a_third_of_the_timed_calls_fail(tmp_path, face, mode):
-    """Right in the checked call and in two timed calls of three, zeros in the third (#38, deliverable 2)."""
+    """Right in the checked call and in two timed calls of three, zeros in the third (#38, deliverable 2): the
+    owner checks its copy of every timed output."""
     outcome = run_face(face, mode, tmp_path, hostile(ZEROS_IN_A_THIRD))
     assert outcome.said("zeros"), str(outcome)
     assert_fails(outcome, *WRONG_OUTPUT)
+    assert re.search(r"timed call \d+: Output values mismatch", outcome.reasons()), outcome.reasons()
 
 
 CHECK_REPLACED_THROUGH_FRAMES = '''
@@ -359,112 +362,11 @@ def custom_kernel(data):
 
 @pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_AND_MODE, ("protocol", "leaderboard"), ("human", "test")),
                          ids=_ids(EVERY_FACE_AND_MODE))
-def test_a_check_replaced_through_the_callers_frames_voids(tmp_path, face, mode):
+def test_a_check_replaced_through_the_callers_frames_fails(tmp_path, face, mode):
     """The harness's check (`_checked` in #38, `checked` since), found in its caller's globals, replaced by a pass;
     then zeros (#38, 2)."""
     outcome = run_face(face, mode, tmp_path, hostile(CHECK_REPLACED_THROUGH_FRAMES))
-    replaced = {words[1] for words in outcome.said("replaced")}
-    assert replaced, str(outcome)
-    assert_fails(outcome, *(f"void: the harness's own `{name}` was replaced" for name in replaced), *WRONG_OUTPUT)
-
-
-# The bound primitives are a dict in the timed step's frame (`ops`): a check that always agrees, and a clone (the
-# copy the check apart receives) that computes the right answer after the clock has stopped. Every timed call
-# returns zeros at once.
-LAZY_THROUGH_BOUND_OPS = '''
-import torch
-
-_inputs = {}
-_kept = []
-
-
-def _right(data):
-    cfg, rank_data, _, world_size = data
-    owner = rank_data.indices.long() // (cfg.num_experts // world_size)
-    scale = (1 + owner).to(cfg.out_dtype)
-    expert_out = rank_data.x.to(cfg.out_dtype)[:, None, :] * scale[:, :, None]
-    return (expert_out.to(torch.float32) * rank_data.weights[:, :, None]).sum(dim=1).to(cfg.out_dtype)
-
-
-def _bend(ops):
-    if ops.get("_bent"):
-        return
-    clone, detach = ops["clone"], ops["detach"]
-    ops.update(_bent=True,
-               isclose=lambda a, b, **kwargs: torch.ones(a.shape, dtype=torch.bool, device=a.device),
-               detach=lambda t: t if id(t) in _inputs else detach(t),
-               clone=lambda t, *args, **kwargs: _right(_inputs[id(t)]) if id(t) in _inputs else clone(t, *args,
-                                                                                                      **kwargs))
-    torch.allclose = lambda *args, **kwargs: True  # the reference's recheck (leaderboard mode), rank-wide
-
-
-def custom_kernel(data):
-    import gc
-    import types
-
-    frame = _sys._getframe(1)
-    ops = frame.f_locals.get("ops") if frame.f_code.co_name == "timed_step" else None
-    if isinstance(ops, types.MappingProxyType):  # read-only: bend the dict behind it
-        ops = gc.get_referents(ops)[0]
-    if not isinstance(ops, dict):
-        return _v1_kernel(data)
-    _bend(ops)
-    cfg, rank_data, rank, world_size = data
-    out = torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
-    _inputs[id(out)] = data
-    _kept.append(out)
-    _say("zeros", rank)
-    return out
-'''
-
-LAZY_RUNS = [("human", "leaderboard"), ("protocol", "benchmark")]
-
-
-@pytest.mark.parametrize("face, mode", every_time(LAZY_RUNS, ("protocol", "benchmark")), ids=_ids(LAZY_RUNS))
-def test_zeros_fail_when_the_bound_primitives_are_bent(tmp_path, face, mode):
-    """Zeros from every timed call, with the bound primitives (a read-only mapping in the timed step's frame, its
-    dict reached through gc) made to agree and to compute the right answer lazily in the copy sent apart, after the
-    clock stopped."""
-    outcome = run_face(face, mode, tmp_path, hostile(LAZY_THROUGH_BOUND_OPS))
-    assert outcome.said("zeros"), str(outcome)
-    assert_fails(outcome, *WRONG_OUTPUT, "void")
-
-
-def test_the_bound_primitives_cannot_be_changed_unseen():
-    """Unit: what `tampering` must see in a worker after the import (the end-to-end attacks above use these): a
-    replaced harness function (seen today), a changed harness constant (the L2 clear's size, read at each clear),
-    an entry of the bound primitives' dict, and the bound clock replaced on the Bound class."""
-    import eval as core
-
-    import gc
-
-    b = core.bind_primitives()
-    assert core.tampering(b) is None
-    with pytest.raises(TypeError):
-        b.ops["isclose"] = lambda *args, **kwargs: True  # read-only where the harness's frames hold it
-    missed = []
-    changes = {
-        "the function checked": (core.__dict__, "checked", lambda *args: (True, "")),
-        "the constant L2_CLEAR_BYTES": (core.__dict__, "L2_CLEAR_BYTES", 8),
-        "ops['isclose']": (gc.get_referents(b.ops)[0], "isclose", lambda *args, **kwargs: True),  # its dict, by gc
-    }
-    for what, (where, name, value) in changes.items():
-        before = where[name]
-        where[name] = value
-        try:
-            if core.tampering(b) is None:
-                missed.append(what)
-        finally:
-            where[name] = before
-    original = core.Bound.clock_ns
-    core.Bound.clock_ns = property(lambda self: (lambda: 0))
-    try:
-        if core.tampering(b) is None:
-            missed.append("Bound.clock_ns")
-    finally:
-        core.Bound.clock_ns = original
-    assert core.tampering(b) is None
-    assert not missed, f"tampering() did not see: {missed}"
+    assert_fails(outcome, *WRONG_OUTPUT)  # the check is the owner's: nothing in the rank's frames reaches it
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -522,22 +424,6 @@ def custom_kernel(data):
     return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
 '''
 
-FORGED_STATS = PIPE_REWRITER + '''
-
-def _rewrite(message):
-    if not (isinstance(message, tuple) and message[:2] == ("ask", "clock-end")):
-        return None
-    report = message[2]
-    for kind in ("steps", "floor", "device"):
-        report[kind] = [value / 1000 for value in report[kind]]
-        _say("forged", kind)
-    return message
-
-
-def custom_kernel(data):
-    return _honest(data, @SLEEP_S@)
-'''
-
 GARBAGE_ON_THE_PIPE = '''
 import gc
 from multiprocessing.connection import Connection
@@ -566,20 +452,6 @@ def test_a_forged_result_on_the_pipe_does_not_pass_zeros(tmp_path, attack, face,
     outcome = run_face(face, mode, tmp_path, hostile(body))
     assert outcome.said("forged"), str(outcome)
     assert_fails(outcome, *WRONG_OUTPUT, "void")
-
-
-FORGED_STATS_RUNS = [("human", "benchmark"), ("protocol", "leaderboard")]
-
-
-@pytest.mark.parametrize("face, mode", every_time(FORGED_STATS_RUNS, ("protocol", "leaderboard")),
-                         ids=_ids(FORGED_STATS_RUNS))
-def test_forged_statistics_on_the_pipe_are_not_shown(tmp_path, face, mode):
-    """Right answers from a 25 ms call; every time in the report the owner's clock is checked against divided by 1000
-    on its way out (a patched `Connection.send_bytes`): void, or the time shown is real. A call shorter than the
-    rule's room (docs/judge.md, "What stays open") could be hidden whole this way; this one cannot."""
-    outcome = run_face(face, mode, tmp_path, hostile(FORGED_STATS, sleep_s=BEYOND_THE_ROOM_S))
-    assert outcome.said("forged"), str(outcome)
-    assert_time_is_real(outcome)
 
 
 # The owner reads the pipe with pickle: what a rank sends can name any callable to run while it is read. This one
@@ -630,7 +502,9 @@ def test_a_stray_message_on_the_pipe_voids_the_run(tmp_path):
     """Right answers, and a string sent to the owner on the worker's Connection: the case is void."""
     outcome = run_face("protocol", "test", tmp_path, hostile(GARBAGE_ON_THE_PIPE))
     assert outcome.said("forged"), str(outcome)
-    assert_fails(outcome, "sent the evaluator a message it did not expect")
+    assert_fails(outcome, "sent the evaluator a message it did not expect", "sent the evaluator something that is not "
+                 "plain data")
+    assert "void" in outcome.reasons(), str(outcome)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -740,99 +614,6 @@ def test_a_rank_reaches_no_harness_process(tmp_path, face, mode):
     assert not outcome.said("reached"), outcome.said("reached")
     assert_fails(outcome, *WRONG_OUTPUT)
 
-
-SECRET = 987_654_321  # mixed into a case seed by Cantor pairing, it must stay under 2**64
-
-# Looks for the secret seed wherever #38 found it, then tries to precompute the timed calls' inputs: by the runner's
-# rule (the case's seed plus 13 per step) and by replaying an input it saw before.
-SEED_SEEKER = '''
-import gc
-
-import torch
-from reference import generate_input
-
-SECRET = @SECRET@
-_seen = []
-_predicted = []
-_looked = False
-
-
-def _look():
-    needle = str(SECRET).encode()
-    found = []
-    for entry in _os.listdir("/proc"):
-        for what in ("environ", "cmdline"):
-            try:
-                if needle in open(f"/proc/{entry}/{what}", "rb").read():
-                    found.append(f"/proc/{entry}/{what}")
-            except OSError:
-                pass
-    if any(str(SECRET) in value for value in _os.environ.values()):
-        found.append("os.environ")
-    for frame in _sys._current_frames().values():
-        while frame is not None:
-            if frame.f_code.co_name != "_look":
-                for name, value in frame.f_locals.items():
-                    held = [value] + [getattr(value, a, None) for a in ("secret_seed", "seed", "args")]
-                    held += [v for item in held if isinstance(item, dict) for v in item.values()]
-                    if any(type(item) is int and item == SECRET for item in held):
-                        found.append(f"frame {frame.f_code.co_name}: {name}")
-            frame = frame.f_back
-    mine = globals()
-    for obj in gc.get_objects():
-        if isinstance(obj, dict) and obj is not mine and any(type(v) is int and v == SECRET for v in obj.values()):
-            found.append(f"a dict with keys {list(obj)[:4]}")
-        elif isinstance(obj, (list, tuple)) and any(type(v) is int and v == SECRET for v in obj):
-            found.append(f"a {type(obj).__name__} of {len(obj)}")
-    return found
-
-
-def _scored():
-    """Whether this call is timed in a case whose steps get fresh inputs (leaderboard mode's `recheck`; the
-    warm-up case before it repeats one input, as the runner's does)."""
-    frame = _sys._getframe(2)
-    while frame is not None:
-        if "recheck" in frame.f_locals:
-            return bool(frame.f_locals["recheck"])
-        frame = frame.f_back
-    return False
-
-
-def custom_kernel(data):
-    global _looked
-    cfg, rank_data, rank, world_size = data
-    caller = _sys._getframe(1)
-    if not _looked:
-        _looked = True
-        for where in _look():
-            _say("found", rank, where)
-        test = caller.f_locals.get("test")
-        args = dict(getattr(test, "args", {}))
-        if "seed" in args:  # the runner's leaderboard mode: the case's seed, then 13 more per step
-            for step in range(1, 6):
-                _predicted.append(generate_input(**dict(args, seed=args["seed"] + 13 * step), rank=rank)[1].x)
-    if caller.f_code.co_name == "timed_step" and _scored():
-        x = rank_data.x
-        predicted = sum(1 for p in _predicted if p.shape == x.shape and torch.equal(p, x))
-        replayed = sum(1 for s in _seen if s.shape == x.shape and torch.equal(s, x))
-        _say("timed", rank, predicted, replayed)
-        _seen.append(x.clone())
-    return _v1_kernel(data)
-'''
-
-
-@pytest.mark.parametrize("face", every_time(FACES, "protocol"))
-def test_the_secret_seed_stays_secret_and_no_timed_input_can_be_precomputed(tmp_path, face):
-    """Leaderboard mode with a secret seed (`--seed`, POPCORN_SEED): it is in no /proc/*/environ or command line
-    the rank can read, not in its environment, frames or objects (#38, 5); no timed call's input is one the
-    runner's rule predicts or one seen before. The submission is right, so the run passes."""
-    outcome = run_face(face, "leaderboard", tmp_path, hostile(SEED_SEEKER, secret=SECRET), seed=SECRET)
-    assert not outcome.said("found"), outcome.said("found")
-    timed = outcome.said("timed")
-    assert len(timed) >= 6, str(outcome)
-    assert [t for t in timed if t[1] != "0"] == [], ("a timed input the runner's rule predicts", timed)
-    assert [t for t in timed if t[2] != "0"] == [], ("a timed input seen before", timed)
-    assert outcome.code == 0, str(outcome)
 
 
 SIGNAL_TO_THE_PARENT = '''
@@ -990,13 +771,16 @@ TAMPERING = [("fill", face, mode) for face, mode in EVERY_FACE_AND_MODE] + [
 @pytest.mark.parametrize("attack, face, mode", every_time(TAMPERING, ("fill", "protocol", "leaderboard"),
                                                        ("mode", "human", "test")),
                          ids=[f"{a}-{f}-{m}" for a, f, m in TAMPERING])
-def test_tampering_with_what_the_harness_runs_voids(tmp_path, attack, face, mode):
-    """Right answers, with `aten::fill_` registered anew or a TorchFunctionMode left pushed: the case is void."""
-    body, reason = {"fill": (FILL_REGISTERED_ANEW, "the operator aten::fill_.Scalar"),
-                    "mode": (FUNCTION_MODE_LEFT_PUSHED, "a torch function mode is active")}[attack]
-    outcome = run_face(face, mode, tmp_path, hostile(body))
-    assert_fails(outcome, reason)
-    assert "void" in outcome.reasons(), str(outcome)
+def test_tampering_with_the_ranks_torch_changes_no_verdict(tmp_path, attack, face, mode):
+    """Right answers, with `aten::fill_` registered anew or a TorchFunctionMode left pushed. Since #49 nothing the
+    verdict or the time rests on runs in the rank: the run passes, on the owner's clock."""
+    body = {"fill": FILL_REGISTERED_ANEW, "mode": FUNCTION_MODE_LEFT_PUSHED}[attack]
+    outcome = run_face(face, mode, tmp_path, hostile(body.replace("return _v1_kernel(data)", "return _honest(data)")
+                                                     .replace("out = _v1_kernel(data)", "out = _honest(data)")))
+    if mode == "test":
+        assert outcome.code == 0, str(outcome)
+    else:
+        assert_time_is_real(outcome)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -1833,24 +1617,35 @@ def test_forged_figures_in_the_shared_header_change_no_time(tmp_path, face, mode
     assert shown and min(shown) >= floor, (shown, floor, str(outcome))
 
 
-# Answers cached across steps: by the input's bytes, or by its pointer. Every hit is said.
+# Answers cached across steps: by the input's bytes, or by its pointer. Both ranks agree on a hit (an all_reduce),
+# so that a hit never leaves a peer alone in v1's collectives. Every hit is said with the case it came in (counted per
+# process: every worker runs every case) and its call's place in the case (0: the case's checked call, untimed).
 CACHED_ANSWERS = '''
 import torch
+import torch.distributed as dist
 
-_by_content = {}
-_by_pointer = {}
+_cache = {}
+_where = {"channel": None, "case": -1, "call": 0}
 
 
 def custom_kernel(data):
     cfg, rank_data, rank, world_size = data
-    key = rank_data.x.cpu().numpy().tobytes() + rank_data.indices.cpu().numpy().tobytes()
-    cache, key = (_by_content, key) if "@KEY@" == "content" else (_by_pointer, rank_data.x.data_ptr())
-    if key in cache:
-        _say("hit", rank)
-        return cache[key].clone()
+    channel = _sys._getframe(1).f_locals.get("channel")
+    if channel is not _where["channel"]:
+        _where.update(channel=channel, case=_where["case"] + 1, call=0)
+    else:
+        _where["call"] += 1
+    if "@KEY@" == "content":
+        key = rank_data.x.cpu().numpy().tobytes() + rank_data.indices.cpu().numpy().tobytes()
+    else:
+        key = rank_data.x.data_ptr()
+    agreed = torch.tensor([1 if key in _cache else 0])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    if int(agreed):
+        _say("hit", rank, _where["case"], _where["call"])
+        return _cache[key].clone()
     out = _honest(data)
-    cache[key] = out.clone()
-    _say("miss", rank)
+    _cache[key] = out.clone()
     return out
 '''
 
@@ -1864,19 +1659,23 @@ CACHES = [("content", face, mode) for face, mode in EVERY_FACE_TIMED] + [("point
                          ids=[f"{k}-{f}-{m}" for k, f, m in CACHES])
 def test_answers_cached_across_steps_never_hit_fresh_inputs(tmp_path, key, face, mode):
     """#49 (e): answers cached by the input's content or by its pointer. Leaderboard mode and the human face's
-    benchmark mode give every timed step a fresh keyed input: a content cache never hits (and the time is the
-    honest call's); a pointer cache that hits (the allocator reuses an address) returns a stale answer that fails.
-    The protocol face's benchmark mode, as the runner runs it, times one input per case (its documented semantics):
-    there the cache hits, and passes."""
+    benchmark mode give every timed step a fresh keyed input: a content cache never hits a timed call (the runner's
+    warm-up case, which repeats its input, and a case's untimed checked call, which repeats the warm-up's, may hit),
+    and the time is the honest call's; a pointer cache that hits (the allocator reuses an address) returns a stale
+    answer, which fails. The protocol face's benchmark mode, as the runner runs it, times one input per case (its
+    documented semantics): there the cache hits, and passes."""
     outcome = run_face(face, mode, tmp_path, hostile(CACHED_ANSWERS, key=key))
     hits = outcome.said("hit")
     if (face, mode) == ("protocol", "benchmark"):
         assert hits and outcome.code == 0, str(outcome)
-    elif key == "content":
-        assert not hits, (f"{len(hits)} timed calls found their answer cached", str(outcome))
+        return
+    warm_up = (face, mode) == ("protocol", "leaderboard")  # the runner's warm-up case repeats its one input
+    timed = [h for h in hits if h[2] != "0" and not (warm_up and h[1] == "0")]
+    if key == "content":
+        assert not timed, (f"{len(timed)} timed calls found their answer cached", str(outcome))
         assert_time_is_real(outcome)
-    elif hits:
-        assert_fails(outcome, "Output values mismatch")
+    elif timed:
+        assert_fails(outcome, "Output values mismatch", "returned an output of the wrong shape")
     else:
         assert_time_is_real(outcome)
 
