@@ -936,7 +936,7 @@ def test_zeros_fail_however_the_check_is_bent(tmp_path, attack, mode):
 
 def test_non_utf8_bytes_on_stderr_lose_no_verdict(tmp_path):
     """A correct submission that writes undecodable bytes, then 400 KB more, to stderr: it passes, and its stderr
-    comes through with the bytes replaced."""
+    comes through with the bytes escaped."""
     body = v1_kernel_source() + '''
 import os
 
@@ -949,7 +949,7 @@ def custom_kernel(data):
     stdout, stderr = result.stdout.decode(), result.stderr.decode(errors="replace")
     assert result.returncode == 0, stdout[-2000:] + stderr[-2000:]
     assert _row_statuses(stdout) == ["pass"], stdout
-    assert "rank says \ufffd\ufffd\ufffd here" in stderr, stderr[:500]
+    assert "rank says \\xff\\xfe\\xfd here" in stderr, stderr[:500]  # escaped by the owner (wire.RankText)
 
 
 # --------------------------------------------------------------------------------------------------------------
