@@ -172,7 +172,15 @@ class CaseCalls:
         return self.by_case[index]
 
     def close(self) -> None:
+        """Closes every case's call (each close a collective, so every rank closes all of them in the same order),
+        then raises the first failure, if any."""
+        failures = []
         for keep in self.keep:
             if hasattr(keep, "close"):
-                keep.close()
+                try:
+                    keep.close()
+                except Exception as exc:
+                    failures.append(exc)
         self.keep = []
+        if failures:
+            raise failures[0]
