@@ -297,6 +297,11 @@ class Steps:
     rank's worker ends or sends its result (the pool's pipes), so that a wait never outlives a dead rank."""
 
     def __init__(self, channels: list, cases: list, watch: list):
+        import torch
+
+        # NOTES: the owner's own tensor work (placing, copying out, checking) is small; a pool of intra-op threads
+        # as wide as the machine, woken for each copy beside spinning ranks, cost tens of ms a step (H200 x4).
+        torch.set_num_threads(1)
         self.channels, self.cases, self.watch = channels, cases, watch
         self.seq = 0
         self.spin_ns = spin_budget_ns(len(channels), "A2A_SPIN_US", 2000)
