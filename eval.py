@@ -870,9 +870,6 @@ def run_steps(rank: int, world_size: int, cases: list, regions: dict, call_for: 
     the time. `harness_row`: the harness's own rows (the floors, the anchors), whose outputs are not the problem's:
     an output-sized buffer is published in their place, so that they move what a version moves. Returns the steps
     run."""
-    import torch
-    from reference import MoEConfig, RankTestData
-
     channel = judge.RankChannel(receive_fds(3), regions)
     channel.spin_ns = judge.spin_budget_ns(world_size, "A2A_RANK_SPIN_US", 20000)
     device = rank_device(rank)
@@ -1189,10 +1186,14 @@ class CaseRun:
                 pool.workers[slot] = pool._start()
         self.case_id, pool.cases_run = pool.cases_run, pool.cases_run + 1
         setup = pool._setup()
-        # The ranks get the case's arguments, never the secret seed (TestCase.secret_seed and the spec line stay
-        # here): the seed they get is the one their inputs are made from.
-        sent = TestCase(args=dict(test.args), spec="")
+        # The ranks get the case's shape, never a seed (the owner makes their inputs; a runner's case seed inverts to
+        # its secret) nor the spec line; only profile mode, where a rank makes its own input, gets the case's seed.
+        args = {k: v for k, v in test.args.items() if k != "seed" or job == "profile"}
+        sent = TestCase(args=args, spec="")
+        self.violation: Optional[str] = None
         for rank, slot in enumerate(self.slots):
+            if pool.workers[slot][1].poll(0):  # NOTES: a message no case asked for (a result sent twice) voids this one
+                self.violation = f"rank {rank}'s worker had sent a message outside any case"
             pool.label(slot, rank)
             pool.workers[slot][1].send((job, sent, rank, params or {}, setup, self.case_id))
             if fds:  # right behind the job's message, where the rank's receive_fds reads them
@@ -1200,7 +1201,6 @@ class CaseRun:
         self.results: dict = {}
         self.deadline = time.monotonic() + timeout_s
         self.timeout_s = timeout_s
-        self.violation: Optional[str] = None
         self.done: Optional[list] = None
 
     def extend(self, seconds: float) -> None:
@@ -1514,8 +1514,9 @@ class CaseSteps:
                  fn: Optional[Callable] = None, fn_args: tuple = ()):
         self.channels = [judge.Channel(cases) for _ in range(test.args["world_size"])]
         regions = self.channels[0].regions
-        job, params = ("steps", {"cases": cases, "regions": regions}) if fn is None else \
-            ("call", {"fn": fn, "args": (cases, regions, *fn_args)})
+        shapes = [{k: v for k, v in case.items() if k != "seed"} for case in cases]  # the ranks get no seed
+        job, params = ("steps", {"cases": shapes, "regions": regions}) if fn is None else \
+            ("call", {"fn": fn, "args": (shapes, regions, *fn_args)})
         try:
             self.case = pool.begin(job, test, timeout_s, params, fds=[c.for_rank() for c in self.channels])
         except BaseException:
@@ -1525,18 +1526,28 @@ class CaseSteps:
         for channel in self.channels:
             channel.given()
         self.steps = judge.Steps(self.channels, cases, [pool.workers[slot][1].fileno() for slot in self.case.slots])
+        self.ended_early = False
 
     def step(self, kind: int, case: int, inputs: list, check_outputs: bool = True) -> judge.StepResult:
-        return self.steps.step(kind, case, inputs, self.case.deadline, check_outputs)
+        try:
+            return self.steps.step(kind, case, inputs, self.case.deadline, check_outputs)
+        except judge.RankEnded:
+            self.ended_early = True
+            raise
 
     def finish(self) -> list:
-        """Stops the ranks and waits for their results (the case's deadline and watchdog apply)."""
+        """Stops the ranks and waits for their results (the case's deadline and watchdog apply). A result that came
+        while a step was still waiting for the ranks never passes: the steps were not over."""
         with contextlib.suppress(OSError):
             self.steps.stop()
         try:
-            return self.case.done or self.case.next_event()
+            results = self.case.done or self.case.next_event()
         finally:
             self.steps.close()
+        if self.ended_early and all(r.ok for r in results):
+            why = "void: a rank sent its result while the owner still waited for its step's output"
+            results = [RankResult(False, RankFailure(why), r.import_s) for r in results]
+        return results
 
 
 def step_failures(results: list, problems: Optional[list], step: str) -> list:

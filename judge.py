@@ -65,22 +65,26 @@ class Seeds:
     test file); its timed steps' seeds stay keyed."""
 
     def __init__(self, keyed: bool, secret: Optional[int] = None):
-        self.keyed, self.secret = keyed, secret
-        self.key = (hashlib.blake2b(str(secret).encode(), digest_size=16, person=b"a2a-judge").digest()
-                    if secret is not None else secrets.token_bytes(16))
+        self.keyed = keyed
+        # A given secret makes the cases repeatable; the timed steps' key is always fresh, so nothing a rank could
+        # learn (the runner's case seeds invert to its secret: docs/judge.md) says what a timed input will be.
+        self.case_key = (hashlib.blake2b(str(secret).encode(), digest_size=16, person=b"a2a-judge").digest()
+                         if secret is not None else secrets.token_bytes(16))
+        self.step_key = secrets.token_bytes(16)
 
-    def _hash(self, *parts: int) -> int:
-        digest = hashlib.blake2b(b",".join(str(p).encode() for p in parts), key=self.key, digest_size=8).digest()
+    @staticmethod
+    def _hash(key: bytes, *parts: int) -> int:
+        digest = hashlib.blake2b(b",".join(str(p).encode() for p in parts), key=key, digest_size=8).digest()
         return int.from_bytes(digest, "little") % SEED_LIMIT
 
     def case_seed(self, case_index: int, seed: int) -> int:
         """A case's seed: keyed, or `seed` as the runner has it (the test file's, the secret already mixed in)."""
-        return self._hash(0, case_index, seed) if self.keyed else seed
+        return self._hash(self.case_key, case_index, seed) if self.keyed else seed
 
     def step_seed(self, case_index: int, public_seed: int, step: int) -> int:
-        """A timed step's seed: keyed in every run, the runner's too (its +13 rule would let a rank compute the next
-        input; docs/judge.md)."""
-        return self._hash(1, case_index, public_seed, step)
+        """A timed step's seed, keyed with the run's fresh key in every run (the runner's +13 rule would let a rank
+        compute the next input)."""
+        return self._hash(self.step_key, case_index, public_seed, step)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -68,7 +68,8 @@ def run_cli(entry, argv=None) -> int:
     core.claim_run()
     core.install_signal_handlers()
     # A submission's message may hold any character (a lone surrogate): printing it must not end the run.
-    sys.stdout.reconfigure(errors="backslashreplace")
+    if sys.stdout is not None:  # a closed stdout (`>&-`) prints nowhere
+        sys.stdout.reconfigure(errors="backslashreplace")
     try:
         return entry(argv)
     except UserError as error:

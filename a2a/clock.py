@@ -89,7 +89,8 @@ def session_rank(rank: int, world_size: int, cases: list, regions: dict, entry: 
     from a2a import anchors
 
     generate_input = core.bound().reference[0]
-    calls = anchors.CaseCalls(entry.call, [generate_input(**args, rank=rank) for args in cases], rank)
+    # the harness's rows size their call from one input of each case, any one: the ranks are handed no seed
+    calls = anchors.CaseCalls(entry.call, [generate_input(**args, seed=0, rank=rank) for args in cases], rank)
     try:
         return {"steps": core.run_steps(rank, world_size, cases, regions, calls.for_case, harness_row=True)}
     finally:
