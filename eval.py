@@ -394,7 +394,6 @@ class RankSetup:
     backend: str
     store_port: Optional[int] = None
     master_port: int = DEFAULT_MASTER_PORT
-    rank_prefix: bool = False
     nccl_version: Optional[str] = None  # ranks sharing GPUs: the NCCL each must have loaded (A2A_NCCL_VERSION)
 
 
@@ -1358,10 +1357,8 @@ class RankPool:
 
     def _setup(self) -> RankSetup:
         if self.store is not None:
-            return RankSetup(self.backend, store_port=self.store.port, rank_prefix=self.rank_prefix,
-                             nccl_version=self.nccl_version)
-        return RankSetup(self.backend, master_port=self.master_port, rank_prefix=self.rank_prefix,
-                         nccl_version=self.nccl_version)
+            return RankSetup(self.backend, store_port=self.store.port, nccl_version=self.nccl_version)
+        return RankSetup(self.backend, master_port=self.master_port, nccl_version=self.nccl_version)
 
     def _start(self):
         parent_end, child_end = self.context.Pipe()

@@ -309,7 +309,6 @@ class Steps:
         self.channels, self.cases, self.watch = channels, cases, watch
         self.seq = 0
         self.spin_ns = spin_budget_ns(len(channels), "A2A_SPIN_US", 2000)
-        self.views_cache: dict = {}
 
     def _views(self, rank: int, case: int, tokens: int) -> dict:
         args = self.cases[case]

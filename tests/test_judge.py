@@ -1414,16 +1414,16 @@ def _replace_every_check():
     torch.allclose = lambda *args, **kwargs: True
     torch.equal = lambda *args, **kwargs: True
     torch.isclose = lambda a, b, **kwargs: torch.ones(a.shape, dtype=torch.bool)
-    for name, module in list(_sys.modules.items()):
+    for name, loaded in list(_sys.modules.items()):
         for attr in ("check_output", "check_implementation", "check"):
-            if callable(getattr(module, attr, None)):
-                setattr(module, attr, _agree)
+            if callable(getattr(loaded, attr, None)):
+                setattr(loaded, attr, _agree)
                 replaced.append(f"{name}.{attr}")
-        if callable(getattr(module, "step_failures", None)):
-            module.step_failures = lambda results, problems, step: results
+        if callable(getattr(loaded, "step_failures", None)):
+            loaded.step_failures = lambda results, problems, step: results
             replaced.append(f"{name}.step_failures")
-        if isinstance(getattr(module, "OUTPUT_PROBLEMS", None), dict):
-            module.OUTPUT_PROBLEMS.clear()
+        if isinstance(getattr(loaded, "OUTPUT_PROBLEMS", None), dict):
+            loaded.OUTPUT_PROBLEMS.clear()
             replaced.append(f"{name}.OUTPUT_PROBLEMS")
     return replaced
 
