@@ -1386,7 +1386,7 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.parametrize("face, mode", every_time([("human", "test")] + EVERY_FRESH_TIMED, ("protocol", "leaderboard")),
+@pytest.mark.parametrize("face, mode", every_time([("human", "test")] + EVERY_FRESH_TIMED, ("human", "benchmark")),
                          ids=_ids([("human", "test")] + EVERY_FRESH_TIMED))
 def test_no_expected_output_is_held_in_the_rank(tmp_path, face, mode):
     """#49 (a): the answer read from the harness's frames or from gc. The owner computes the expected output in its
@@ -1500,7 +1500,7 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_TIMED, ("human", "leaderboard")),
+@pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_TIMED, ("protocol", "benchmark")),
                          ids=_ids(EVERY_FACE_TIMED))
 def test_a_clock_rewritten_in_c_and_a_gil_holding_thread_change_no_time(tmp_path, face, mode):
     """#49 (c): the rank's clocks are its own to break (the C function behind perf_counter_ns rewritten, the other
@@ -1829,7 +1829,10 @@ def custom_kernel(data):
 '''
 
 RESULT_SENT_EARLY_RUNS = [("human", "test"), ("protocol", "test"), ("protocol", "benchmark"), ("human", "leaderboard")]
-@pytest.mark.parametrize("face, mode", RESULT_SENT_EARLY_RUNS, ids=_ids(RESULT_SENT_EARLY_RUNS))
+
+
+@pytest.mark.parametrize("face, mode", every_time(RESULT_SENT_EARLY_RUNS, ("human", "test")),
+                         ids=_ids(RESULT_SENT_EARLY_RUNS))
 def test_a_well_formed_result_sent_early_passes_no_zeros(tmp_path, face, mode):
     """A passing RankResult, encoded with the harness's own wire encoder and sent on the worker's Connection from
     inside custom_kernel, before any output exists; then zeros. The step never completes; the run must fail."""
