@@ -229,22 +229,19 @@ def prebuild(paths: list[Path]) -> list[str]:
     """Builds the timed and trace extensions of `paths` and the harness's probes (a2a/probes.py) all at once, one
     child process each (a build already in the cache costs an import); returns the failures, one line each. For a
     session that then runs many steps (tools/gpu_session.sh, tests/test_gpu.py): the evaluator never needs it. The
-    builds are made with umask 0: the ranks run as other uids (eval.Sandbox) and take each build folder's lock even
-    when nothing needs building (a probes build this process made itself afterwards, with its own umask, would lock
-    them out). The caches are the ones sandboxed ranks use (eval.prepare_rank_cache) unless this process names its
-    own, and this process and its children use them from here on."""
+    caches are the judge's prebuilt ones (boundary.prepare_rank_cache), which every pool's ranks start from as a
+    copy of their own, unless this process names its own; this process and its children use them from here on."""
     for name, folder in core.prepare_rank_cache().items():
         os.environ.setdefault(name, folder)
     children = [("a2a_probes", subprocess.Popen([sys.executable, "-c", "from a2a import probes; probes.extension()"],
                                                 cwd=core.HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                                text=True, umask=0))]
+                                                text=True))]
     for path in [p for p in paths if builds_device_code(p)]:
         for trace in ("0", "1"):
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, BUNDLE_DIRS)), A2A_TRACE=trace)
             children.append((f"{path.stem}{' (trace)' if trace == '1' else ''}",
                              subprocess.Popen([sys.executable, "-c", f"import {path.stem}"], cwd=path.parent, env=env,
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                             umask=0)))
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
     failures = []
     for name, child in children:
         _, stderr = child.communicate()

@@ -75,7 +75,7 @@ def test_leaderboard_mode_rechecks_with_fresh_seeds(bundle):
     code, output, stderr = run_bundle(bundle, "leaderboard", "one.txt", {"POPCORN_SEED": "4242"})
     keys = parse_popcorn(output)
     assert code == 112 and keys["check"] == "fail", output + stderr
-    assert "mismatch" in keys["benchmark.0.error"]
+    assert any(why in keys["benchmark.0.error"] for why in ("mismatch", "wrong shape"))  # a fresh input's size differs
 
 
 def test_wrong_result_exits_112_with_a_short_report(bundle):
