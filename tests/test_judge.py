@@ -1441,7 +1441,7 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_AND_MODE, ("protocol", "test"), ("human", "leaderboard")),
+@pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_AND_MODE, ("human", "leaderboard")),
                          ids=_ids(EVERY_FACE_AND_MODE))
 def test_zeros_fail_with_every_check_in_the_rank_replaced(tmp_path, face, mode):
     """#49 (b): reference.check_output, check_implementation, torch.allclose/isclose/equal, the judge's `check` and
@@ -1653,8 +1653,7 @@ CACHES = [("content", face, mode) for face, mode in EVERY_FACE_TIMED] + [("point
                                                                           ("pointer", "protocol", "leaderboard")]
 
 
-@pytest.mark.parametrize("key, face, mode", every_time(CACHES, ("content", "protocol", "leaderboard"),
-                                                    ("content", "human", "benchmark"),
+@pytest.mark.parametrize("key, face, mode", every_time(CACHES, ("content", "human", "benchmark"),
                                                     ("pointer", "human", "leaderboard")),
                          ids=[f"{k}-{f}-{m}" for k, f, m in CACHES])
 def test_answers_cached_across_steps_never_hit_fresh_inputs(tmp_path, key, face, mode):
@@ -1736,7 +1735,7 @@ def custom_kernel(data):
 SEED_RUNS = [(f, m) for f in FACES for m in ("test", "leaderboard")]
 
 
-@pytest.mark.parametrize("face, mode", every_time(SEED_RUNS, ("protocol", "leaderboard"), ("human", "leaderboard")),
+@pytest.mark.parametrize("face, mode", every_time(SEED_RUNS, ("protocol", "leaderboard")),
                          ids=_ids(SEED_RUNS))
 def test_a_rank_cannot_find_or_derive_the_secret(tmp_path, face, mode):
     """#49 (f): with a secret seed (--seed / POPCORN_SEED), the rank finds it in no environment variable, no /proc
@@ -2000,8 +1999,7 @@ CRAFTED_RUNS = [(kind, face, mode) for kind in CRAFTED_MESSAGES for face, mode i
                                                                                    ("human", "benchmark"))]
 
 
-@pytest.mark.parametrize("kind, face, mode", every_time(CRAFTED_RUNS, ("nested", "protocol", "test"),
-                                                     ("garbage", "human", "benchmark")),
+@pytest.mark.parametrize("kind, face, mode", every_time(CRAFTED_RUNS, ("nested", "protocol", "test")),
                          ids=[f"{k}-{f}-{m}" for k, f, m in CRAFTED_RUNS])
 def test_a_crafted_message_on_the_connection_voids_quickly(tmp_path, kind, face, mode):
     """#49 (g): a message nested 100000 deep, bytes that are not the wire format, a length past the message's end,
