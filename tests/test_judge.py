@@ -360,7 +360,7 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_AND_MODE, ("protocol", "leaderboard"), ("human", "test")),
+@pytest.mark.parametrize("face, mode", every_time(EVERY_FACE_AND_MODE, ("protocol", "leaderboard")),
                          ids=_ids(EVERY_FACE_AND_MODE))
 def test_a_check_replaced_through_the_callers_frames_fails(tmp_path, face, mode):
     """The harness's check (`_checked` in #38, `checked` since), found in its caller's globals, replaced by a pass;
