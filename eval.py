@@ -9,25 +9,28 @@ reference-kernels, problems/amd_distributed/eval.py): a spawn pool of POPCORN_GP
 worker is rank 0 in one case and another rank in the next), an NCCL group per case with `device_id` on the fixed
 port, no `set_device` anywhere (the current device stays cuda:0 in every worker), the submission imported inside
 the worker during the first case and within that case's time limit, the same timed loop, seeds, warm-up and stop
-rules. What differs, and why none of it can turn a failure there into a pass here: docs/judge.md, "Faithful to the runner".
+rules. Every step is the owner's (judge.py): this process makes each rank's input, places it in the rank's shared
+buffer after its clock starts, checks the output it copies out when every rank says done, and keeps the time; the
+ranks run `run_steps`, and nothing in their processes is trusted. What differs from the runner, and why none of it
+can turn a failure there into a pass here: docs/judge.md, "Faithful to the runner".
 
 Run from the repository without POPCORN_FD, it hands over to the human face (a2a/harness.py). The human face's
 options arrive as A2A_* variables, read once in `protocol_main`: A2A_BACKEND, A2A_EXTRA (device-side time, harness
-floor, import time), A2A_RANK_PREFIX, A2A_TIMEOUT, A2A_RENDEZVOUS=private (ranks join a store this process holds on
+floor, import time), A2A_JUDGE (keyed case seeds, a fresh input in every timed step), A2A_RANK_PREFIX, A2A_TIMEOUT,
+A2A_RENDEZVOUS=private (ranks join a store this process holds on
 a port the OS gave it, instead of the runner's fixed port), A2A_SHARE=mps (more ranks than GPUs: rank r on
 cuda:(r mod GPUs), sharing through the MPS daemon the human face holds; a2a/sharing.py) with A2A_NCCL_VERSION (the
 NCCL every rank must have loaded). Without A2A_SHARE a bundle refuses more ranks than GPUs, as the runner does.
 A2A_MASTER_PORT moves the fixed port (parallel test workers); the runner never sets it.
 
 Also the library the human face and the tools build on: `__all__` below, exactly the names they use
-(tests/test_layers.py holds it to them). Its heart is the rank API: RankPool, rank_device, own_device, clone_data,
-snapshot, all_ok, and `measure`, the one measuring loop around the runner's timed step.
+(tests/test_layers.py holds it to them): RankPool, CaseSteps and run_steps for the judge's steps; rank_device,
+own_device, clone_data, all_ok, and `measure`, the tools' measuring loop in a rank's own process (never a verdict).
 """
 from __future__ import annotations
 
 import base64
 import contextlib
-import copy
 import ctypes
 import dataclasses
 import faulthandler
@@ -571,12 +574,6 @@ def clone_data(data, rank: int, b: Optional[Bound] = None):
     if isinstance(data, b.tensor):
         return b.ops["to"](b.ops["clone"](data), rank_device(rank))
     return data
-
-
-def snapshot(data):
-    """A deep copy of a case's input taken before the submission sees it: the check runs against this, so a
-    submission that writes into `rank_data` cannot change what it is checked against."""
-    return copy.deepcopy(data)
 
 
 def all_ok(ok: bool, rank: int, b: Optional[Bound] = None) -> bool:
