@@ -840,9 +840,7 @@ def _call_on_gpu(call: Callable, data, device, hold: Optional[Hold]) -> tuple:
     import torch
 
     stream = torch.cuda.current_stream(device)
-    if device.index not in _events:
-        _events[device.index] = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start, end = _events[device.index]
+    start, end = _timing_events(device, bound())
     holding = hold is not None and not hold.sync_inside
     if holding:
         with torch.cuda.device(device):

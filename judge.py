@@ -179,11 +179,8 @@ class Views:
 
         shapes = {"x": ((tokens, hidden), torch.float16), "indices": ((tokens, topk), torch.int32),
                   "weights": ((tokens, topk), torch.float32), "out": ((tokens, hidden), torch.float16)}
-        out = {}
-        for name, (shape, dtype) in shapes.items():
-            count = shape[0] * shape[1] * torch.tensor([], dtype=dtype).element_size()
-            out[name] = self.raw[name][:count].view(dtype).view(shape)
-        return out
+        return {name: self.raw[name][:shape[0] * shape[1] * dtype.itemsize].view(dtype).view(shape)
+                for name, (shape, dtype) in shapes.items()}
 
 
 def _sizes(regions: dict) -> dict:
@@ -192,7 +189,18 @@ def _sizes(regions: dict) -> dict:
     return {name: end - regions[name] for name, end in zip(names, ends)}
 
 
-class Channel:
+class _Header:
+    """The shared buffer's header, read by either end (`memory`: the mapped buffer)."""
+    memory: mmap.mmap
+
+    def field(self, index: int) -> int:
+        return _FIELD.unpack_from(self.memory, _offset(index))[0]
+
+    def real(self, index: int) -> float:
+        return _REAL.unpack_from(self.memory, _offset(index))[0]
+
+
+class Channel(_Header):
     """The owner's end of one rank's channel: a shared buffer (header, input regions, output region) and two pipes,
     `go` (owner to rank) and `done` (rank to owner), whose bytes only wake the reader; the header says what happened.
     `for_rank()` gives the descriptors the rank gets (sent once, then closed here)."""
@@ -218,12 +226,6 @@ class Channel:
             for fd in (self.go_read, self.done_write):
                 os.close(fd)
             self._given = True
-
-    def field(self, index: int) -> int:
-        return _FIELD.unpack_from(self.memory, _offset(index))[0]
-
-    def real(self, index: int) -> float:
-        return _REAL.unpack_from(self.memory, _offset(index))[0]
 
     def set(self, index: int, value: int) -> None:
         _FIELD.pack_into(self.memory, _offset(index), value)
@@ -306,9 +308,12 @@ class Steps:
         # NOTES: the owner's own tensor work (placing, copying out, checking) is small; a pool of intra-op threads
         # as wide as the machine, woken for each copy beside spinning ranks, cost tens of ms a step (H200 x4).
         torch.set_num_threads(1)
-        self.channels, self.cases, self.watch = channels, cases, watch
+        self.channels, self.cases, self.watch = channels, cases, set(watch)
         self.seq = 0
         self.spin_ns = spin_budget_ns(len(channels), "A2A_SPIN_US", 2000)
+        self.poller = select.poll()  # made once: a step's wait sits inside its window
+        for fd in [channel.done_read for channel in channels] + list(watch):
+            self.poller.register(fd, select.POLLIN)
 
     def _views(self, rank: int, case: int, tokens: int) -> dict:
         args = self.cases[case]
@@ -359,12 +364,6 @@ class Steps:
     def _wait(self, seq: int, deadline: float) -> None:
         pending = set(range(len(self.channels)))
         spin_until = time.perf_counter_ns() + self.spin_ns
-        poller = select.poll()
-        for channel in self.channels:
-            poller.register(channel.done_read, select.POLLIN)
-        for fd in self.watch:
-            poller.register(fd, select.POLLIN)
-        watched = set(self.watch)
         while True:
             pending = {r for r in pending if self.channels[r].field(DONE) != seq}
             if not pending:
@@ -374,12 +373,13 @@ class Steps:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise Missed(sorted(pending))
-            for fd, _ in poller.poll(min(left, 0.5) * 1e3):
-                if fd in watched:
-                    raise RankEnded()
+            events = self.poller.poll(min(left, 0.5) * 1e3)
+            if any(fd in self.watch for fd, _ in events):
+                raise RankEnded()
+            hung_up = {fd for fd, flags in events if flags & select.POLLHUP}  # a rank's end of `done` closed
             for channel in self.channels:
                 channel.drain()
-            if any(self.channels[r].field(DONE) != seq and _closed(self.channels[r]) for r in pending):
+            if any(self.channels[r].done_read in hung_up and self.channels[r].field(DONE) != seq for r in pending):
                 raise RankEnded()
         for channel in self.channels:
             channel.drain()
@@ -394,19 +394,12 @@ class Steps:
             channel.close()
 
 
-def _closed(channel: Channel) -> bool:
-    """Whether the rank's end of `done` is closed (its process is gone)."""
-    poller = select.poll()
-    poller.register(channel.done_read, select.POLLIN)
-    return any(events & select.POLLHUP for _, events in poller.poll(0))
-
-
 # --------------------------------------------------------------------------------------------------------------
 # The rank's end (runs in the rank: the submission's process; nothing here is trusted)
 # --------------------------------------------------------------------------------------------------------------
 
 
-class RankChannel:
+class RankChannel(_Header):
     """A rank's end of its channel: waits for `go`, gives the step's input, publishes the output, says `done`."""
 
     def __init__(self, fds: list, regions: dict):
@@ -415,9 +408,6 @@ class RankChannel:
         self.views = Views(self.memory, regions)
         self.seq = 0
         self.spin_ns = 0
-
-    def field(self, index: int) -> int:
-        return _FIELD.unpack_from(self.memory, _offset(index))[0]
 
     def wait(self) -> tuple:
         """(kind, case, tokens) of the next step; blocks until the owner says go (one byte on `go` per step)."""
