@@ -864,12 +864,16 @@ def run_steps(rank: int, world_size: int, cases: list, regions: dict, call_for: 
     the time. `harness_row`: the harness's own rows (the floors, the anchors), whose outputs are not the problem's:
     an output-sized buffer is published in their place, so that they move what a version moves. Returns the steps
     run."""
-    channel = judge.RankChannel(receive_fds(3), regions)
-    channel.spin_ns = judge.spin_budget_ns(world_size, "A2A_RANK_SPIN_US", 20000)
     device = rank_device(rank)
     gpu = device.type == "cuda"
-    with _registered(channel.memory, gpu):
-        return _steps(channel, rank, world_size, cases, call_for, harness_row, device)
+    on_device = "gpu_bytes" in regions  # the owner shares the regions on this rank's GPU (judge.Channel)
+    channel = judge.RankChannel(receive_fds(4 if on_device else 3), regions, device.index if on_device else None)
+    channel.spin_ns = judge.spin_budget_ns(world_size, "A2A_RANK_SPIN_US", 20000)
+    try:
+        with _registered(channel.memory, gpu and not on_device):
+            return _steps(channel, rank, world_size, cases, call_for, harness_row, device)
+    finally:
+        channel.close()
 
 
 def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable, harness_row: bool, device) -> int:
@@ -889,8 +893,10 @@ def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable,
         views = channel.views.tensors(tokens, args["hidden_dim"], args["experts_per_token"])
         rank_data = RankTestData.__new__(RankTestData)
         rank_data.num_tokens = tokens
-        rank_data.x, rank_data.indices, rank_data.weights = (views[name].to(device, copy=True)
-                                                             for name in ("x", "indices", "weights"))
+        # On the device transport the inputs are the owner's shared regions themselves (no copy in the window).
+        rank_data.x, rank_data.indices, rank_data.weights = (
+            views[name] if channel.shared is not None else views[name].to(device, copy=True)
+            for name in ("x", "indices", "weights"))
         data = (configs[case], rank_data, rank, world_size)
         call_ns = held_ns = math.nan
         held, failure = False, None
@@ -909,7 +915,11 @@ def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable,
             if status and harness_row:
                 status, output = 0, floor_out[case][:tokens]
             if not status:
+                if gpu:  # as the runner does before it reads an output: the device's work all done
+                    torch.cuda.synchronize(device)
                 views["out"].copy_(output)
+                if channel.shared is not None:
+                    torch.cuda.current_stream(device).synchronize()
         except Exception as exc:  # said first, so the owner's wait ends now; raised after, so its cause is reported
             status, failure = 6, exc
         channel.done(status, call_ns, held_ns, held)
@@ -1496,6 +1506,47 @@ def rank_failures(results: list[RankResult]) -> str:
     return " | ".join(wire.as_text(line, FAILURE_CHARS) for line in lines)
 
 
+TRANSPORT_ENV = "A2A_TRANSPORT"  # "host": the owner's steps through host memory even where the GPUs could share
+
+
+def transport(pool: "RankPool", world_size: int) -> tuple:
+    """("device", None) where the owner's steps keep their inputs and outputs on the ranks' GPUs (judge.Channel with
+    a GPU: every rank on a GPU of its own, a CUDA build), else ("host", why not). NOTES: ranks sharing GPUs run
+    under MPS, whose server takes one uid's clients at a time: a context of the owner's there would wait for it."""
+    if os.environ.get(TRANSPORT_ENV) == "host":
+        return "host", f"{TRANSPORT_ENV}=host"
+    if pool.backend != "nccl":
+        return "host", "ranks on the CPU"
+    if "CUDA_MPS_PIPE_DIRECTORY" in pool.env:
+        return "host", "ranks share GPUs (MPS)"
+    import gpu_share
+
+    why = gpu_share.supported()
+    if why:
+        return "host", why
+    import torch
+
+    if torch.cuda.device_count() < world_size:
+        return "host", "fewer GPUs than ranks"
+    return "device", None
+
+
+def transport_text(pool: "RankPool", world_size: int) -> str:
+    """The owner's transport in words, for the run's boundary line."""
+    kind, why = transport(pool, world_size)
+    return ("owner's steps: inputs and outputs in GPU buffers the owner shares with each rank" if kind == "device"
+            else f"owner's steps: inputs and outputs through host memory ({why})")
+
+
+def channel_gpus(pool: "RankPool", world_size: int) -> list:
+    """Each rank's GPU for its judge channel (its rank_device's index), or None per rank on the host transport."""
+    if transport(pool, world_size)[0] == "host":
+        return [None] * world_size
+    import torch
+
+    return [rank % torch.cuda.device_count() for rank in range(world_size)]
+
+
 class CaseSteps:
     """A case's steps on a pool, from the owner's side: a judge channel to every rank, the ranks' job started (the
     protocol face's "steps", or a tool's function through "call" that ends in run_steps), and judge.Steps over the
@@ -1504,7 +1555,14 @@ class CaseSteps:
 
     def __init__(self, pool: "RankPool", test: TestCase, cases: list, timeout_s: float,
                  fn: Optional[Callable] = None, fn_args: tuple = ()):
-        self.channels = [judge.Channel(cases) for _ in range(test.args["world_size"])]
+        self.channels = []
+        try:
+            for gpu in channel_gpus(pool, test.args["world_size"]):
+                self.channels.append(judge.Channel(cases, gpu))
+        except BaseException:
+            for channel in self.channels:
+                channel.close()
+            raise
         regions = self.channels[0].regions
         shapes = [{k: v for k, v in case.items() if k != "seed"} for case in cases]  # the ranks get no seed
         job, params = ("steps", {"cases": shapes, "regions": regions}) if fn is None else \
@@ -1846,7 +1904,7 @@ def protocol_main() -> int:
             run = ProtocolRun(logger, pool, backend, bool(os.environ.get("A2A_EXTRA")),
                               float(timeout) if timeout else None, judge.Seeds(keyed=judged, secret=seed), judged)
             if run.extra:
-                logger.log("guards", pool.guards.describe())
+                logger.log("guards", f"{pool.guards.describe()}; {transport_text(pool, n_gpus)}")
             if mode == "test":
                 code = run_testing(run, tests)
             elif mode == "profile":

@@ -236,7 +236,8 @@ class Clock:
         try:
             pool = core.RankPool(self.plan.world_size, self.plan.backend, rank_prefix=True, env=env,
                                  bundle=self.bundles.get(entry.name), rerun_main=False)
-            self.guards, self.uid = pool.guards.describe(), pool.guards.uid
+            self.guards = f"{pool.guards.describe()}; {core.transport_text(pool, self.plan.world_size)}"
+            self.uid = pool.guards.uid
             test = core.TestCase(args={"world_size": self.plan.world_size}, spec=f"{entry.name} (clock round)")
             steps = core.CaseSteps(pool, test, list(self.plan.case_args), SETUP_TIMEOUT_S, fn=session_rank,
                                    fn_args=(entry,))

@@ -573,29 +573,41 @@ class Probes:
 
 class Handshake:
     """The handshake row's call on one process group's probe heap (a collective to build and to close). Every
-    call raises this rank's flag at every peer and returns once every peer's flag of the same call is in; `out`
-    (the case's output shape) is what a call returns, like the empty submission's."""
+    call raises this rank's flag at every peer and returns once every peer's flag of the same call is in, then
+    returns a preallocated output (`returning(out)`: a call for one case's output shape), like the empty
+    submission. NOTES: the kernel's arguments are set once per process (the call passes none, the least a host
+    path can pass), so one Handshake lives in a process at a time; every case shares it (ranks 1-3 hit an illegal
+    address when five per-case handshakes each set the arguments and each closed its heap, H200 x4)."""
 
-    def __init__(self, rank: int, world_size: int, num_tokens: int, hidden_dim: int):
+    live = False
+
+    def __init__(self, rank: int, world_size: int):
         import torch
 
+        if Handshake.live:
+            raise RuntimeError("a2a probes: one Handshake per process at a time (the kernel's arguments are global)")
         self.probes = Probes(rank, world_size)
         device = self.probes.device
         self.calls = torch.zeros(1, dtype=torch.int64, device=device)
         self.gave_up = torch.zeros(1, dtype=torch.int32, device=device)
-        self.out = torch.empty(num_tokens, hidden_dim, dtype=torch.float16, device=device)
         self.probes.ext.handshake_setup(self.probes.heap_bases, rank, world_size, self.calls, self.gave_up,
                                         SPIN_TIMEOUT_NS)
-        self.launch = self.probes.ext.handshake
+        Handshake.live = True
 
-    def __call__(self, _data):
-        self.launch()
-        return self.out
+    def returning(self, out):
+        launch = self.probes.ext.handshake
+
+        def call(_data):
+            launch()
+            return out
+
+        return call
 
     def close(self) -> None:
         """Frees the heap; raises if any call gave up waiting for a peer (the row is then not a floor)."""
         gave_up = int(self.gave_up.item())
         self.probes.close()
+        Handshake.live = False
         if gave_up:
             raise RuntimeError(f"the handshake of rank {self.probes.rank} gave up waiting for a peer")
 

@@ -66,7 +66,8 @@ def test_only_the_core_uses_its_private_names():
 
 
 def test_no_harness_file_sets_the_current_device():
-    files = [ROOT / "eval.py", ROOT / "boundary.py", ROOT / "judge.py", ROOT / "wire.py", *ROOT.glob("a2a/*.py"),
+    files = [ROOT / "eval.py", ROOT / "boundary.py", ROOT / "judge.py", ROOT / "wire.py", ROOT / "gpu_share.py",
+             *ROOT.glob("a2a/*.py"),
              *ROOT.glob("tools/*.py"), ROOT / "run_leaderboard.py", ROOT / "diff.py", *ROOT.glob("tests/*.py")]
     setters = [path.name for path in files if path != ROOT / "tests" / "test_layers.py"
                and re.search(r"set_device\(|set_device_index\(", path.read_text())]

@@ -174,9 +174,10 @@ def floor_kernel():
     return floor_kernel
 
 
-def _launch_paths(rank: int, world_size: int, device) -> tuple[dict, list]:
-    """{key: callable(data)} for every path this machine offers, and what they point into without holding it (the
-    kernelParams array holds its slots' addresses). Each path is called as the harness calls custom_kernel: the
+def _launch_paths(rank: int, world_size: int, device) -> tuple:
+    """{key: callable(data)} for every path this machine offers, what they point into without holding it (the
+    kernelParams array holds its slots' addresses), and the handshake whose heap the "handshake" path uses (a
+    collective to close). Each path is called as the harness calls custom_kernel: the
     native entries directly, the others from one Python function (a version's entry frame)."""
     import torch
 
@@ -241,9 +242,9 @@ def _launch_paths(rank: int, world_size: int, device) -> tuple[dict, list]:
     fastcall.setup(ctypes.cast(launch, ctypes.c_void_p).value, compiled.function, ctypes.addressof(params), threads,
                    shared, stream, index, exchange, restore, raw_stream)
     paths["fastcall"], paths["fastcall_bound"] = fastcall.launch, fastcall.launch_bound  # no Python frame
-    handshake = probes.Handshake(rank, world_size, 1, 8)
-    paths["handshake"] = handshake
-    return paths, slots
+    handshake = probes.Handshake(rank, world_size)
+    paths["handshake"] = handshake.returning(torch.empty(1, 8, dtype=torch.float16, device=device))
+    return paths, slots, handshake
 
 
 def _cycles_per_us() -> float:
@@ -329,7 +330,7 @@ def _floor_rank(rank: int, world_size: int, case: dict, iterations: int, steps: 
     data = generate_input(**case, rank=rank)
     device = core.rank_device(rank)
     with core.own_device(rank):  # this tool's own launches: on the rank's device, none of them a submission's
-        paths, _slots = _launch_paths(rank, world_size, device)  # the slots live while the paths run
+        paths, _slots, handshake = _launch_paths(rank, world_size, device)  # the slots live while the paths run
         events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         hold_cycles = int(HOLD_US * _cycles_per_us())
         warm = {}
@@ -339,7 +340,7 @@ def _floor_rank(rank: int, world_size: int, case: dict, iterations: int, steps: 
         schedule = [key for _ in range(steps) for key in paths]
         measured = core.measure(paths, data, rank, schedule, device_clock=True)
         held = _held_steps(paths, data, rank, schedule, device, hold_cycles, events)
-        paths["handshake"].close()  # its heap; raises if a call gave up waiting for a peer
+        handshake.close()  # its heap; raises if a call gave up waiting for a peer
     mine = {"warm": warm, "held": held}
     gathered = [None] * world_size
     with core.own_device(rank):
