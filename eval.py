@@ -67,7 +67,8 @@ __all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything
     "install_signal_handlers", "kill_tree", "LEADERBOARD_SEED_STEP", "machine_gpus", "measure", "MODES",
     "MPS_DEFAULT_PIPE_DIRECTORY", "nccl_version_tuple", "OFFICIAL_TIMEOUT_S", "own_device", "owned_tempdir",
     "prepare_rank_cache", "rank_device", "rank_failures", "RankPool", "release_uid", "RUN_OWNER", "run_steps",
-    "SEED_MAX", "SPEC_KEYS", "spec_line", "Terminated", "TestCase", "UserError", "validate_cases", "version_text",
+    "SEED_MAX", "SPEC_KEYS", "spec_line", "Terminated", "TestCase", "transport_text", "UserError", "validate_cases",
+    "version_text",
     "WARMUP_CALLS",
 ]
 HERE = Path(__file__).resolve().parent
@@ -1576,6 +1577,7 @@ class CaseSteps:
         for channel in self.channels:
             channel.given()
         self.steps = judge.Steps(self.channels, cases, [pool.workers[slot][1].fileno() for slot in self.case.slots])
+        self.spec = test.spec
         self.ended_early = False
 
     def step(self, kind: int, case: int, inputs: list, check_outputs: bool = True) -> judge.StepResult:
@@ -1590,6 +1592,8 @@ class CaseSteps:
         while a step was still waiting for the ranks never passes: the steps were not over."""
         with contextlib.suppress(OSError):
             self.steps.stop()
+        if self.steps.anatomy:
+            print(f"{self.spec}: {self.steps.anatomy_text()}", file=sys.stderr)
         try:
             results = self.case.done or self.case.next_event()
         finally:

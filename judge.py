@@ -140,8 +140,10 @@ def check(output, expected) -> Optional[str]:
 # --------------------------------------------------------------------------------------------------------------
 
 # The header: the owner writes seq..tokens, the rank done..held_ok. Plain stores; the pipes' system calls order them.
-HEADER_BYTES = 128  # seq kind case tokens | done status call_ns held_ns held_ok done_at_ns: 8 bytes each
-SEQ, KIND, CASE, TOKENS, DONE, STATUS, CALL_NS, HELD_NS, HELD_OK, DONE_AT_NS = range(10)
+HEADER_BYTES = 128  # seq kind case tokens | done status call_ns held_ns held_ok done_at_ns go_seen_ns: 8 bytes each
+SEQ, KIND, CASE, TOKENS, DONE, STATUS, CALL_NS, HELD_NS, HELD_OK, DONE_AT_NS, GO_SEEN_NS = range(11)
+ANATOMY_ENV = "A2A_STEP_ANATOMY"  # "1": the owner prints where its steps' µs went, per case (Steps.anatomy)
+ANATOMY_PHASES = ("place", "wake", "rank", "collect")
 _FIELD = struct.Struct("<q")
 _REAL = struct.Struct("<d")
 ALIGN = 256
@@ -337,6 +339,7 @@ class Steps:
         torch.set_num_threads(1)
         self.channels, self.cases, self.watch = channels, cases, set(watch)
         self.seq = 0
+        self.anatomy = [] if os.environ.get(ANATOMY_ENV) == "1" else None
         self.spin_ns = spin_budget_ns(len(channels), "A2A_SPIN_US", 2000)
         self.poller = select.poll()  # made once: a step's wait sits inside its window
         for fd in [channel.done_read for channel in channels] + list(watch):
@@ -381,6 +384,7 @@ class Steps:
             self._synchronize()
         for channel, inp in zip(self.channels, inputs):
             channel.go(seq, kind, case, inp.num_tokens)
+        raised = clock()
         self._wait(seq, deadline)
         outputs, copied = [], []
         for view in views:
@@ -390,7 +394,10 @@ class Steps:
         if on_gpu:
             self._synchronize()
             copied = [clock()] * len(views)
-        window = clock() - start
+        end = clock()
+        window = end - start
+        if self.anatomy is not None:
+            self._dissect(start, raised, end)
         outputs = [output.cpu() for output in outputs]
         problems, calls, helds, held_ok = [], [], [], []
         for channel, inp, output in zip(self.channels, inputs, outputs):
@@ -409,6 +416,24 @@ class Steps:
         races = [end - channel.field(DONE_AT_NS) for end, channel in zip(copied, self.channels)]
         race = max(races) if all(0 <= r <= window for r in races) else math.nan
         return StepResult(window, problems, calls, helds, held_ok, race)
+
+    def _dissect(self, start: int, raised: int, end: int) -> None:
+        """Where a step's window went (profiling, ANATOMY_ENV): placing the inputs and raising every go; until the
+        last rank saw its go; the longest a rank took from its go to its done; from the last done to the end (the
+        copies out). The middle two rest on the ranks' own stamps (their word)."""
+        seen = [c.field(GO_SEEN_NS) for c in self.channels]
+        done = [c.field(DONE_AT_NS) for c in self.channels]
+        self.anatomy.append((raised - start, max(seen) - raised, max(d - g for d, g in zip(done, seen)),
+                             end - max(done)))
+
+    def anatomy_text(self) -> str:
+        """The median of each phase over the steps so far, in µs (empty when not profiled)."""
+        if not self.anatomy:
+            return ""
+        import statistics
+
+        return ", ".join(f"{name} {statistics.median(p[i] for p in self.anatomy) / 1e3:.1f}"
+                         for i, name in enumerate(ANATOMY_PHASES)) + f" µs (p50 of {len(self.anatomy)} steps)"
 
     def _synchronize(self) -> None:
         import torch
@@ -486,6 +511,7 @@ class RankChannel(_Header):
         if not os.read(self.go_read, 1):
             return STOP, 0, 0
         self.seq = self.field(SEQ)
+        _FIELD.pack_into(self.memory, _offset(GO_SEEN_NS), time.perf_counter_ns())
         return self.field(KIND), self.field(CASE), self.field(TOKENS)
 
     def done(self, status: int, call_ns: float, held_ns: float, held_ok: bool) -> None:

@@ -315,6 +315,7 @@ int launch_handshake(const HandshakeParams& p, cudaStream_t stream) {
 BINDING = r"""
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 
 static void check(int err, const char* what) {
   TORCH_CHECK(err == 0, "a2a probes: ", what, " failed: ", cudaGetErrorString((cudaError_t)err));
@@ -378,8 +379,11 @@ void peer_stores(torch::Tensor heap_bases, torch::Tensor src, int64_t rank, int6
   check(launch_peer_store(p, (int)grid, stream()), "launching the peer stores");
 }
 
-// The handshake's arguments, set once per group; the call itself takes none (the least a host path can pass).
+// The handshake's arguments and device, set once per group; the call itself takes none (the least a host path can
+// pass). NOTES: it launches on its own device, as a version does from its inputs: the current device is the runner's
+// cuda:0 in every rank (ranks 1-3 launched there at world size 4 and hit an illegal address).
 static HandshakeParams handshake_params;
+static int handshake_device = 0;
 
 void handshake_setup(torch::Tensor heap_bases, int64_t rank, int64_t world, torch::Tensor calls,
                      torch::Tensor gave_up, int64_t timeout_ns) {
@@ -389,9 +393,13 @@ void handshake_setup(torch::Tensor heap_bases, int64_t rank, int64_t world, torc
   handshake_params.calls = reinterpret_cast<uint64_t*>(calls.data_ptr<int64_t>());
   handshake_params.gave_up = gave_up.data_ptr<int>();
   handshake_params.timeout_ns = timeout_ns;
+  handshake_device = heap_bases.device().index();
 }
 
-void handshake() { check(launch_handshake(handshake_params, stream()), "launching the handshake"); }
+void handshake() {
+  const at::cuda::CUDAGuard guard((c10::DeviceIndex)handshake_device);
+  check(launch_handshake(handshake_params, stream()), "launching the handshake");
+}
 """
 
 CPP_DECLS = """
@@ -576,8 +584,7 @@ class Handshake:
     call raises this rank's flag at every peer and returns once every peer's flag of the same call is in, then
     returns a preallocated output (`returning(out)`: a call for one case's output shape), like the empty
     submission. NOTES: the kernel's arguments are set once per process (the call passes none, the least a host
-    path can pass), so one Handshake lives in a process at a time; every case shares it (ranks 1-3 hit an illegal
-    address when five per-case handshakes each set the arguments and each closed its heap, H200 x4)."""
+    path can pass), so one Handshake lives in a process at a time, shared by every case."""
 
     live = False
 
