@@ -35,6 +35,7 @@ import ctypes
 import dataclasses
 import faulthandler
 import fcntl
+import hashlib
 import importlib.util
 import math
 import multiprocessing
@@ -64,7 +65,7 @@ __all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything
     "all_ok", "bound", "calculate_extra_stats", "cantor_combine", "case_problem", "CaseSteps", "claim_run",
     "clone_data", "die_with_parent", "environ_with", "environment_with", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED",
     "EXIT_CRASH", "EXTRA_STAT_FIELDS", "EXTRA_STATS", "get_test_cases", "HERE", "import_submission",
-    "install_signal_handlers", "kill_tree", "LEADERBOARD_SEED_STEP", "machine_gpus", "measure", "MODES",
+    "install_signal_handlers", "kill_tree", "LEADERBOARD_SEED_STEP", "LOG_DIR_ENV", "machine_gpus", "measure", "MODES",
     "MPS_DEFAULT_PIPE_DIRECTORY", "nccl_version_tuple", "OFFICIAL_TIMEOUT_S", "own_device", "owned_tempdir",
     "prepare_rank_cache", "rank_device", "rank_failures", "RankPool", "release_uid", "RUN_OWNER", "run_steps",
     "SEED_MAX", "SPEC_KEYS", "spec_line", "Terminated", "TestCase", "transport_text", "UserError", "validate_cases",
@@ -408,6 +409,7 @@ class RankFailure:
     message: str
     follow_on: bool = False
     at: float = dataclasses.field(default_factory=time.time)
+    build_log: str = ""  # a failed extension build's whole output, which the owner writes to a file and names
 
 
 class RankResult(NamedTuple):
@@ -998,7 +1000,8 @@ def _join_group(rank: int, world_size: int, setup: RankSetup, case_id: int):
 # What a peer's failure looks like from a rank that was waiting on it in a collective.
 _FOLLOW_ON = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|NCCL communicator|"
                         r"ProcessGroup(Gloo|NCCL)|gloo/transport|another rank failed", re.IGNORECASE)
-BUILD_ERROR_LINES = 4
+BUILD_ERROR_LINES = 2
+BUILD_LOG_CHARS = 200_000  # the end of a failed build's output kept for its log file
 
 
 def _failure_from_exception(exc: BaseException) -> RankFailure:
@@ -1009,14 +1012,30 @@ def _failure_from_exception(exc: BaseException) -> RankFailure:
     frames = traceback.extract_tb(exc.__traceback__)
     where = next((f for f in reversed(frames) if f.filename.endswith("submission.py")), frames[-1] if frames else None)
     location = f" (at {Path(where.filename).name}:{where.lineno})" if where else ""
-    text = str(exc)
-    if "Error building extension" in text:
-        errors = [line.strip() for line in text.splitlines() if "error" in line.lower()]
-        text = " | ".join(errors[:BUILD_ERROR_LINES]) or text.splitlines()[0]
+    text, build_log = str(exc), ""
+    if text.startswith("Error building extension"):
+        text, build_log = build_failure(text), text[-BUILD_LOG_CHARS:]
     message = " ".join(text.split())
     follow_on = isinstance(exc, getattr(dist, "DistError", ())) or bool(_FOLLOW_ON.search(message))
     prefix = "void: " if isinstance(exc, Tampering) else ""
-    return RankFailure(f"{prefix}{type(exc).__name__}: {message}{location}", follow_on=follow_on)
+    return RankFailure(f"{prefix}{type(exc).__name__}: {message}{location}", follow_on=follow_on, build_log=build_log)
+
+
+# A compiler's, nvcc's or the linker's own error line (gcc/clang `file:line:col: error: ...`, `fatal error:`,
+# nvcc `error : ...`, ld's `undefined reference`); ninja's `FAILED:` line and the command lines it echoes are not.
+_COMPILER_ERROR = re.compile(r"(\berror\b\s*:|undefined reference|cannot find -l)", re.IGNORECASE)
+_SOURCE_FOLDER = re.compile(r"^/\S*/(?=[^/\s]+:\d+)")  # a build folder before `main.cpp:1:23: error: ...`
+
+
+def build_failure(text: str) -> str:
+    """A failed extension build in one line: torch's first line (which extension) and the compiler's first error
+    lines, without the command lines that ninja prints before them (they filled the cell, cut off, on a GPU image
+    whose compiler failed; issue #50)."""
+    head = text.split(":", 1)[0]
+    lines = [line.strip() for line in text.splitlines()[1:]]
+    errors = [_SOURCE_FOLDER.sub("", line)[:300] for line in lines
+              if _COMPILER_ERROR.search(line) and not line.startswith(("[", "FAILED:"))]
+    return f"{head}: {' | '.join(errors[:BUILD_ERROR_LINES]) or (lines[-1][:300] if lines else text[:200])}"
 
 
 def _rank_entry(b: Bound, job: str, test: TestCase, rank: int, params: dict, setup: RankSetup,
@@ -1486,10 +1505,30 @@ FOLLOW_ON_SUMMARY_CHARS = 160
 FAILURE_CHARS = 2000  # one rank's failure as shown
 
 
+LOG_DIR_ENV = "A2A_LOG_DIR"  # where the owner writes failed builds' logs (default: build/logs beside eval.py)
+
+
+def write_build_log(text: str) -> str:
+    """A failed build's whole output (a rank's text: written as data, never run or shown raw) in a file of the
+    owner's, named by its content; returns the path."""
+    folder = Path(os.environ.get(LOG_DIR_ENV) or HERE / "build" / "logs")
+    path = folder / f"build-{hashlib.sha256(text.encode(errors='replace')).hexdigest()[:16]}.log"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, errors="replace")
+    except OSError as exc:
+        return f"not written: {exc.strerror}"
+    return str(path)
+
+
 def rank_failures(results: list[RankResult]) -> str:
     """The failing ranks' own errors first, whole, in the order they happened; then, summarised, what their peers
-    hit because of them."""
+    hit because of them. A failed build's line names the file its whole log went to."""
     failures = [(rank, result.value) for rank, result in enumerate(results) if not result.ok]
+    for _, failure in failures:
+        if failure.build_log and isinstance(failure.build_log, str):
+            failure.message = f"{failure.message} (full build log: {write_build_log(failure.build_log)})"
+            failure.build_log = ""
     causes = sorted((f for f in failures if not f[1].follow_on), key=lambda f: f[1].at)
     follow_ons = sorted((f for f in failures if f[1].follow_on), key=lambda f: f[1].at)
     if not causes:
@@ -1508,6 +1547,18 @@ def rank_failures(results: list[RankResult]) -> str:
 
 
 TRANSPORT_ENV = "A2A_TRANSPORT"  # "host": the owner's steps through host memory even where the GPUs could share
+# N: the owner's copies on the device transport made by GPU N's context over its peer links (by default each rank's
+# own GPU's): with N a GPU no rank uses, the ranks' GPUs never switch to the owner's context (docs/judge.md, "What
+# stays open").
+COPIER_ENV = "A2A_OWNER_GPU"
+
+
+def transport_options() -> Optional[int]:
+    """The owner's transport options, checked (bad input before any work): A2A_TRANSPORT and the copier GPU."""
+    if os.environ.get(TRANSPORT_ENV, "") not in ("", "host", "device"):
+        raise UserError(f"{TRANSPORT_ENV} must be 'host' or 'device', not '{os.environ[TRANSPORT_ENV][:40]}'")
+    text = os.environ.get(COPIER_ENV)
+    return _env_integer(COPIER_ENV, text, 0, 63, "a GPU index") if text else None
 
 
 def transport(pool: "RankPool", world_size: int) -> tuple:
@@ -1529,13 +1580,18 @@ def transport(pool: "RankPool", world_size: int) -> tuple:
 
     if torch.cuda.device_count() < world_size:
         return "host", "fewer GPUs than ranks"
+    copier = transport_options()
+    if copier is not None and copier >= torch.cuda.device_count():
+        raise UserError(f"{COPIER_ENV}={copier}: this machine has GPUs 0 to {torch.cuda.device_count() - 1}")
     return "device", None
 
 
 def transport_text(pool: "RankPool", world_size: int) -> str:
     """The owner's transport in words, for the run's boundary line."""
     kind, why = transport(pool, world_size)
-    return ("owner's steps: inputs and outputs in GPU buffers the owner shares with each rank" if kind == "device"
+    copier = transport_options()
+    return ("owner's steps: inputs and outputs in GPU buffers the owner shares with each rank"
+            + (f", copied by GPU {copier}" if copier is not None else "") if kind == "device"
             else f"owner's steps: inputs and outputs through host memory ({why})")
 
 
@@ -1557,9 +1613,10 @@ class CaseSteps:
     def __init__(self, pool: "RankPool", test: TestCase, cases: list, timeout_s: float,
                  fn: Optional[Callable] = None, fn_args: tuple = ()):
         self.channels = []
+        copier = transport_options()
         try:
             for gpu in channel_gpus(pool, test.args["world_size"]):
-                self.channels.append(judge.Channel(cases, gpu))
+                self.channels.append(judge.Channel(cases, gpu, copier if gpu is not None else None))
         except BaseException:
             for channel in self.channels:
                 channel.close()
@@ -1817,6 +1874,7 @@ def _environment() -> tuple[int, Optional[int], int]:
             values[name] = None
             continue
         values[name] = _env_integer(name, text, low, high)
+    transport_options()
     fd = values["POPCORN_FD"]
     try:
         mode = os.fstat(fd).st_mode

@@ -92,33 +92,37 @@ def _granule(device: int) -> int:
 
 
 class Buffer:
-    """`size` bytes on GPU `device`, mapped in this process; `tensor` a uint8 view of them. Made with `create`
-    (exportable: `export()` gives a descriptor for another process) or `open` (another process's, from its
-    descriptor)."""
+    """`size` bytes on GPU `device`, mapped in this process; `tensor` a uint8 view of them, on GPU `user` (the
+    device by default; another GPU reaches the memory over its peer link, and work on `tensor` runs there). Made
+    with `create` (exportable: `export()` gives a descriptor for another process) or `open` (another process's,
+    from its descriptor)."""
 
-    def __init__(self, device: int, size: int, handle: int):
+    def __init__(self, device: int, size: int, handle: int, user: Optional[int] = None):
         import torch
 
         self.device, self.size, self.handle = device, size, handle
+        self.user = device if user is None else user
         self.address = ctypes.c_uint64()
-        with _current(device):
+        with _current(self.user):
             _call("cuMemAddressReserve", ctypes.byref(self.address), ctypes.c_size_t(size), ctypes.c_size_t(0),
                   ctypes.c_uint64(0), ctypes.c_ulonglong(0))
             _call("cuMemMap", self.address, ctypes.c_size_t(size), ctypes.c_size_t(0), ctypes.c_uint64(handle),
                   ctypes.c_ulonglong(0))
-            access = _Access(location=_Location(_ON_DEVICE, device), flags=_READ_WRITE)
-            _call("cuMemSetAccess", self.address, ctypes.c_size_t(size), ctypes.byref(access), ctypes.c_size_t(1))
-        self.tensor = torch.as_tensor(_Interface(self.address.value, size), device=f"cuda:{device}")
+            gpus = sorted({device, self.user})
+            access = (_Access * len(gpus))(*[_Access(location=_Location(_ON_DEVICE, g), flags=_READ_WRITE)
+                                             for g in gpus])
+            _call("cuMemSetAccess", self.address, ctypes.c_size_t(size), access, ctypes.c_size_t(len(gpus)))
+        self.tensor = torch.as_tensor(_Interface(self.address.value, size), device=f"cuda:{self.user}")
 
     @classmethod
-    def create(cls, device: int, size: int) -> "Buffer":
+    def create(cls, device: int, size: int, user: Optional[int] = None) -> "Buffer":
         granule = _granule(device)
         size = -(-size // granule) * granule
         handle = ctypes.c_uint64()
         with _current(device):
             _call("cuMemCreate", ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(_prop(device)),
                   ctypes.c_ulonglong(0))
-        return cls(device, size, handle.value)
+        return cls(device, size, handle.value, user)
 
     @classmethod
     def open(cls, fd: int, device: int, size: int) -> "Buffer":
@@ -146,7 +150,7 @@ class Buffer:
         if self.handle is None:
             return
         self.tensor = None
-        torch.cuda.synchronize(self.device)
+        torch.cuda.synchronize(self.user)
         _call("cuMemUnmap", self.address, ctypes.c_size_t(self.size))
         _call("cuMemAddressFree", self.address, ctypes.c_size_t(self.size))
         _call("cuMemRelease", ctypes.c_uint64(self.handle))

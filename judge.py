@@ -211,12 +211,14 @@ class Channel(_Header):
     """The owner's end of one rank's channel: a shared buffer (header, input regions, output region) and two pipes,
     `go` (owner to rank) and `done` (rank to owner), whose bytes only wake the reader; the header says what happened.
     `gpu` (an index): the regions live on that GPU instead (the device transport, gpu_share.py), where the owner
-    also keeps `stage`, its own copy of the input regions, filled before a step's clock starts. `for_rank()` gives
-    the descriptors the rank gets (sent once, then closed here)."""
+    also keeps `stage`, its own copy of the input regions, filled before a step's clock starts; `copier`: the GPU
+    whose context makes the owner's copies (the regions' own by default; another reaches them over its peer link).
+    `for_rank()` gives the descriptors the rank gets (sent once, then closed here)."""
 
-    def __init__(self, cases: list, gpu: Optional[int] = None):
+    def __init__(self, cases: list, gpu: Optional[int] = None, copier: Optional[int] = None):
         self.regions = layout(cases)
         self.gpu = gpu
+        self.copier = gpu if copier is None else copier
         host_bytes = HEADER_BYTES if gpu is not None else self.regions["total"]
         self.fd = os.memfd_create("a2a-channel", os.MFD_CLOEXEC) if hasattr(os, "memfd_create") else _unlinked_file()
         os.ftruncate(self.fd, host_bytes)
@@ -229,10 +231,10 @@ class Channel(_Header):
 
             import gpu_share
 
-            self.shared = gpu_share.Buffer.create(gpu, self.regions["total"])
+            self.shared = gpu_share.Buffer.create(gpu, self.regions["total"], user=self.copier)
             self.regions["gpu_bytes"] = self.shared.size
             self.views = Views(self.shared.tensor, self.regions)
-            self.stage = Views(torch.empty(self.regions["total"], dtype=torch.uint8, device=f"cuda:{gpu}"),
+            self.stage = Views(torch.empty(self.regions["total"], dtype=torch.uint8, device=f"cuda:{self.copier}"),
                                self.regions)
         self.go_read, self.go_write = os.pipe()
         self.done_read, self.done_write = os.pipe()
@@ -438,7 +440,7 @@ class Steps:
     def _synchronize(self) -> None:
         import torch
 
-        for gpu in sorted({channel.gpu for channel in self.channels}):
+        for gpu in sorted({channel.copier for channel in self.channels}):
             torch.cuda.synchronize(gpu)
 
     def _wait(self, seq: int, deadline: float) -> None:

@@ -69,6 +69,7 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
         env = core.environ_with(dict(POPCORN_GPUS=str(plan.world_size), A2A_BACKEND=plan.backend, A2A_EXTRA="1",
                                      A2A_JUDGE="1", A2A_RANK_PREFIX="1", A2A_RENDEZVOUS="private",
                                      PYTHONUNBUFFERED="1", **share_env))
+        env.setdefault(core.LOG_DIR_ENV, str(core.HERE / "build" / "logs"))  # not the staged bundle's, which goes
         env.pop("POPCORN_SEED", None)
         if plan.seed is not None:
             env["POPCORN_SEED"] = str(plan.seed)

@@ -132,6 +132,34 @@ def test_failing_rank_error_comes_first_and_whole(tmp_path):
     assert report[0] == "rank 1 - ValueError: planted failure on rank 1: " + "x" * 600 + " end (at submission.py:3)"
 
 
+def test_a_failed_build_names_the_compilers_error_and_keeps_the_whole_log(tmp_path):
+    """A submission whose extension does not build: its case names the compiler's own error line (not the command
+    lines ninja prints first, which filled the cell, cut off, on one GPU image) and the file the owner wrote the
+    whole build output to. The build is a real one, on the CPU; the submission raises what it raised."""
+    import inspect
+
+    from torch.utils.cpp_extension import load_inline
+
+    extra = {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
+    (tmp_path / "build").mkdir()
+    with pytest.raises(RuntimeError) as failed:
+        load_inline(name="a2a_test_bad_build", cpp_sources=["int broken() { return undeclared_name; }"],
+                    build_directory=str(tmp_path / "build"), **extra)
+    output = str(failed.value)
+    assert output.startswith("Error building extension") and "-MMD" in output
+    submission = tmp_path / "does_not_build.py"
+    submission.write_text(f"raise RuntimeError({output!r})\n\n\ndef custom_kernel(data):\n    return data[1].x\n")
+    result = run_eval("test", str(submission), "--world-size", "2", "--cases", "tests:0", timeout=120,
+                      env={"A2A_LOG_DIR": str(tmp_path / "logs")})
+    assert result.returncode == 112, result.stdout + result.stderr
+    cell = next(line for line in result.stdout.splitlines() if "Error building extension" in line)
+    assert "Error building extension 'a2a_test_bad_build': main.cpp:1:" in cell, cell
+    line = result.stdout.split("case 0 failed", 1)[1].splitlines()[1]
+    assert re.search(r"error: .*undeclared_name", line) and "-MMD" not in line, line
+    log = Path(re.search(r"full build log: (\S+\.log)", line).group(1))
+    assert log.parent == tmp_path / "logs" and log.read_text() == output
+
+
 def test_crashing_rank_is_named_with_its_signal(tmp_path):
     crash = tmp_path / "segv_rank1.py"
     crash.write_text("import os, signal\n\ndef custom_kernel(data):\n    if data[2] == 1:\n"

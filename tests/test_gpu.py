@@ -598,6 +598,16 @@ def test_the_owners_steps_go_gpu_to_gpu_with_a_gpu_per_rank(transport, monkeypat
     assert words in result.guards, result.guards
 
 
+@pytest.mark.skipif(gpu_count() < 2, reason="the owner's copies by a GPU no rank uses need two GPUs")
+def test_the_owners_copies_can_come_from_a_gpu_no_rank_uses(monkeypatch):
+    """A2A_OWNER_GPU: the owner maps each rank's regions for a GPU no rank uses and copies over the peer link there
+    (the experiment that tells what the device transport's floor is made of); the version still passes."""
+    monkeypatch.setenv("A2A_OWNER_GPU", str(gpu_count() - 1))
+    result = evaluate(make_plan("v1", "benchmarks:0", 1, "nccl"), "leaderboard", **QUIET)
+    assert result.exit_code == 0 and [c["status"] for c in result.cases] == ["pass"], result.cases
+    assert f"copied by GPU {gpu_count() - 1}" in result.guards, result.guards
+
+
 def test_no_rendezvous_fails_on_gpus_while_ports_churn(process_token, quiet_gpu):
     churn = subprocess.Popen([sys.executable, str(ROOT / "tests" / "port_churn.py"), "600"],
                              env=core.environ_with({"A2A_TEST_TOKEN": process_token}))
