@@ -58,7 +58,7 @@ from boundary import (RUN_OWNER, RankSandbox, Sandbox, become_subreaper, claim_r
                       die_with_parent, enter_rank_sandbox, hide_result_channel, kill_tree, owned_tempdir,
                       prepare_rank_cache, release_uid)
 import judge  # noqa: E402
-from judge import cantor_combine  # noqa: E402
+from judge import HOLD_MAX_CYCLES, HOLD_START_CYCLES, cantor_combine  # noqa: E402
 import wire  # noqa: E402
 
 __all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything else is the core's own
@@ -605,9 +605,7 @@ def slowest_rank(values: list, rank: int, b: Optional[Bound] = None) -> list:
 # sleep (the fifth held step at the latest) the call is taken to synchronize
 # inside (it waits for its own work, so no sleep can outlast its queueing) and is timed on an idle stream instead,
 # as nvbench's exec_tag::sync does.
-HOLD_START_CYCLES = 200_000  # about 100 µs at 2 GHz
-HOLD_MAX_CYCLES = 64_000_000  # about 32 ms
-HOLD_GIVE_UP = 2
+HOLD_GIVE_UP = 2  # HOLD_START_CYCLES and HOLD_MAX_CYCLES: judge.py's (the owner's steps set every rank's hold)
 
 
 @dataclasses.dataclass
@@ -908,6 +906,8 @@ def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable,
             if kind == judge.FLOOR:
                 output = floor_out[case][:tokens]
             elif gpu:
+                if kind == judge.HELD:  # the owner's hold, the same on every rank (judge.Steps.hold_cycles)
+                    hold.cycles = channel.field(judge.HOLD_CYCLES) or hold.cycles
                 output, call_ns, held_ns, held = _call_on_gpu(call_for(case), data, device,
                                                               hold if kind == judge.HELD else None)
             else:

@@ -140,8 +140,13 @@ def check(output, expected) -> Optional[str]:
 # --------------------------------------------------------------------------------------------------------------
 
 # The header: the owner writes seq..tokens, the rank done..held_ok. Plain stores; the pipes' system calls order them.
-HEADER_BYTES = 128  # seq kind case tokens | done status call_ns held_ns held_ok done_at_ns go_seen_ns: 8 bytes each
-SEQ, KIND, CASE, TOKENS, DONE, STATUS, CALL_NS, HELD_NS, HELD_OK, DONE_AT_NS, GO_SEEN_NS = range(11)
+HEADER_BYTES = 128  # seq kind case tokens hold_cycles | done status call_ns held_ns held_ok done_at_ns go_seen_ns
+SEQ, KIND, CASE, TOKENS, HOLD_CYCLES, DONE, STATUS, CALL_NS, HELD_NS, HELD_OK, DONE_AT_NS, GO_SEEN_NS = range(12)
+# A held step's sleep before the call (eval.Hold), in GPU cycles: set by the owner for every rank alike, so that no
+# rank's kernel waits on a peer still asleep (ranks adapting their own can drift apart; held intervals reached ±400%
+# at world size 4 before); eight times longer after a step in which any rank's stream was not held.
+HOLD_START_CYCLES = 200_000  # about 100 µs at 2 GHz
+HOLD_MAX_CYCLES = 64_000_000  # about 32 ms
 ANATOMY_ENV = "A2A_STEP_ANATOMY"  # "1": the owner prints where its steps' µs went, per case (Steps.anatomy)
 ANATOMY_PHASES = ("place", "wake", "rank", "collect")
 _FIELD = struct.Struct("<q")
@@ -258,8 +263,8 @@ class Channel(_Header):
     def set(self, index: int, value: int) -> None:
         _FIELD.pack_into(self.memory, _offset(index), value)
 
-    def go(self, seq: int, kind: int, case: int, tokens: int) -> None:
-        for index, value in ((KIND, kind), (CASE, case), (TOKENS, tokens), (SEQ, seq)):
+    def go(self, seq: int, kind: int, case: int, tokens: int, hold_cycles: int = 0) -> None:
+        for index, value in ((KIND, kind), (CASE, case), (TOKENS, tokens), (HOLD_CYCLES, hold_cycles), (SEQ, seq)):
             self.set(index, value)
         try:
             os.write(self.go_write, b"g")
@@ -319,6 +324,12 @@ class Missed(Exception):
         self.ranks = ranks
 
 
+def next_hold_cycles(cycles: int, held_ok: list) -> int:
+    """The next held step's hold: eight times longer (up to HOLD_MAX_CYCLES) after a step in which any rank's
+    stream was not held when its call returned."""
+    return cycles if all(held_ok) else min(8 * cycles, HOLD_MAX_CYCLES)
+
+
 def spin_budget_ns(ranks: int, name: str, default_us: float) -> int:
     """How long a waiting side polls its flags before it sleeps on the pipe: spinning is sub-µs, a wake-up from the
     pipe 5-30 µs, but a spinning process takes a core; so it spins only where every rank and the owner have a core
@@ -341,6 +352,7 @@ class Steps:
         torch.set_num_threads(1)
         self.channels, self.cases, self.watch = channels, cases, set(watch)
         self.seq = 0
+        self.hold_cycles = HOLD_START_CYCLES
         self.anatomy = [] if os.environ.get(ANATOMY_ENV) == "1" else None
         self.spin_ns = spin_budget_ns(len(channels), "A2A_SPIN_US", 2000)
         self.poller = select.poll()  # made once: a step's wait sits inside its window
@@ -384,8 +396,9 @@ class Steps:
                     view[name].copy_(getattr(inp, name))
         if on_gpu:
             self._synchronize()
+        hold = self.hold_cycles if kind == HELD else 0
         for channel, inp in zip(self.channels, inputs):
-            channel.go(seq, kind, case, inp.num_tokens)
+            channel.go(seq, kind, case, inp.num_tokens, hold)
         raised = clock()
         self._wait(seq, deadline)
         outputs, copied = [], []
@@ -415,6 +428,8 @@ class Steps:
             calls.append(call if 0 <= call <= window else float("nan"))
             helds.append(held if 0 <= held <= window else float("nan"))
             held_ok.append(bool(channel.field(HELD_OK)))
+        if kind == HELD:
+            self.hold_cycles = next_hold_cycles(self.hold_cycles, held_ok)
         races = [end - channel.field(DONE_AT_NS) for end, channel in zip(copied, self.channels)]
         race = max(races) if all(0 <= r <= window for r in races) else math.nan
         return StepResult(window, problems, calls, helds, held_ok, race)

@@ -96,3 +96,13 @@ def test_an_entry_stops_once_its_targets_are_met_and_says_so(tmp_path):
                               targets=(iv.Target("call", 1e6), iv.Target("owner", 1e6)))
     run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
     assert run.rounds == 3 and run.stopped == {"loose": "targets met at round 3"}
+
+
+def test_a_held_steps_sleep_is_the_owners_and_grows_when_any_rank_was_not_held():
+    """judge.next_hold_cycles: the owner keeps one sleep for every rank's held step; one rank not held makes every
+    rank's next sleep eight times longer, never past the longest."""
+    import judge
+
+    assert judge.next_hold_cycles(judge.HOLD_START_CYCLES, [True, True, True]) == judge.HOLD_START_CYCLES
+    assert judge.next_hold_cycles(judge.HOLD_START_CYCLES, [True, False, True]) == 8 * judge.HOLD_START_CYCLES
+    assert judge.next_hold_cycles(judge.HOLD_MAX_CYCLES // 2, [False]) == judge.HOLD_MAX_CYCLES
