@@ -35,6 +35,7 @@ COMMANDS = {
     "triton-launch": ("-m tools.triton_launch", "Triton's launch paths timed"),
     "launch-floor": ("-m tools.launch_floor", "one trivial kernel launched each way a version could: host µs, call "
                                               "time, held device time"),
+    "runner-face": ("-m tools.runner_face", "gpu-mode's own evaluator beside ours on each version's bundle"),
 }
 
 

@@ -608,6 +608,22 @@ def test_the_owners_copies_can_come_from_a_gpu_no_rank_uses(monkeypatch):
     assert f"copied by GPU {gpu_count() - 1}" in result.guards, result.guards
 
 
+@pytest.mark.skipif(not (ROOT / "build" / "runner" / "COMMIT").is_file(),
+                    reason="the runner's files are not here (python -m tools.runner_face --fetch CLONE, then carry "
+                           "build/runner to the GPU machine)")
+def test_the_runners_own_evaluator_and_ours_pass_the_same_bundle(tmp_path):
+    """tools/runner_face.py with gpu-mode's own evaluator: v1's staged bundle passes every test case on both faces,
+    and the table says so for each."""
+    ranks = min(gpu_count(), 2)
+    done = subprocess.run([sys.executable, "-m", "a2a.cli", "runner-face", "--versions", "v1", "--world-size",
+                           str(ranks), "--modes", "test", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (folder,) = tmp_path.iterdir()
+    rows = (folder / "results.csv").read_text().splitlines()[1:]
+    assert len(rows) == 9 and all(row.count(",pass,") == 2 for row in rows), rows
+
+
 def test_no_rendezvous_fails_on_gpus_while_ports_churn(process_token, quiet_gpu):
     churn = subprocess.Popen([sys.executable, str(ROOT / "tests" / "port_churn.py"), "600"],
                              env=core.environ_with({"A2A_TEST_TOKEN": process_token}))

@@ -10,7 +10,7 @@ from tests.conftest import ROOT
 # Lower number = lower layer. A module may import only modules of a lower layer. A module's `__main__` block is a
 # command entry and may hand over to the human face (eval.py's one line, `python -m a2a.sol`).
 LAYERS = {
-    "boundary": -1, "judge": -1, "wire": -1,
+    "gpu_share": -2, "boundary": -1, "judge": -1, "wire": -1,
     "eval": 0,
     "a2a.sharing": 1, "a2a.rows": 1, "a2a.contract": 1, "a2a.probes": 1, "a2a.intervals": 1,
     "a2a.launch": 2, "a2a.plan": 2, "a2a.anchors": 2, "a2a.plots": 2,
@@ -18,6 +18,7 @@ LAYERS = {
     "a2a.sol": 4, "a2a.harness": 4, "a2a.diffing": 4,
     "run_leaderboard": 5, "diff": 5, "tools.check_device": 5, "tools.sweep_launch": 5, "tools.step_anatomy": 5,
     "tools.compare_ideas": 5, "tools.triton_launch": 5, "tools.sm_share": 5, "tools.launch_floor": 5,
+    "tools.runner_face": 5,
 }
 
 
@@ -46,7 +47,7 @@ def imports_of(name: str) -> set:
 
 
 def test_every_harness_module_has_a_layer():
-    on_disk = {"boundary", "judge", "wire", "eval", "run_leaderboard", "diff"}
+    on_disk = {"gpu_share", "boundary", "judge", "wire", "eval", "run_leaderboard", "diff"}
     on_disk |= {f"a2a.{p.stem}" for p in (ROOT / "a2a").glob("*.py") if p.stem != "__init__"}
     on_disk |= {f"tools.{p.stem}" for p in (ROOT / "tools").glob("*.py") if p.stem != "__init__"}
     assert on_disk == set(LAYERS)

@@ -15,6 +15,7 @@
 #          diff:A:B | anatomy:VERSION | ideas:SCRATCH[:SETS] (tools/compare_ideas.py against v5; IDEAS_BLOCK) |
 #          nccl (tools/build_nccl.sh: NCCL 2.30+ for ranks sharing a GPU; NCCL_SRC names a source archive) |
 #          sm_share:WORLD[:PERCENTS] (tools/sm_share.py) |
+#          runner:VERSIONS[:OPTIONS] (gpu-mode's own evaluator beside ours, tools/runner_face.py; carry build/runner) |
 #          wait (until a detached run is done) | pack:DEST
 #          (DEST/session.tgz: logs, results/, traces/)
 #
@@ -25,7 +26,7 @@
 # Export A2A_COMMIT=<the commit being measured> in the device command: the tree travels with a stale .git, so
 # without it results are labelled with an older commit and '-dirty' (seen 2026-11-22: 07249e2-dirty for 630334a).
 set -uo pipefail
-KNOWN="cold build _build _cold tests sol leaderboard eval env trace sweep diff anatomy ideas nccl sm_share pack wait start"
+KNOWN="cold build _build _cold tests sol leaderboard eval env trace sweep diff anatomy ideas nccl sm_share runner pack wait start"
 if [ $# -lt 2 ] || [ -z "$1" ]; then
   echo "usage: tools/gpu_session.sh DIR [start] STEP... (a folder for logs and a step at least)" >&2; exit 113
 fi
@@ -99,6 +100,7 @@ run_steps() {
       ideas) step "ideas_$(basename "$a" .py)" 900 $py -m a2a.cli ideas "$a" --sets "$b" --iterations 100 \
                --block "${IDEAS_BLOCK:-1}" --out "$out/results" ;;
       nccl) step nccl 900 tools/build_nccl.sh ;;
+      runner) step "runner_face_${a//,/-}" 1800 $py -m a2a.cli runner-face --versions "$a" --out "$out/results" $b ;;
       sm_share) step "sm_share_$a" 1500 $py -m a2a.cli sm-share --world-size "$a" ${b:+--percents "$b"} --out "$out/results" ;;
       pack) mkdir -p "$a"; tar czf "$a/session.tgz" -C "$out" logs results traces; ls -la "$a" ;;
       wait) while [ -e "$out/.running" ]; do sleep 2; done; cat "$out/logs/session.log" ;;
