@@ -367,53 +367,74 @@ class Steps:
         """One step on every rank: `inputs[rank]` a RankInput (every kind places one, so that a floor step moves
         what a timed step moves). `check_outputs` False: the harness's own rows, whose outputs mean nothing. Raises
         RankEnded or Missed."""
-        import torch
-
         self.seq += 1
-        seq = self.seq
         views = [self._views(c.views, case, inp.num_tokens) for c, inp in zip(self.channels, inputs)]
-        on_gpu = self.channels[0].gpu is not None
-        if on_gpu:  # the input staged on the rank's GPU in the owner's own memory, the output region cleared
-            for channel, view, inp in zip(self.channels, views, inputs):
-                stage = self._views(channel.stage, case, inp.num_tokens)
-                for name in ("x", "indices", "weights"):
-                    stage[name].copy_(getattr(inp, name))
-                view["out"].fill_(float("nan"))
-            self._synchronize()
-            inputs_from, inputs_to = self.channels[0].regions["x"], self.channels[0].regions["out"]
-        else:
-            for view in views:
-                view["out"].fill_(float("nan"))
+        self._prepare(case, views, inputs)
         clock = time.perf_counter_ns
         start = clock()
         # NOTES: every input is in place before the first `go`, so that the ranks start together (placing and
         # raising rank by rank started rank 3 milliseconds after rank 0 at world size 4 on H200s).
-        for channel, view, inp in zip(self.channels, views, inputs):
-            if on_gpu:  # the input regions as one copy, GPU to GPU (the largest input is ~4 MB: a few µs)
-                channel.views.raw_all[inputs_from:inputs_to].copy_(channel.stage.raw_all[inputs_from:inputs_to])
-            else:
-                for name in ("x", "indices", "weights"):
-                    view[name].copy_(getattr(inp, name))
-        if on_gpu:
-            self._synchronize()
+        self._place(views, inputs)
         hold = self.hold_cycles if kind == HELD else 0
         for channel, inp in zip(self.channels, inputs):
-            channel.go(seq, kind, case, inp.num_tokens, hold)
+            channel.go(self.seq, kind, case, inp.num_tokens, hold)
         raised = clock()
-        self._wait(seq, deadline)
+        self._wait(self.seq, deadline)
+        outputs, copied = self._collect(views, clock)
+        end = clock()
+        if self.anatomy is not None:
+            self._dissect(start, raised, end)
+        result = self._result(kind, inputs, [output.cpu() for output in outputs], end - start, check_outputs)
+        races = [stop - channel.field(DONE_AT_NS) for stop, channel in zip(copied, self.channels)]
+        result.race_ns = max(races) if all(0 <= r <= result.window_ns for r in races) else math.nan
+        if kind == HELD:
+            self.hold_cycles = next_hold_cycles(self.hold_cycles, result.held_ok)
+        return result
+
+    def _on_gpu(self) -> bool:
+        return self.channels[0].gpu is not None
+
+    def _prepare(self, case: int, views: list, inputs: list) -> None:
+        """Before the clock: every output region cleared (NaN); on GPUs the step's inputs staged in the owner's own
+        memory on each rank's GPU."""
+        for channel, view, inp in zip(self.channels, views, inputs):
+            if self._on_gpu():
+                stage = self._views(channel.stage, case, inp.num_tokens)
+                for name in ("x", "indices", "weights"):
+                    stage[name].copy_(getattr(inp, name))
+            view["out"].fill_(float("nan"))
+        if self._on_gpu():
+            self._synchronize()
+
+    def _place(self, views: list, inputs: list) -> None:
+        """Every rank's input into its regions: on GPUs the input regions as one copy, GPU to GPU (the largest input
+        is ~4 MB: a few µs), from the staged ones; else CPU copies."""
+        if self._on_gpu():
+            low, high = self.channels[0].regions["x"], self.channels[0].regions["out"]
+            for channel in self.channels:
+                channel.views.raw_all[low:high].copy_(channel.stage.raw_all[low:high])
+            self._synchronize()
+            return
+        for view, inp in zip(views, inputs):
+            for name in ("x", "indices", "weights"):
+                view[name].copy_(getattr(inp, name))
+
+    def _collect(self, views: list, clock) -> tuple:
+        """Every output region copied into memory of the owner's own; and when each copy was complete."""
+        import torch
+
         outputs, copied = [], []
         for view in views:
             outputs.append(torch.empty_like(view["out"]).copy_(view["out"]))
-            if not on_gpu:
-                copied.append(clock())
-        if on_gpu:
+            copied.append(clock())
+        if self._on_gpu():
             self._synchronize()
             copied = [clock()] * len(views)
-        end = clock()
-        window = end - start
-        if self.anatomy is not None:
-            self._dissect(start, raised, end)
-        outputs = [output.cpu() for output in outputs]
+        return outputs, copied
+
+    def _result(self, kind: int, inputs: list, outputs: list, window: int, check_outputs: bool) -> StepResult:
+        """What the step says: each output's problem (the rank's status, or the owner's check of its copy), and the
+        ranks' own figures where they fit in the owner's window."""
         problems, calls, helds, held_ok = [], [], [], []
         for channel, inp, output in zip(self.channels, inputs, outputs):
             status = channel.field(STATUS)
@@ -428,11 +449,7 @@ class Steps:
             calls.append(call if 0 <= call <= window else float("nan"))
             helds.append(held if 0 <= held <= window else float("nan"))
             held_ok.append(bool(channel.field(HELD_OK)))
-        if kind == HELD:
-            self.hold_cycles = next_hold_cycles(self.hold_cycles, held_ok)
-        races = [end - channel.field(DONE_AT_NS) for end, channel in zip(copied, self.channels)]
-        race = max(races) if all(0 <= r <= window for r in races) else math.nan
-        return StepResult(window, problems, calls, helds, held_ok, race)
+        return StepResult(window, problems, calls, helds, held_ok)
 
     def _dissect(self, start: int, raised: int, end: int) -> None:
         """Where a step's window went (profiling, ANATOMY_ENV): placing the inputs and raising every go; until the
