@@ -1,5 +1,4 @@
 """Test setup: the bundle's modules (task, reference, utils) import the way they do in a leaderboard bundle."""
-import contextlib
 import os
 import subprocess
 import sys
@@ -27,22 +26,6 @@ if WORKER_INDEX:
     os.environ[MASTER_PORT_ENV] = str(PROTOCOL_PORT)
 
 
-def pytest_configure(config):
-    """The repository's own modules compiled into __pycache__ (ignored by git) once, before any test or worker
-    starts: every run a test starts is three processes or more (a face, its protocol child, the ranks), which import
-    eval, judge, boundary, wire and a2a, and where PYTHONDONTWRITEBYTECODE is set (CI's machines set it) each compiled
-    them from source again (0.24 of a human-face run's 6.5 CPU seconds on 2 cores, six runs each way, interleaved).
-    py_compile writes whatever that setting says; a file already compiled is left as it is."""
-    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller has done it
-        return
-    import compileall
-
-    for path in sorted(ROOT.glob("*.py")):
-        compileall.compile_file(path, quiet=2)
-    for folder in ("a2a", "problems", "reference", "submissions", "tools"):
-        compileall.compile_dir(ROOT / folder, quiet=2)
-
-
 def pytest_xdist_auto_num_workers(config) -> int:
     """Workers for `-n auto` (make test's default): two on a machine of two cores or more without a GPU, else none
     (the tests run in the pytest process). On 2 cores the suite took 506 s in one process (one run) and 362-395 s
@@ -66,36 +49,13 @@ def every_time(params, *chosen) -> list:
 
 
 def run_device_check(*files) -> subprocess.CompletedProcess:
-    """make check-device's tool over `files` (its default files without any). Its command sweeps for orphans as it
-    starts (a2a.cli.run_cli) and never again: it holds a test's share of the machine (_turn) only until it has
-    printed its first line, so the tests marked `beside_alone` that run it go on beside an `alone` test."""
-    import select
-    import tempfile
-
-    with tempfile.TemporaryFile() as stderr:
-        with _turn(alone=False):
-            process = subprocess.Popen([sys.executable, "-m", "tools.check_device", *map(str, files)], cwd=ROOT,
-                                       stdout=subprocess.PIPE, stderr=stderr, bufsize=0)
-            first, deadline = b"", time.monotonic() + 300
-            while not first.endswith(b"\n") and time.monotonic() < deadline:
-                if select.select([process.stdout], [], [], 1.0)[0]:
-                    byte = os.read(process.stdout.fileno(), 1)
-                    if not byte:  # it ended without a line
-                        break
-                    first += byte
-        try:
-            rest, _ = process.communicate(timeout=900)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
-            raise
-        stderr.seek(0)
-        return subprocess.CompletedProcess(process.args, process.returncode, (first + rest).decode(),
-                                           stderr.read().decode())
+    """make check-device's tool over `files` (its default files without any)."""
+    return subprocess.run([sys.executable, "-m", "tools.check_device", *map(str, files)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
 
 
 @pytest.fixture(scope="session")
-def device_check(_turnstile_folder) -> subprocess.CompletedProcess:
+def device_check() -> subprocess.CompletedProcess:
     """The check over its default files, run once per test process: tests/test_check_device.py reads its verdict,
     tests/test_memory_model.py the memory-model counts it printed for the repository's own files (both modules are
     one xdist group, so one process runs it)."""
@@ -153,70 +113,26 @@ def reachable(folder: Path) -> Path:
     return folder
 
 
-_TURNSTILE: list = []  # this run's folder of alone.turnstile and alone.lock, under pytest-xdist (_turnstile_folder)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _turnstile_folder(tmp_path_factory):
-    """Under pytest-xdist, the folder every worker of this run shares (its basetemp's parent) for `_turn`'s locks."""
-    if "PYTEST_XDIST_WORKER" in os.environ:
-        _TURNSTILE.append(tmp_path_factory.getbasetemp().parent)
-    yield
-
-
-@contextlib.contextmanager
-def _turn(alone: bool):
-    """Under pytest-xdist: `alone`, the machine to itself (no other worker holds a turn), else a share of it beside
-    every other share. A waiting `alone` turn goes ahead of turns asked after it (the turnstile). Without xdist, or
-    before the session's folder is known, a turn is always given."""
-    if not _TURNSTILE:
+@pytest.fixture(autouse=True)
+def _alone_when_marked(request, tmp_path_factory):
+    """Under pytest-xdist, a test marked `alone` runs while no other worker runs a test. Every command starts with the
+    orphan sweep (eval.sweep_orphans), which ends the processes and removes the files of any owner that is gone: run
+    beside such a test, another worker's command could remove what the test must see gone without a later command,
+    or what its own sweep must find. A waiting `alone` test goes ahead of tests that arrive after it (the
+    turnstile)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
         yield
         return
     import fcntl
 
-    with open(_TURNSTILE[0] / "alone.turnstile", "a") as turnstile, open(_TURNSTILE[0] / "alone.lock", "a") as lock:
+    folder = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(folder / "alone.turnstile", "a") as turnstile, open(folder / "alone.lock", "a") as lock:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         if not alone:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
         yield  # both locks go with their files
-
-
-@pytest.fixture(autouse=True)
-def _alone_when_marked(request):
-    """Under pytest-xdist, a test marked `alone` runs while no other worker runs a test. Every command starts with the
-    orphan sweep (eval.sweep_orphans), which ends the processes and removes the files of any owner that is gone: run
-    beside such a test, another worker's command could remove what the test must see gone without a later command,
-    or what its own sweep must find. A waiting `alone` test goes ahead of tests that arrive after it (the
-    turnstile). A test marked `beside_alone` (the device-code tests: compiles in their own process, and check
-    commands that take their turn themselves, run_device_check) takes no turn: it runs beside an `alone` test."""
-    if request.node.get_closest_marker("beside_alone") is not None:
-        yield
-        return
-    with _turn(alone=request.node.get_closest_marker("alone") is not None):
-        yield
-
-
-EARLY = ("waits", "loads")  # the kinds of `early` test, in the order they go
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist, the tests marked `alone` go first, then those marked `early`: "waits" (they wait out a
-    limit, a watchdog or a hang with the CPU mostly idle), then "loads" (the port churn, which keeps a core busy in
-    the kernel and must not run beside a timing claim). The worker that does not hold the device-code group runs them
-    while the other compiles (the group's whole check keeps both cores busy for about a minute and a half on 2
-    cores), which an `alone` test lets go on (`beside_alone`). Each kind keeps its collected order; the rest follow
-    as collected."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        return
-
-    def rank(item) -> int:
-        if item.get_closest_marker("alone"):
-            return 0
-        early = item.get_closest_marker("early")
-        return 1 + EARLY.index(early.args[0]) if early else 1 + len(EARLY)
-
-    items.sort(key=rank)
 
 
 @pytest.fixture(autouse=True)

@@ -10,9 +10,7 @@ import pytest
 from tests.conftest import ROOT, run_device_check
 from tools import check_device
 
-# With tests/test_memory_model.py: one run of the whole check. Beside an `alone` test: its commands take their own
-# turn (tests/conftest.py, run_device_check), its other tests compile in this process.
-pytestmark = [pytest.mark.xdist_group("device-code"), pytest.mark.beside_alone]
+pytestmark = pytest.mark.xdist_group("device-code")  # with tests/test_memory_model.py: one run of the whole check
 needs_tools = pytest.mark.skipif(bool(check_device.missing_tools()),
                                 reason=f"needs {', '.join(check_device.missing_tools())} ({check_device.INSTALL_HINT})")
 V2 = ROOT / "submissions" / "all2all" / "v2_p2p.py"
@@ -20,13 +18,10 @@ V7 = ROOT / "submissions" / "all2all" / "v7_triton.py"
 
 
 def planted(tmp_path, old: str, new: str):
-    """v2 with `old` replaced by `new`, and without its trace build: the check builds one where the device code names
-    A2A_TRACE, the probes' macro. Every planted error lies outside the probes (the timed build, the one these tests
-    read, compiles the same either way), and the whole check holds every trace build: four compiles of eight."""
     text = V2.read_text()
     assert old in text
     path = tmp_path / "planted.py"
-    path.write_text(text.replace(old, new, 1).replace("A2A_TRACE", "A2A_PROBES"))
+    path.write_text(text.replace(old, new, 1))
     return path
 
 

@@ -15,8 +15,7 @@ from tools import check_device
 
 MISSING = check_device.missing_tools()
 pytestmark = [pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)} ({check_device.INSTALL_HINT})"),
-              pytest.mark.xdist_group("device-code"),  # with tests/test_check_device.py: one run of the whole check
-              pytest.mark.beside_alone]  # it compiles in this process and starts no command
+              pytest.mark.xdist_group("device-code")]  # with tests/test_check_device.py: one run of the whole check
 VERSIONS = sorted((ROOT / "submissions").glob("*/v*.py"))
 DEVICE_FILES = [p for p in VERSIONS if check_device.kernels_of(p)] + [ROOT / "a2a" / "probes.py"]
 TRITON_FILES = [p for p in VERSIONS if check_device.is_triton(p)]
