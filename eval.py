@@ -1000,7 +1000,6 @@ def _join_group(rank: int, world_size: int, setup: RankSetup, case_id: int):
 # What a peer's failure looks like from a rank that was waiting on it in a collective.
 _FOLLOW_ON = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|NCCL communicator|"
                         r"ProcessGroup(Gloo|NCCL)|gloo/transport|another rank failed", re.IGNORECASE)
-BUILD_ERROR_LINES = 2
 BUILD_LOG_CHARS = 200_000  # the end of a failed build's output kept for its log file
 
 
@@ -1014,28 +1013,11 @@ def _failure_from_exception(exc: BaseException) -> RankFailure:
     location = f" (at {Path(where.filename).name}:{where.lineno})" if where else ""
     text, build_log = str(exc), ""
     if text.startswith("Error building extension"):
-        text, build_log = build_failure(text), text[-BUILD_LOG_CHARS:]
+        text, build_log = wire.build_failure(text), text[-BUILD_LOG_CHARS:]
     message = " ".join(text.split())
     follow_on = isinstance(exc, getattr(dist, "DistError", ())) or bool(_FOLLOW_ON.search(message))
     prefix = "void: " if isinstance(exc, Tampering) else ""
     return RankFailure(f"{prefix}{type(exc).__name__}: {message}{location}", follow_on=follow_on, build_log=build_log)
-
-
-# A compiler's, nvcc's or the linker's own error line (gcc/clang `file:line:col: error: ...`, `fatal error:`,
-# nvcc `error : ...`, ld's `undefined reference`); ninja's `FAILED:` line and the command lines it echoes are not.
-_COMPILER_ERROR = re.compile(r"(\berror\b\s*:|undefined reference|cannot find -l)", re.IGNORECASE)
-_SOURCE_FOLDER = re.compile(r"^/\S*/(?=[^/\s]+:\d+)")  # a build folder before `main.cpp:1:23: error: ...`
-
-
-def build_failure(text: str) -> str:
-    """A failed extension build in one line: torch's first line (which extension) and the compiler's first error
-    lines, without the command lines that ninja prints before them (they filled the cell, cut off, on a GPU image
-    whose compiler failed; issue #50)."""
-    head = text.split(":", 1)[0]
-    lines = [line.strip() for line in text.splitlines()[1:]]
-    errors = [_SOURCE_FOLDER.sub("", line)[:300] for line in lines
-              if _COMPILER_ERROR.search(line) and not line.startswith(("[", "FAILED:"))]
-    return f"{head}: {' | '.join(errors[:BUILD_ERROR_LINES]) or (lines[-1][:300] if lines else text[:200])}"
 
 
 def _rank_entry(b: Bound, job: str, test: TestCase, rank: int, params: dict, setup: RankSetup,

@@ -20,6 +20,7 @@ import dataclasses
 import math
 import numbers
 import os
+import re
 import select
 import struct
 import threading
@@ -433,3 +434,20 @@ class RankText:
                 self.stream.flush()
         except (OSError, ValueError):  # a closed stream: the pipe is still drained
             pass
+
+
+# A compiler's, nvcc's or the linker's own error line (gcc/clang `file:line:col: error: ...`, `fatal error:`,
+# nvcc `error : ...`, ld's `undefined reference`); ninja's `FAILED:` line and the command lines it echoes are not.
+_COMPILER_ERROR = re.compile(r"(\berror\b\s*:|undefined reference|cannot find -l)", re.IGNORECASE)
+_SOURCE_FOLDER = re.compile(r"^/\S*/(?=[^/\s]+:\d+)")  # a build folder before `main.cpp:1:23: error: ...`
+
+
+def build_failure(text: str) -> str:
+    """A failed extension build in one line: torch's first line (which extension) and the compiler's first error
+    lines, without the command lines that ninja prints before them (they filled the cell, cut off, on a GPU image
+    whose compiler failed; issue #50)."""
+    head = text.split(":", 1)[0]
+    lines = [line.strip() for line in text.splitlines()[1:]]
+    errors = [_SOURCE_FOLDER.sub("", line)[:300] for line in lines
+              if _COMPILER_ERROR.search(line) and not line.startswith(("[", "FAILED:"))]
+    return f"{head}: {' | '.join(errors[:2]) or (lines[-1][:300] if lines else text[:200])}"
