@@ -1530,17 +1530,30 @@ def rank_failures(results: list[RankResult]) -> str:
 
 TRANSPORT_ENV = "A2A_TRANSPORT"  # "host": the owner's steps through host memory even where the GPUs could share
 # N: the owner's copies on the device transport made by GPU N's context over its peer links (by default each rank's
-# own GPU's): with N a GPU no rank uses, the ranks' GPUs never switch to the owner's context (docs/judge.md, "What
-# stays open").
+# own GPU's): with N a GPU no rank uses, the ranks' GPUs never switch to the owner's context; "next": rank r's by the
+# GPU after its own, where every GPU holds a rank (docs/judge.md, "One step").
 COPIER_ENV = "A2A_OWNER_GPU"
 
 
-def transport_options() -> Optional[int]:
-    """The owner's transport options, checked (bad input before any work): A2A_TRANSPORT and the copier GPU."""
+def transport_options():
+    """The owner's transport options, checked (bad input before any work): A2A_TRANSPORT and the copier (None, a GPU
+    index or "next")."""
     if os.environ.get(TRANSPORT_ENV, "") not in ("", "host", "device"):
         raise UserError(f"{TRANSPORT_ENV} must be 'host' or 'device', not '{os.environ[TRANSPORT_ENV][:40]}'")
     text = os.environ.get(COPIER_ENV)
-    return _env_integer(COPIER_ENV, text, 0, 63, "a GPU index") if text else None
+    if text == "next":
+        return text
+    return _env_integer(COPIER_ENV, text, 0, 63, "'next' or a GPU index") if text else None
+
+
+def copier_for(gpu: int):
+    """The GPU whose context makes the owner's copies for a region on `gpu` (None: `gpu`'s own)."""
+    copier = transport_options()
+    if copier != "next":
+        return copier
+    import torch
+
+    return (gpu + 1) % torch.cuda.device_count()
 
 
 def transport(pool: "RankPool", world_size: int) -> tuple:
@@ -1563,7 +1576,7 @@ def transport(pool: "RankPool", world_size: int) -> tuple:
     if torch.cuda.device_count() < world_size:
         return "host", "fewer GPUs than ranks"
     copier = transport_options()
-    if copier is not None and copier >= torch.cuda.device_count():
+    if isinstance(copier, int) and copier >= torch.cuda.device_count():
         raise UserError(f"{COPIER_ENV}={copier}: this machine has GPUs 0 to {torch.cuda.device_count() - 1}")
     return "device", None
 
@@ -1573,7 +1586,8 @@ def transport_text(pool: "RankPool", world_size: int) -> str:
     kind, why = transport(pool, world_size)
     copier = transport_options()
     return ("owner's steps: inputs and outputs in GPU buffers the owner shares with each rank"
-            + (f", copied by GPU {copier}" if copier is not None else "") if kind == "device"
+            + {None: "", "next": ", each rank's copied by the next GPU"}.get(copier, f", copied by GPU {copier}")
+            if kind == "device"
             else f"owner's steps: inputs and outputs through host memory ({why})")
 
 
@@ -1595,10 +1609,10 @@ class CaseSteps:
     def __init__(self, pool: "RankPool", test: TestCase, cases: list, timeout_s: float,
                  fn: Optional[Callable] = None, fn_args: tuple = ()):
         self.channels = []
-        copier = transport_options()
         try:
             for gpu in channel_gpus(pool, test.args["world_size"]):
-                self.channels.append(judge.Channel(cases, gpu, copier if gpu is not None else None))
+                copier = None if gpu is None else copier_for(gpu)
+                self.channels.append(judge.Channel(cases, gpu, copier))
         except BaseException:
             for channel in self.channels:
                 channel.close()

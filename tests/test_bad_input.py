@@ -134,7 +134,8 @@ def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
         assert result.returncode == EXIT_BAD_INPUT and message in result.stderr, (command, result.stderr[-800:])
         assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("o")], "a refused command saved something"
-    for args, message in [((), "usage"), ((str(tmp_path / "s"), "bogus"), "unknown step 'bogus'")]:
+    for args, message in [((), "usage"), ((str(tmp_path / "s"), "bogus"), "unknown step 'bogus'"),
+                          ((str(tmp_path / "s"), "env", "set:PATH=/tmp"), "sets no A2A_ variable")]:
         done = subprocess.run(["bash", "tools/gpu_session.sh", *args], cwd=ROOT, capture_output=True, text=True)
         assert done.returncode == EXIT_BAD_INPUT and message in done.stderr, done.stderr
     assert not (tmp_path / "s").exists()
@@ -215,7 +216,7 @@ def test_protocol_face_rejects_a_bad_environment(bundle):
                          ({"POPCORN_FD": "1", "POPCORN_SEED": "10000000000"}, "mixed into this test's seed"),
                          ({"POPCORN_FD": "1", "A2A_MASTER_PORT": "65536"}, "A2A_MASTER_PORT must be a port number"),
                          ({"POPCORN_FD": "1", "A2A_TRANSPORT": "gpu"}, "A2A_TRANSPORT must be 'host' or 'device'"),
-                         ({"POPCORN_FD": "1", "A2A_OWNER_GPU": "first"}, "A2A_OWNER_GPU must be a GPU index")]:
+                         ({"POPCORN_FD": "1", "A2A_OWNER_GPU": "first"}, "A2A_OWNER_GPU must be 'next' or a GPU index")]:
         done = _protocol(bundle, env, "test", "one.txt")
         assert done.returncode == EXIT_BAD_INPUT and message in done.stderr, (env, done.returncode, done.stderr)
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -598,14 +598,18 @@ def test_the_owners_steps_go_gpu_to_gpu_with_a_gpu_per_rank(transport, monkeypat
     assert words in result.guards, result.guards
 
 
-@pytest.mark.skipif(gpu_count() < 2, reason="the owner's copies by a GPU no rank uses need two GPUs")
-def test_the_owners_copies_can_come_from_a_gpu_no_rank_uses(monkeypatch):
-    """A2A_OWNER_GPU: the owner maps each rank's regions for a GPU no rank uses and copies over the peer link there
-    (the experiment that tells what the device transport's floor is made of); the version still passes."""
-    monkeypatch.setenv("A2A_OWNER_GPU", str(gpu_count() - 1))
-    result = evaluate(make_plan("v1", "benchmarks:0", 1, "nccl"), "leaderboard", **QUIET)
+@pytest.mark.skipif(gpu_count() < 2, reason="the owner's copies by another GPU than the rank's need two GPUs")
+@pytest.mark.parametrize("copier", ["last", "next"])
+def test_the_owners_copies_can_come_from_another_gpu(monkeypatch, copier):
+    """A2A_OWNER_GPU: the owner maps each rank's regions for another GPU (one no rank uses, or the next rank's) and
+    copies over the peer link there (the experiment that tells what the device transport's floor is made of); the
+    version still passes."""
+    ranks, value = (1, str(gpu_count() - 1)) if copier == "last" else (min(gpu_count(), 2), "next")
+    monkeypatch.setenv("A2A_OWNER_GPU", value)
+    result = evaluate(make_plan("v1", "benchmarks:0", ranks, "nccl"), "leaderboard", **QUIET)
     assert result.exit_code == 0 and [c["status"] for c in result.cases] == ["pass"], result.cases
-    assert f"copied by GPU {gpu_count() - 1}" in result.guards, result.guards
+    words = f"copied by GPU {value}" if copier == "last" else "copied by the next GPU"
+    assert words in result.guards, result.guards
 
 
 @pytest.mark.skipif(not (ROOT / "build" / "runner" / "COMMIT").is_file(),

@@ -16,6 +16,8 @@
 #          nccl (tools/build_nccl.sh: NCCL 2.30+ for ranks sharing a GPU; NCCL_SRC names a source archive) |
 #          sm_share:WORLD[:PERCENTS] (tools/sm_share.py) |
 #          runner:VERSIONS[:OPTIONS] (gpu-mode's own evaluator beside ours, tools/runner_face.py; carry build/runner) |
+#          set:A2A_NAME=VALUE (exported to the steps after it, and named in their logs' names; an empty VALUE unsets it:
+#          e.g. set:A2A_STEP_ANATOMY=1 set:A2A_OWNER_GPU=next) |
 #          wait (until a detached run is done) | pack:DEST
 #          (DEST/session.tgz: logs, results/, traces/)
 #
@@ -26,12 +28,15 @@
 # Export A2A_COMMIT=<the commit being measured> in the device command: the tree travels with a stale .git, so
 # without it results are labelled with an older commit and '-dirty' (seen 2026-11-22: 07249e2-dirty for 630334a).
 set -uo pipefail
-KNOWN="cold build _build _cold tests sol leaderboard eval env trace sweep diff anatomy ideas nccl sm_share runner pack wait start"
+KNOWN="set cold build _build _cold tests sol leaderboard eval env trace sweep diff anatomy ideas nccl sm_share runner pack wait start"
 if [ $# -lt 2 ] || [ -z "$1" ]; then
   echo "usage: tools/gpu_session.sh DIR [start] STEP... (a folder for logs and a step at least)" >&2; exit 113
 fi
 for item in "${@:2}"; do  # every step known before anything runs (README's exit codes: 113 for bad input)
   case " $KNOWN " in *" ${item%%:*} "*) ;; *) echo "tools/gpu_session.sh: unknown step '$item'" >&2; exit 113 ;; esac
+  if [[ "$item" == set:* && ! "$item" =~ ^set:A2A_[A-Z0-9_]+= ]]; then
+    echo "tools/gpu_session.sh: '$item' sets no A2A_ variable (set:A2A_NAME=VALUE)" >&2; exit 113
+  fi
 done
 out=$(realpath -m "$1"); shift
 cd "$(dirname "$0")/.."
@@ -42,8 +47,9 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export TORCH_EXTENSIONS_DIR="$out/extensions" TRITON_CACHE_DIR="$out/triton"
 py=python3
 
+tag=""  # the set: variables in force, in the steps' log names
 step() {  # step NAME LIMIT_S COMMAND...
-  local name=$1 limit=$2; shift 2
+  local name=$1$tag limit=$2; shift 2
   echo "== $name: start $(date +%T)" | tee -a "$out/logs/session.log"
   timeout -k 10 "$limit" "$@" > "$out/logs/$name.log" 2>&1
   local code=$?
@@ -76,6 +82,10 @@ run_steps() {
   for item in "$@"; do
     IFS=: read -r kind a b <<< "$item"
     case "$kind" in
+      set) local var=${item#set:}; local value=${var#*=}; var=${var%%=*}
+           if [ -n "$value" ]; then export "$var=$value"; else unset "$var"; fi
+           tag=$(env | grep -E '^A2A_' | grep -v '^A2A_COMMIT=' | sort | sed 's/^A2A_/_/; s/=/-/' | tr -c 'A-Za-z0-9_\n-' '-' | tr -d '\n')
+           echo "== set $var=$value" | tee -a "$out/logs/session.log" ;;
       build) step build 600 "$0" "$out" "_build:$a" ;;
       _build) build "$a" ;;
       cold) for v in ${a//,/ }; do step "cold_$v" 300 "$0" "$out" "_cold:$v"; done ;;
