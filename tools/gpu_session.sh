@@ -49,7 +49,8 @@ py=python3
 
 tag=""  # the set: variables in force, in the steps' log names
 step() {  # step NAME LIMIT_S COMMAND...
-  local name=$1$tag limit=$2; shift 2
+  local name=$1$tag limit=$2 n=2; shift 2
+  while [ -e "$out/logs/$name.log" ]; do name=${name%_run[0-9]*}_run$n; n=$((n + 1)); done  # a rerun keeps the first's log
   echo "== $name: start $(date +%T)" | tee -a "$out/logs/session.log"
   timeout -k 10 "$limit" "$@" > "$out/logs/$name.log" 2>&1
   local code=$?
