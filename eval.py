@@ -1529,31 +1529,18 @@ def rank_failures(results: list[RankResult]) -> str:
 
 
 TRANSPORT_ENV = "A2A_TRANSPORT"  # "host": the owner's steps through host memory even where the GPUs could share
-# N: the owner's copies on the device transport made by GPU N's context over its peer links (by default each rank's
-# own GPU's): with N a GPU no rank uses, the ranks' GPUs never switch to the owner's context; "next": rank r's by the
-# GPU after its own, where every GPU holds a rank (docs/judge.md, "One step").
-COPIER_ENV = "A2A_OWNER_GPU"
+COPIER_ENV = "A2A_OWNER_GPU"  # who makes the owner's copies on the device transport (judge.copiers)
 
 
 def transport_options():
-    """The owner's transport options, checked (bad input before any work): A2A_TRANSPORT and the copier (None, a GPU
-    index or "next")."""
+    """The owner's transport options, checked (bad input before any work): A2A_TRANSPORT and the copier choice
+    (None: judge.copiers's default, "own", "next" or a GPU index)."""
     if os.environ.get(TRANSPORT_ENV, "") not in ("", "host", "device"):
         raise UserError(f"{TRANSPORT_ENV} must be 'host' or 'device', not '{os.environ[TRANSPORT_ENV][:40]}'")
-    text = os.environ.get(COPIER_ENV)
-    if text == "next":
-        return text
-    return _env_integer(COPIER_ENV, text, 0, 63, "'next' or a GPU index") if text else None
-
-
-def copier_for(gpu: int):
-    """The GPU whose context makes the owner's copies for a region on `gpu` (None: `gpu`'s own)."""
-    copier = transport_options()
-    if copier != "next":
-        return copier
-    import torch
-
-    return (gpu + 1) % torch.cuda.device_count()
+    text = os.environ.get(COPIER_ENV, "")
+    if text in ("", "own", "next"):
+        return text or None
+    return _env_integer(COPIER_ENV, text, 0, 63, "'own', 'next' or a GPU index")
 
 
 def transport(pool: "RankPool", world_size: int) -> tuple:
@@ -1584,20 +1571,24 @@ def transport(pool: "RankPool", world_size: int) -> tuple:
 def transport_text(pool: "RankPool", world_size: int) -> str:
     """The owner's transport in words, for the run's boundary line."""
     kind, why = transport(pool, world_size)
-    copier = transport_options()
-    return ("owner's steps: inputs and outputs in GPU buffers the owner shares with each rank"
-            + {None: "", "next": ", each rank's copied by the next GPU"}.get(copier, f", copied by GPU {copier}")
-            if kind == "device"
-            else f"owner's steps: inputs and outputs through host memory ({why})")
+    if kind == "host":
+        return f"owner's steps: inputs and outputs through host memory ({why})"
+    copiers = [copier for _gpu, copier in channel_places(pool, world_size)]
+    return ("owner's steps: inputs and outputs in GPU buffers the owner shares with each rank, copied by "
+            + ("each rank's own GPU" if all(c is None for c in copiers) else
+               "GPU " + ", ".join("own" if c is None else str(c) for c in copiers) + " (rank by rank)"))
 
 
-def channel_gpus(pool: "RankPool", world_size: int) -> list:
-    """Each rank's GPU for its judge channel (its rank_device's index), or None per rank on the host transport."""
+def channel_places(pool: "RankPool", world_size: int) -> list:
+    """Per rank, (the GPU its judge channel's regions live on, the GPU whose context makes the owner's copies): its
+    rank_device's index and judge.copiers's choice (None: its own), or (None, None) on the host transport."""
     if transport(pool, world_size)[0] == "host":
-        return [None] * world_size
+        return [(None, None)] * world_size
     import torch
 
-    return [rank % torch.cuda.device_count() for rank in range(world_size)]
+    count = torch.cuda.device_count()
+    gpus = [rank % count for rank in range(world_size)]
+    return list(zip(gpus, judge.copiers(gpus, count, transport_options(), torch.cuda.can_device_access_peer)))
 
 
 class CaseSteps:
@@ -1610,8 +1601,7 @@ class CaseSteps:
                  fn: Optional[Callable] = None, fn_args: tuple = ()):
         self.channels = []
         try:
-            for gpu in channel_gpus(pool, test.args["world_size"]):
-                copier = None if gpu is None else copier_for(gpu)
+            for gpu, copier in channel_places(pool, test.args["world_size"]):
                 self.channels.append(judge.Channel(cases, gpu, copier))
         except BaseException:
             for channel in self.channels:

@@ -216,7 +216,7 @@ def test_protocol_face_rejects_a_bad_environment(bundle):
                          ({"POPCORN_FD": "1", "POPCORN_SEED": "10000000000"}, "mixed into this test's seed"),
                          ({"POPCORN_FD": "1", "A2A_MASTER_PORT": "65536"}, "A2A_MASTER_PORT must be a port number"),
                          ({"POPCORN_FD": "1", "A2A_TRANSPORT": "gpu"}, "A2A_TRANSPORT must be 'host' or 'device'"),
-                         ({"POPCORN_FD": "1", "A2A_OWNER_GPU": "first"}, "A2A_OWNER_GPU must be 'next' or a GPU index")]:
+                         ({"POPCORN_FD": "1", "A2A_OWNER_GPU": "first"}, "A2A_OWNER_GPU must be 'own', 'next' or a GPU index")]:
         done = _protocol(bundle, env, "test", "one.txt")
         assert done.returncode == EXIT_BAD_INPUT and message in done.stderr, (env, done.returncode, done.stderr)
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

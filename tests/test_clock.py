@@ -106,3 +106,21 @@ def test_a_held_steps_sleep_is_the_owners_and_grows_when_any_rank_was_not_held()
     assert judge.next_hold_cycles(judge.HOLD_START_CYCLES, [True, True, True]) == judge.HOLD_START_CYCLES
     assert judge.next_hold_cycles(judge.HOLD_START_CYCLES, [True, False, True]) == 8 * judge.HOLD_START_CYCLES
     assert judge.next_hold_cycles(judge.HOLD_MAX_CYCLES // 2, [False]) == judge.HOLD_MAX_CYCLES
+
+
+def test_the_owners_copies_come_from_a_gpu_no_rank_uses_else_the_next_ranks():
+    """judge.copiers: by default each rank's regions are copied by a GPU no rank uses (round robin), else by the next
+    rank's GPU; a copier that cannot reach the rank's GPU, or is the rank's own, leaves the rank's own (None)."""
+    import judge
+
+    def every(_copier, _gpu):
+        return True
+
+    assert judge.copiers([0, 1], 4, None, every) == [2, 3]
+    assert judge.copiers([0], 4, None, every) == [1]
+    assert judge.copiers([0, 1, 2, 3], 4, None, every) == [1, 2, 3, 0]
+    assert judge.copiers([0, 1], 4, "next", every) == [1, 2]
+    assert judge.copiers([0, 1], 4, "own", every) == [None, None]
+    assert judge.copiers([0, 1], 4, 1, every) == [1, None]
+    assert judge.copiers([0], 1, None, every) == [None]
+    assert judge.copiers([0, 1, 2, 3], 4, None, lambda copier, gpu: (copier, gpu) != (3, 2)) == [1, 2, None, 0]

@@ -599,16 +599,18 @@ def test_the_owners_steps_go_gpu_to_gpu_with_a_gpu_per_rank(transport, monkeypat
 
 
 @pytest.mark.skipif(gpu_count() < 2, reason="the owner's copies by another GPU than the rank's need two GPUs")
-@pytest.mark.parametrize("copier", ["last", "next"])
-def test_the_owners_copies_can_come_from_another_gpu(monkeypatch, copier):
-    """A2A_OWNER_GPU: the owner maps each rank's regions for another GPU (one no rank uses, or the next rank's) and
-    copies over the peer link there (the experiment that tells what the device transport's floor is made of); the
-    version still passes."""
-    ranks, value = (1, str(gpu_count() - 1)) if copier == "last" else (min(gpu_count(), 2), "next")
-    monkeypatch.setenv("A2A_OWNER_GPU", value)
+@pytest.mark.parametrize("copier", ["default", "last", "next", "own"])
+def test_the_owners_copies_come_from_the_gpu_asked_for(monkeypatch, copier):
+    """A2A_OWNER_GPU: the owner maps each rank's regions for another GPU (by default one no rank uses, else the next
+    rank's) and copies over the peer link there, or from the rank's own GPU; the version passes every way, and the
+    boundary line names who copied."""
+    ranks = 1 if copier in ("default", "last") else min(gpu_count(), 2)
+    if copier != "default":
+        monkeypatch.setenv("A2A_OWNER_GPU", str(gpu_count() - 1) if copier == "last" else copier)
     result = evaluate(make_plan("v1", "benchmarks:0", ranks, "nccl"), "leaderboard", **QUIET)
     assert result.exit_code == 0 and [c["status"] for c in result.cases] == ["pass"], result.cases
-    words = f"copied by GPU {value}" if copier == "last" else "copied by the next GPU"
+    words = {"default": "copied by GPU 1 (rank by rank)", "last": f"copied by GPU {gpu_count() - 1} (rank by rank)",
+             "next": "copied by GPU 1, ", "own": "copied by each rank's own GPU"}[copier]
     assert words in result.guards, result.guards
 
 
