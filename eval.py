@@ -17,8 +17,7 @@ can turn a failure there into a pass here: docs/judge.md, "Faithful to the runne
 Run from the repository without POPCORN_FD, it hands over to the human face (a2a/harness.py). The human face's
 options arrive as A2A_* variables, read once in `protocol_main`: A2A_BACKEND, A2A_EXTRA (device-side time, harness
 floor, import time), A2A_JUDGE (keyed case seeds, a fresh input in every timed step), A2A_RANK_PREFIX, A2A_TIMEOUT,
-A2A_RENDEZVOUS=private (ranks join a store this process holds on
-a port the OS gave it, instead of the runner's fixed port), A2A_SHARE=mps (more ranks than GPUs: rank r on
+A2A_RENDEZVOUS=private (ranks join a store on a port the OS gave this process, not the fixed one), A2A_SHARE=mps (more ranks than GPUs: rank r on
 cuda:(r mod GPUs), sharing through the MPS daemon the human face holds; a2a/sharing.py) with A2A_NCCL_VERSION (the
 NCCL every rank must have loaded). Without A2A_SHARE a bundle refuses more ranks than GPUs, as the runner does.
 A2A_MASTER_PORT moves the fixed port (parallel test workers); the runner never sets it.
@@ -601,16 +600,18 @@ def slowest_rank(values: list, rank: int, b: Optional[Bound] = None) -> list:
 # Holding the stream (nvbench's blocking kernel): a sleep kernel queued before the start event keeps the GPU from
 # starting the call's work until the host has queued all of it, so the events time the GPU's work alone. Its
 # length adapts: a step whose start event had already passed when the call returned was not held (the sleep was too
-# short for this host path, and the next is eight times longer); after HOLD_GIVE_UP such steps at the longest
-# sleep (the fifth held step at the latest) the call is taken to synchronize
-# inside (it waits for its own work, so no sleep can outlast its queueing) and is timed on an idle stream instead,
-# as nvbench's exec_tag::sync does.
+# short for this host path, and the next is eight times longer); after HOLD_GIVE_UP such steps at the longest sleep
+# (the fifth held step at the latest) the call is taken to synchronize inside (no sleep can outlast its queueing)
+# and is timed on an idle stream instead, as nvbench's exec_tag::sync does. With peers, a flag round among the ranks
+# after the sleep (Hold.align) starts every rank's call together, so a rank's held time is its call's, not its wait
+# for the last peer to arrive (up to ~100 µs at world size 4 without it, 2026-11-27).
 HOLD_GIVE_UP = 2  # HOLD_START_CYCLES and HOLD_MAX_CYCLES: judge.py's (the owner's steps set every rank's hold)
 
 
 @dataclasses.dataclass
 class Hold:
     cycles: int = HOLD_START_CYCLES
+    align: Optional[Callable] = None  # with peers: a flag round among the ranks, queued after the sleep (a2a/clock.py)
     misses_at_max: int = 0
     sync_inside: bool = False
     held: int = 0
@@ -822,8 +823,8 @@ def _output_status(output, tokens: int, hidden: int, device) -> int:
 
 @contextlib.contextmanager
 def _registered(memory, gpu: bool):
-    """The channel's pages pinned for this rank's GPU copies (cudaHostRegister) while the steps run, and released
-    after: a later case's channel may be mapped at the same address, and registering it again fails."""
+    """The channel's pages pinned for this rank's GPU copies while the steps run, then released (a later case's
+    channel may be mapped at the same address, and registering it again fails)."""
     import torch
 
     address = ctypes.addressof(ctypes.c_char.from_buffer(memory)) if gpu else None
@@ -846,6 +847,8 @@ def _call_on_gpu(call: Callable, data, device, hold: Optional[Hold]) -> tuple:
     if holding:
         with torch.cuda.device(device):
             torch.cuda._sleep(hold.cycles)
+            if hold.align is not None:  # the ranks' calls start together: when the last rank's sleep has ended
+                hold.align()
     start.record(stream)
     output = call(data)
     end.record(stream)
@@ -858,13 +861,11 @@ def _call_on_gpu(call: Callable, data, device, hold: Optional[Hold]) -> tuple:
 
 
 def run_steps(rank: int, world_size: int, cases: list, regions: dict, call_for: Callable,
-              harness_row: bool = False) -> int:
+              harness_row: bool = False, align: Optional[Callable] = None) -> int:
     """A rank's end of the owner's steps (judge.Steps): at each `go`, the step's input as the runner hands it over
     (cfg, rank_data on the rank's device, rank, world size), the call (`call_for(case index)`), the output published
-    into the shared buffer, `done`. Nothing here is trusted: the owner made the input, checks the output and keeps
-    the time. `harness_row`: the harness's own rows (the floors, the anchors), whose outputs are not the problem's:
-    an output-sized buffer is published in their place, so that they move what a version moves. Returns the steps
-    run."""
+    into the shared buffer, `done`; returns the steps run. Nothing here is trusted. `harness_row`: the harness's own
+    rows, whose outputs are not the problem's: an output-sized buffer is published instead. `align`: Hold.align."""
     device = rank_device(rank)
     gpu = device.type == "cuda"
     on_device = "gpu_bytes" in regions  # the owner shares the regions on this rank's GPU (judge.Channel)
@@ -872,19 +873,20 @@ def run_steps(rank: int, world_size: int, cases: list, regions: dict, call_for: 
     channel.spin_ns = judge.spin_budget_ns(world_size, "A2A_RANK_SPIN_US", 20000)
     try:
         with _registered(channel.memory, gpu and not on_device):
-            return _steps(channel, rank, world_size, cases, call_for, harness_row, device)
+            return _steps(channel, rank, world_size, cases, call_for, harness_row, device, Hold(align=align))
     finally:
         channel.close()
 
 
-def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable, harness_row: bool, device) -> int:
+def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable, harness_row: bool, device,
+           hold: Hold) -> int:
     import torch
     from reference import MoEConfig, RankTestData
 
     gpu = device.type == "cuda"
     configs = [MoEConfig(c["num_experts"], c["experts_per_token"], c["hidden_dim"], c["max_num_tokens"]) for c in cases]
     floor_out = [torch.zeros(c["max_num_tokens"], c["hidden_dim"], dtype=torch.float16, device=device) for c in cases]
-    hold, steps = Hold(), 0
+    steps = 0
     while True:
         _set_phase("waiting for the owner")
         kind, case, tokens = channel.wait()
@@ -1544,9 +1546,8 @@ def transport_options():
 
 
 def transport(pool: "RankPool", world_size: int) -> tuple:
-    """("device", None) where the owner's steps keep their inputs and outputs on the ranks' GPUs (judge.Channel with
-    a GPU: every rank on a GPU of its own, a CUDA build), else ("host", why not). NOTES: ranks sharing GPUs run
-    under MPS, whose server takes one uid's clients at a time: a context of the owner's there would wait for it."""
+    """("device", None) where every rank has a GPU of its own on a CUDA build (judge.Channel with a GPU), else ("host",
+    why not). NOTES: MPS (ranks sharing GPUs) serves one uid's clients at a time: the owner's context would wait."""
     if os.environ.get(TRANSPORT_ENV) == "host":
         return "host", f"{TRANSPORT_ENV}=host"
     if pool.backend != "nccl":

@@ -146,9 +146,9 @@ _CALLS = {"nccl_a2a_x2": _nccl_call, "nvshmem_a2a_vdev_x2": _nvshmem_call, "empt
 class CaseCalls:
     """An entry's call for several cases in one process, each case's own (its routed volume, its output shape), built
     from one input of each case. `close()` ends them all (a collective; raises if an entry's own check failed, as a
-    handshake that gave up)."""
+    handshake that gave up). `handshake`: the process's probes.Handshake where the caller holds one (and closes it)."""
 
-    def __init__(self, name: str, inputs: list, rank: int):
+    def __init__(self, name: str, inputs: list, rank: int, handshake=None):
         import eval as core
 
         self.by_case, self.keep = [], []
@@ -159,8 +159,9 @@ class CaseCalls:
 
                 from a2a import probes
 
-                handshake = probes.Handshake(dist.get_rank(), dist.get_world_size())
-                self.keep.append(handshake)
+                if handshake is None:
+                    handshake = probes.Handshake(dist.get_rank(), dist.get_world_size())
+                    self.keep.append(handshake)
                 for data in inputs:
                     exchange = exchange_of(data, rank)
                     self.by_case.append(handshake.returning(torch.empty(

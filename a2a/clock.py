@@ -82,19 +82,37 @@ class Settings:
 
 def session_rank(rank: int, world_size: int, cases: list, regions: dict, entry: Entry) -> dict:
     """One entry's rank for one round: the submission (imported here, as the runner imports it inside the worker) or
-    the harness row's call for each case, then the owner's steps until it stops them."""
+    the harness row's call for each case, then the owner's steps until it stops them. With peers on GPUs a handshake
+    (a2a/probes.py) starts every rank's held call together (eval.Hold.align; not where ranks share GPUs), one per
+    process for every entry; it is closed (a collective) only after steps that ended well: a failed rank's peers are stopped by the owner."""
+    import torch
+
+    handshake = None
+    if world_size > 1 and core.rank_device(rank).type == "cuda" and torch.cuda.device_count() >= world_size:
+        import torch.distributed as dist
+
+        from a2a import probes
+
+        with core.own_device(rank):
+            handshake = probes.Handshake(dist.get_rank(), world_size)
+    align = handshake.launch if handshake is not None else None
     if entry.kind == "version":
         kernel = core.import_submission()
-        return {"steps": core.run_steps(rank, world_size, cases, regions, lambda _case: kernel)}
-    from a2a import anchors
+        steps = core.run_steps(rank, world_size, cases, regions, lambda _case: kernel, align=align)
+    else:
+        from a2a import anchors
 
-    generate_input = core.bound().reference[0]
-    # the harness's rows size their call from one input of each case, any one: the ranks are handed no seed
-    calls = anchors.CaseCalls(entry.call, [generate_input(**args, seed=0, rank=rank) for args in cases], rank)
-    try:
-        return {"steps": core.run_steps(rank, world_size, cases, regions, calls.for_case, harness_row=True)}
-    finally:
-        calls.close()
+        generate_input = core.bound().reference[0]
+        # the harness's rows size their call from one input of each case, any one: the ranks are handed no seed
+        calls = anchors.CaseCalls(entry.call, [generate_input(**args, seed=0, rank=rank) for args in cases], rank,
+                                  handshake)
+        try:
+            steps = core.run_steps(rank, world_size, cases, regions, calls.for_case, harness_row=True, align=align)
+        finally:
+            calls.close()
+    if handshake is not None:
+        handshake.close()
+    return {"steps": steps}
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -601,6 +601,10 @@ class Handshake:
                                         SPIN_TIMEOUT_NS)
         Handshake.live = True
 
+    def launch(self) -> None:
+        """One handshake on this rank's device's current stream."""
+        self.probes.ext.handshake()
+
     def returning(self, out):
         launch = self.probes.ext.handshake
 

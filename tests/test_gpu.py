@@ -857,6 +857,22 @@ def test_anchors_time_a_case():
         assert name not in run.failed and run.entry_intervals(name)["call"].center > 0, (name, run.failed)
 
 
+@gpu_per_rank(2, "the ranks' calls starting together is a claim about peers on their own GPUs")
+def test_with_peers_a_held_call_starts_when_every_rank_does():
+    """eval.Hold.align: with peers a flag round after each rank's sleep starts every rank's held call together, so
+    the handshake's held time at world size 2 is its own (a flag round), not its wait for a late peer: within 3x of
+    its time at world size 1 (unaligned it was 110.8 µs at world size 4 against 6.6 at 1, H200, 2026-11-27)."""
+    from a2a import anchors, clock
+
+    held = {}
+    for world_size in (1, 2):
+        run = _clock([], "benchmarks:0", world_size, 2, extra=[clock.Entry("handshake", anchors.KINDS["handshake"],
+                                                                           call="handshake")])
+        assert not run.failed, run.failed
+        held[world_size] = run.entry_intervals("handshake")["held"].center
+    assert 0 < held[2] < 3 * held[1], held
+
+
 @at_problem_size
 def test_the_floors_time_a_case_at_one_rank_and_at_the_problems_size():
     """The empty submission and the handshake need no peer on its own GPU: they time at world size 1 and among 8
