@@ -149,10 +149,10 @@ def run(plan: planning.RunPlan, settings: clock.Settings, anchors: bool = True,
     if not entries:
         return pd.DataFrame(), meta, None
     timed = clock.time_entries(plan, entries, settings, progress)
-    phases = {name: statistics.median(p[name] for p in timed.phases) for name in timed.phases[0]} \
-        if timed.phases else {}
+    phases = {name: statistics.median(p[name] for p in timed.phases) for name in timed.phases[0]
+              if name != "ready_s"} if timed.phases else {}
     meta.update(clock_seed=timed.seed, round_seeds=timed.round_seeds, rounds=timed.rounds, wall_s=timed.wall_s,
-                round_phases_median_s=phases,
+                round_phases_median_s=phases, round_ready_s=[p.get("ready_s", {}) for p in timed.phases],
                 throttled_visits=timed.throttled, clocks=clock.clocks_locked(timed.clocks), guards=timed.guards,
                 settings={"steps": settings.steps, "warmup": settings.warmup, "min_rounds": settings.min_rounds,
                           "max_rounds": settings.max_rounds, "time_cap_s": settings.time_cap_s,

@@ -185,7 +185,7 @@ class Run:
     guards: str
     wall_s: float
     rounds: int
-    phases: list  # per round, the seconds of its phases: pools started, ready, visits, ended
+    phases: list  # per round, the seconds of its phases (pools started, ready, visits, ended), and each entry's ready
     visits: list  # per round, the (entry name, case index) visited, in order
     processes: list  # per round, {entry name: the pids of its rank processes}
 
@@ -358,7 +358,12 @@ class Clock:
             lives = [self._start(entry, env) for entry in chunk]
             phases["start"] += time.monotonic() - mark
             mark = time.monotonic()
-            ready = [live for live in lives if not live.failure and self._ready(live, bank)]
+            ready = []
+            for live in lives:  # each entry's wait, in the order started: where a round's setup goes
+                since = time.monotonic()
+                if not live.failure and self._ready(live, bank):
+                    ready.append(live)
+                phases.setdefault("ready_s", {})[live.entry.name] = round(time.monotonic() - since, 2)
             phases["ready"] += time.monotonic() - mark
             mark = time.monotonic()
             visits = [(live, index) for live in ready for index in range(len(self.plan.case_args))]
@@ -399,8 +404,11 @@ class Clock:
                 timing_from = timing_from or time.monotonic()
                 self.phases.append(phases)
                 rounds = round_index + 1
+                waits = sorted(phases.get("ready_s", {}).items(), key=lambda item: -item[1])[:3]
                 self.progress(f"  round {rounds}: {len(active)} entries, {round_s:.1f} s ("
-                              + ", ".join(f"{name} {seconds:.1f}" for name, seconds in phases.items()) + ")"
+                              + ", ".join(f"{name} {seconds:.1f}" for name, seconds in phases.items()
+                                          if name != "ready_s") + "; longest ready: "
+                              + ", ".join(f"{name} {seconds:.1f}" for name, seconds in waits) + ")"
                               + (f", throttled visits so far {self.throttled}" if self.throttled else ""))
                 if rounds >= self.settings.min_rounds:
                     for entry in active:
