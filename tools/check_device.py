@@ -276,9 +276,7 @@ TRITON_WORLD = 8  # the leaderboard's
 
 
 def triton_module(path: Path):
-    """Imports a Triton version without a GPU (its kernels compile on demand; `task` from the bundle's folders).
-    NOTES: one import at a time: two pool threads importing torch for the first time at once left `torch.utils`
-    half initialised ("cannot import name 'set_module'") and the process then crashed (13 files, 2 cores)."""
+    """Imports a Triton version without a GPU (its kernels compile on demand; `task` from the bundle's folders)."""
     with _IMPORT:
         planning.use_bundle_modules()
         return planning.load_version(path, f"check_{path.stem}")
@@ -449,6 +447,12 @@ def main(argv: list[str]) -> int:
     absent = [str(path) for path in files if not path.is_file()]
     if absent:
         raise UserError(f"check-device: no such file: {', '.join(absent)}")
+    # NOTES: torch, its hipify and Triton imported here, before the pool's threads: two threads importing torch for
+    # the first time at once (a version's import beside hipify's) left `torch.utils` half initialised ("cannot
+    # import name 'set_module'") and the process then crashed (13 files, 2 cores).
+    import torch.utils.hipify.hipify_python  # noqa: F401
+    import triton  # noqa: F401
+
     failures = []
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         checks = [pool.submit(_checked, path, shutil.which("nvcc"), shutil.which("hipcc")) for path in files]
