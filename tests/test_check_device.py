@@ -38,6 +38,32 @@ def test_every_version_compiles_for_nvidia_and_amd(device_check):
     for target in ("triton sm_90", "triton gfx942", "triton gfx950", "triton sm_90 trace", "triton gfx942 trace",
                    "triton gfx950 trace"):
         assert f"v7_triton.py: {target}: ok" in result.stdout
+    gcc = check_device.newest_gcc()
+    assert gcc and f"host C++ ({gcc.rsplit('/', 1)[-1]} " in result.stdout, result.stdout
+    assert ": CPP_DECLS of v2_p2p, " in result.stdout and ": ENTRY of v9_native_entry: ok" in result.stdout
+
+
+def test_the_host_check_takes_the_newest_gcc_and_names_its_error(tmp_path, monkeypatch):
+    """check_device.check_host: the newest g++-N on PATH compiles each version's host C++; an error planted in
+    v9's ENTRY fails it with the compiler's own error line."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name in ("g++-9", "g++-14", "g++-tools"):
+        (fake / name).write_text("#!/bin/sh\n")
+        (fake / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:/usr/bin")
+    assert check_device.newest_gcc() == str(fake / "g++-14")
+    monkeypatch.undo()
+    if check_device.newest_gcc() is None:
+        pytest.skip("no g++ on this machine")
+    v9 = ROOT / "submissions" / "all2all" / "v9_native_entry.py"
+    broken = tmp_path / "v9_broken.py"
+    text = v9.read_text()
+    assert text.count("PyErr_SetString(") > 1
+    broken.write_text(text.replace("PyErr_SetString(", "PyErr_SetStrung(", 1))
+    lines, failures = check_device.check_host([v9, broken])
+    assert lines[0].endswith("ENTRY of v9_native_entry: ok") and len(failures) == 1, (lines, failures)
+    assert "ENTRY of v9_broken" in failures[0] and "PyErr_SetStrung" in failures[0] and "error" in failures[0]
 
 
 @needs_tools

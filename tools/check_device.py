@@ -82,10 +82,11 @@ def is_triton(path: Path) -> bool:
     return "@triton.jit" in path.read_text()
 
 
-def kernels_of(path: Path) -> str | None:
-    """The KERNELS string of a version file, read without importing it (importing would build it)."""
+def kernels_of(path: Path, name: str = "KERNELS") -> str | None:
+    """A string constant of a version file (its KERNELS by default), read without importing it (importing would
+    build it)."""
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "KERNELS" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
                 return node.value.value
     return None
@@ -417,6 +418,58 @@ def check(path: Path, nvcc: str, hipcc: str) -> list[str]:
     return failures
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Host C++ with the newest GCC on the machine (issue #50: "builds that survive any GPU image")
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def newest_gcc() -> str | None:
+    """The newest `g++-N` on PATH (Debian installs each GCC so), else `g++`."""
+    found = []
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        for candidate in Path(folder or ".").glob("g++-[0-9]*"):
+            number = re.fullmatch(r"g\+\+-(\d+)", candidate.name)
+            if number and os.access(candidate, os.X_OK):
+                found.append((int(number[1]), str(candidate)))
+    return max(found)[1] if found else shutil.which("g++")
+
+
+def check_host(files: list) -> tuple[list[str], list[str]]:
+    """The host C++ the versions hand the host compiler, compiled (syntax and types) with the newest GCC here:
+    every CPP_DECLS in one translation unit after torch/extension.h, as load_inline's main.cpp holds it (each in a
+    namespace of its file's), and each ENTRY (v9 on: Python.h only) alone. NOTES: the BINDING half of a CUDA
+    version is host code too, but its ATen/cuda headers need the CUDA libraries' headers (cusparse.h, cublas_v2.h),
+    which this check's machines do not have: that half is compiled on the GPU machines only."""
+    import sysconfig
+
+    from torch.utils.cpp_extension import include_paths
+
+    gcc = newest_gcc()
+    if gcc is None:
+        return [], ["host C++: no g++ found"]
+    version = subprocess.run([gcc, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
+    python = ["-I", sysconfig.get_paths()["include"]]
+    units = []
+    decls = [(path, kernels_of(path, "CPP_DECLS")) for path in files]
+    decls = [(path, text) for path, text in decls if text]
+    if decls:
+        units.append(("CPP_DECLS of " + ", ".join(path.stem for path, _ in decls), "#include <torch/extension.h>\n"
+                      + "".join(f"namespace host_{path.stem} {{\n{text}\n}}\n" for path, text in decls),
+                      [arg for folder in include_paths() for arg in ("-I", folder)] + python))
+    units += [(f"ENTRY of {path.stem}", text, python) for path in files
+              if (text := kernels_of(path, "ENTRY"))]
+    lines, failures = [], []
+    with tempfile.TemporaryDirectory(prefix="a2a-host-") as tmp:
+        for index, (name, text, flags) in enumerate(units):
+            source = Path(tmp, f"unit{index}.cpp")
+            source.write_text(text)
+            error = compile_one([gcc, "-std=c++17", "-fsyntax-only", *flags, source.name], Path(tmp))
+            lines.append(f"host C++ ({Path(gcc).name} {version}): {name}: {'ok' if error is None else 'FAILED'}")
+            if error is not None:
+                failures.append(f"host C++ ({Path(gcc).name} {version}): {name}:\n    {error}")
+    return lines, failures
+
+
 def missing_tools() -> list[str]:
     missing = [name for name in ("nvcc", "hipcc", CLANG) if shutil.which(name) is None]
     if not DEBIAN_DEVICE_LIBS.is_dir():
@@ -456,6 +509,7 @@ def main(argv: list[str]) -> int:
     failures = []
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         checks = [pool.submit(_checked, path, shutil.which("nvcc"), shutil.which("hipcc")) for path in files]
+        checks.append(pool.submit(check_host, [path for path in files if path.suffix == ".py"]))
         for done in checks:
             lines, found = done.result()
             with _HIPIFY:
