@@ -633,8 +633,7 @@ _events: dict = {}
 
 
 def _timing_events(device, b: Bound):
-    """Two timing events for this device, made once: making them inside the timed window cost ~20 µs of every
-    leaderboard-style step that the floor step did not pay (measured with tools/step_anatomy.py, H200 x2)."""
+    """Two timing events for this device, made once (made in the window they cost ~20 µs a step, H200 x2)."""
     if device.index not in _events:
         _events[device.index] = b.ops["new_event"](), b.ops["new_event"]()
     return _events[device.index]
@@ -844,11 +843,12 @@ def _call_on_gpu(call: Callable, data, device, hold: Optional[Hold]) -> tuple:
     stream = torch.cuda.current_stream(device)
     start, end = _timing_events(device, bound())
     holding = hold is not None and not hold.sync_inside
-    if holding:
+    if hold is not None:
         with torch.cuda.device(device):
-            torch.cuda._sleep(hold.cycles)
-            if hold.align is not None:  # the ranks' calls start together: when the last rank's sleep has ended
-                hold.align()
+            if holding:
+                torch.cuda._sleep(hold.cycles)
+            if hold.align is not None:  # on every rank and held step, whatever its own hold state: the ranks'
+                hold.align()  # calls start together, when the last rank's sleep has ended
     start.record(stream)
     output = call(data)
     end.record(stream)
