@@ -18,10 +18,13 @@ V7 = ROOT / "submissions" / "all2all" / "v7_triton.py"
 
 
 def planted(tmp_path, old: str, new: str):
+    """v2 with `old` replaced by `new`, and without its trace build: the check builds one where the device code names
+    A2A_TRACE, the probes' macro. Every planted error lies outside the probes (the timed build, the one these tests
+    read, compiles the same either way), and the whole check holds every trace build: four compiles of eight."""
     text = V2.read_text()
     assert old in text
     path = tmp_path / "planted.py"
-    path.write_text(text.replace(old, new, 1))
+    path.write_text(text.replace(old, new, 1).replace("A2A_TRACE", "A2A_PROBES"))
     return path
 
 
