@@ -310,6 +310,8 @@ class Sandbox:
         self.inode: Optional[int] = None
         self._theirs = self._own = None
         self.uid: Optional[int] = None
+        self._views: dict = {}
+        self._seeded: set = set()
         self.build_key = build_key if build_key and re.fullmatch(r"[0-9a-f]{16,64}", build_key) else None
         self.setup = RankSandbox(private_proc=False, uid=None)
         if not enabled:
@@ -321,7 +323,6 @@ class Sandbox:
             return
         self.uid = claim_uid()
         make_run_folders(self.uid)
-        self._seeded = seed_builds(self.uid, self.build_key)
         read_only = self._start_guardian()
         if self.init_pid is None:
             return
@@ -339,8 +340,11 @@ class Sandbox:
         if not read_only:
             self.guards.off.append("the kernel makes no mount read-only for the ranks (mount_setattr, remount): "
                                    "what they write outside /tmp, /var/tmp and /dev/shm outlives the run")
+        self._views = cache_views(self.uid, needed)
+        self._seeded = seed_builds(self.uid, self.build_key, self._views)
         self.guards.uid = self.uid
-        self.setup = RankSandbox(private_proc=True, uid=self.uid, env=run_env(self.uid), covers=run_covers(self.uid),
+        self.setup = RankSandbox(private_proc=True, uid=self.uid, env=run_env(self.uid, self._views),
+                                 covers=run_covers(self.uid),
                                  writable=_writable(self.uid, pool_env), read_only=read_only,
                                  keep=tuple(sorted({str(p) for p in needed if _below_covered(p)})),
                                  expose=tuple(pairs))
@@ -424,7 +428,7 @@ class Sandbox:
                 self.parent.stdin.write("end\n")
                 self.parent.stdin.flush()
                 if self.parent.stdout.readline().strip() == "ended" and self.guards.uid is not None:
-                    keep_builds(self.uid, self.build_key, self._seeded)
+                    keep_builds(self.uid, self.build_key, self._seeded, self._views)
                 self.parent.stdin.close()
             try:
                 self.parent.wait(timeout=60)
@@ -512,10 +516,10 @@ def remove_run_folders(uid: int) -> list[str]:
     return removed
 
 
-def run_env(uid: int) -> dict:
+def run_env(uid: int, views: dict) -> dict:
     base = run_folder(uid)
     return {"HOME": str(base / "home"), "TMPDIR": str(base / "tmp"), "USER": f"a2a-rank-{uid}",
-            "LOGNAME": f"a2a-rank-{uid}", **{name: str(base / "cache" / sub) for name, sub in CACHE_FOLDERS.items()}}
+            "LOGNAME": f"a2a-rank-{uid}", **{name: view for name, (view, _) in views.items()}}
 
 
 def run_covers(uid: int) -> tuple:
@@ -600,9 +604,10 @@ def prepare_rank_cache() -> dict:
 
 
 def _copy_builds(source: Path, target: Path, uid: Optional[int]) -> None:
-    """Copies the plain files of `source` into `target` (owned by `uid` when given). Left out: links and anything
-    not a file of one link (a rank's hard link to a file it cannot read), and a folder whose build lock is still
-    there (torch's, of a build cut off: it would hold the next build waiting)."""
+    """Copies the plain files of `source` into `target` (owned by `uid` when given), their times kept (ninja's
+    up-to-date check reads them). Left out: links and anything not a file of one link (a rank's hard link to a file
+    it cannot read), and a folder whose build lock is still there (torch's, of a build cut off: it would hold the
+    next build waiting)."""
     for dirpath, dirnames, filenames in os.walk(source):
         if "lock" in filenames:
             dirnames.clear()
@@ -619,30 +624,83 @@ def _copy_builds(source: Path, target: Path, uid: Optional[int]) -> None:
             os.chown(into, uid, uid)
 
 
-def _listing(folder: Path) -> set:
-    return {(os.path.relpath(os.path.join(d, f), folder), os.lstat(os.path.join(d, f)).st_size)
-            for d, _, files in os.walk(folder) for f in files}
-
-
-def seed_builds(uid: int, key: Optional[str]) -> set:
-    """Fills the pool's cache folder from the judge's caches; returns what it then holds (keep_builds compares)."""
-    cache = run_folder(uid) / "cache"
+def cache_views(uid: int, needed: tuple = ()) -> dict:
+    """Per cache variable: (the path the pool's ranks use, where that folder is on the judge's side). A torch
+    extension's build files name its folder, so a copy under another path is rebuilt whole (seen 2026-11-27: every
+    pool of every clock round rebuilt its CUDA extensions, 60-90 s a round). So a rank sees its private copy at the
+    judge's own path where that lies below a folder its run covers (/tmp, /var/tmp, /dev/shm) and holds no path
+    the ranks read from the judge's side, nor lies inside one; elsewhere at run_folder/cache/<sub>."""
+    base, covers = run_folder(uid), dict(run_covers(uid))
+    views = {}
     for name, sub in CACHE_FOLDERS.items():
+        view = host = base / "cache" / sub
+        judge = Path(os.path.abspath(os.environ[name])) if os.path.isabs(os.environ.get(name, "")) else None
+        top = next((folder for folder in COVERED if judge and Path(folder) in judge.parents), None)
+        clash = judge and any(p == judge or p in judge.parents or judge in p.parents for p in map(Path, needed))
+        if top and top in covers and not clash:
+            view, host = judge, Path(covers[top]) / judge.relative_to(top)
+        views[name] = (str(view), host)
+    return views
+
+
+def _plain_folder(path: Path, top: Path) -> bool:
+    """Whether every step from `top` down to `path` is a folder, not a link (a rank may have swapped one)."""
+    here = top
+    for part in (path.relative_to(top).parts if top in path.parents else ()):
+        here = here / part
+        try:
+            if not stat.S_ISDIR(os.lstat(here).st_mode):
+                return False
+        except OSError:
+            return False
+    return here == path
+
+
+def _listing(views: dict) -> set:
+    out = set()
+    for name, (_, host) in views.items():
+        for d, _, files in os.walk(host):
+            out |= {(name, os.path.relpath(os.path.join(d, f), host), os.lstat(os.path.join(d, f)).st_size)
+                    for f in files}
+    return out
+
+
+def seed_builds(uid: int, key: Optional[str], views: dict) -> set:
+    """Fills each of the pool's cache folders from the judge's cache and from what an earlier pool of the same
+    source left (builds/<key>); returns what they then hold (keep_builds compares). The folders on the way to a
+    cache folder are root's (the mount points made later below a covered folder must be), the folder the rank's."""
+    base = run_folder(uid)
+    for name, (_, host) in views.items():
+        for parent in reversed(host.parents):
+            if base in parent.parents and not parent.exists():
+                parent.mkdir(mode=0o755)
+        host.mkdir(mode=0o700, exist_ok=True)
+        os.chown(host, uid, uid)
         if os.environ.get(name) and os.path.isdir(os.environ[name]):
-            _copy_builds(Path(os.environ[name]), cache / sub, uid)
-    if key and (BUILDS / key).is_dir():
-        _copy_builds(BUILDS / key, cache, uid)
-    return _listing(cache)
+            _copy_builds(Path(os.environ[name]), host, uid)
+        if key and (BUILDS / key / CACHE_FOLDERS[name]).is_dir():
+            _copy_builds(BUILDS / key / CACHE_FOLDERS[name], host, uid)
+    return _listing(views)
 
 
-def keep_builds(uid: int, key: Optional[str], seeded: set) -> None:
-    """Copies the ended pool's cache folder to builds/<key>, whole, in place of the one there (a new folder renamed
-    into place: a pool starting meanwhile reads the old one or the new one); nothing when the ranks built nothing."""
-    cache = run_folder(uid) / "cache"
-    if not key or _listing(cache) <= seeded:
-        return
+# What a pool may leave for the next pool of its source: more is not kept (the next one builds again).
+KEEP_MAX_BYTES, KEEP_MAX_FILES = 512 * 2**20, 20_000
+
+
+def keep_builds(uid: int, key: Optional[str], seeded: set, views: dict) -> Optional[str]:
+    """Copies the ended pool's cache folders to builds/<key>, whole, in place of the one there (a new folder renamed
+    into place: a pool starting meanwhile reads the old one or the new one); nothing when the ranks built nothing,
+    when a folder on the way was swapped for a link, or beyond KEEP_MAX_BYTES or KEEP_MAX_FILES (returns why)."""
+    base = run_folder(uid)
+    views = {name: view for name, view in views.items() if _plain_folder(view[1], base)}
+    listing = _listing(views)
+    if not key or listing <= seeded:
+        return None
+    if len(listing) > KEEP_MAX_FILES or sum(size for *_, size in listing) > KEEP_MAX_BYTES:
+        return f"not kept: over {KEEP_MAX_FILES} files or {KEEP_MAX_BYTES >> 20} MiB"
     fresh = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=BUILDS))
-    _copy_builds(cache, fresh, None)
+    for name, (_, host) in views.items():
+        _copy_builds(host, fresh / CACHE_FOLDERS[name], None)
     os.chmod(fresh, 0o755)
     retired = Path(tempfile.mkdtemp(prefix=f".{key}-old-", dir=BUILDS))
     with contextlib.suppress(FileNotFoundError):
@@ -652,6 +710,7 @@ def keep_builds(uid: int, key: Optional[str], seeded: set) -> None:
     except OSError:  # another pool of the same key put its own there first
         shutil.rmtree(fresh, ignore_errors=True)
     shutil.rmtree(retired, ignore_errors=True)
+    return None
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -142,7 +143,7 @@ def test_builds_are_kept_for_the_same_source_only():
     assert not (boundary.BUILDS / key / "planted").exists()
     same, another = boundary.Sandbox(build_key=key), boundary.Sandbox(build_key=other)
     try:
-        cache = "boundary.run_folder(os.getuid()) / 'cache' / 'torch_extensions' / 'ext.so'"
+        cache = "boundary.Path(os.environ['TORCH_EXTENSIONS_DIR'], 'ext.so')"
         for sandbox, expected in ((same, "True"), (another, "False")):
             seen = _in_sandbox(sandbox, f"print(({cache}).exists())")
             assert seen.stdout.strip() == expected, seen.stdout + seen.stderr
@@ -150,3 +151,47 @@ def test_builds_are_kept_for_the_same_source_only():
         same.close()
         another.close()
     subprocess.run(["rm", "-rf", str(boundary.BUILDS / key)], check=True)
+
+
+@pytest.mark.skipif(not shutil.which("ninja"), reason="no ninja on this machine (torch's extension builds use it)")
+def test_a_rank_finds_the_judges_builds_up_to_date(tmp_path, monkeypatch):
+    """A torch extension's build files name its folder, and ninja rebuilds what moved (every pool of every clock
+    round rebuilt its CUDA extensions, 60-90 s a round, before): a rank sees its copy of the judge's build cache
+    at the judge's own path, and ninja there has nothing to do."""
+    judge = tmp_path / "extensions"
+    build = judge / "ext"
+    build.mkdir(parents=True)
+    (build / "source.txt").write_text("source")
+    (build / "build.ninja").write_text(f"rule copy\n  command = cp $in $out\nbuild {build}/built.txt: copy "
+                                       f"{build}/source.txt\n")
+    subprocess.run(["ninja", "-C", str(build)], check=True, capture_output=True)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(judge))
+    sandbox = boundary.Sandbox()
+    try:
+        seen = _in_sandbox(sandbox, "import subprocess\nprint(os.environ['TORCH_EXTENSIONS_DIR'])\n"
+                                    "print(subprocess.run(['ninja', '-C', os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], "
+                                    "'ext')], capture_output=True, text=True).stdout)")
+    finally:
+        sandbox.close()
+    assert seen.returncode == 0, seen.stderr
+    assert seen.stdout.splitlines()[0] == str(judge), seen.stdout
+    assert "no work to do" in seen.stdout, seen.stdout
+
+
+def test_a_pool_leaves_no_more_than_the_caps_and_nothing_through_a_link(monkeypatch):
+    """What a pool leaves for the next run of its source is bounded (64 MB of junk stayed in root's cache before),
+    and a cache folder a rank swapped for a link to root's files is not copied."""
+    key = "ef" * 32
+    monkeypatch.setattr(boundary, "KEEP_MAX_FILES", 3)
+    for code in ("for i in range(5):\n    open(os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], f'f{i}'), 'w').write('x')",
+                 "import shutil\nshutil.rmtree(os.environ['TRITON_CACHE_DIR'])\n"
+                 "os.symlink('/etc', os.environ['TRITON_CACHE_DIR'])"):
+        subprocess.run(["rm", "-rf", str(boundary.BUILDS / key)], check=True)
+        sandbox = boundary.Sandbox(build_key=key)
+        try:
+            done = _in_sandbox(sandbox, code)
+            assert done.returncode == 0, done.stderr
+        finally:
+            sandbox.close()
+        kept = [str(p) for p in (boundary.BUILDS / key).rglob("*")] if (boundary.BUILDS / key).exists() else []
+        assert not kept, kept
