@@ -628,13 +628,15 @@ def cache_views(uid: int, needed: tuple = ()) -> dict:
     """Per cache variable: (the path the pool's ranks use, where that folder is on the judge's side). A torch
     extension's build files name its folder, so a copy under another path is rebuilt whole (seen 2026-11-27: every
     pool of every clock round rebuilt its CUDA extensions, 60-90 s a round). So a rank sees its private copy at the
-    judge's own path where that lies below a folder its run covers (/tmp, /var/tmp, /dev/shm) and holds no path
-    the ranks read from the judge's side, nor lies inside one; elsewhere at run_folder/cache/<sub>."""
+    judge's own path (the build step's, prepare_rank_cache, when unset) where that lies below a folder its run
+    covers (/tmp, /var/tmp, /dev/shm) and holds no path the ranks read from the judge's side, nor lies inside one;
+    elsewhere at run_folder/cache/<sub>."""
     base, covers = run_folder(uid), dict(run_covers(uid))
     views = {}
     for name, sub in CACHE_FOLDERS.items():
         view = host = base / "cache" / sub
-        judge = Path(os.path.abspath(os.environ[name])) if os.path.isabs(os.environ.get(name, "")) else None
+        judge = os.environ.get(name) or str(RANK_CACHE / "prebuilt" / sub)  # unset: the judge's build step's
+        judge = Path(os.path.abspath(judge)) if os.path.isabs(judge) else None
         top = next((folder for folder in COVERED if judge and Path(folder) in judge.parents), None)
         clash = judge and any(p == judge or p in judge.parents or judge in p.parents for p in map(Path, needed))
         if top and top in covers and not clash:

@@ -180,12 +180,12 @@ def test_a_rank_finds_the_judges_builds_up_to_date(tmp_path, monkeypatch):
 
 def test_a_pool_leaves_no_more_than_the_caps_and_nothing_through_a_link(monkeypatch):
     """What a pool leaves for the next run of its source is bounded (64 MB of junk stayed in root's cache before),
-    and a cache folder a rank swapped for a link to root's files is not copied."""
+    and a cache folder a rank swapped for a link to root's files (where its parent lets it) is not copied."""
     key = "ef" * 32
     monkeypatch.setattr(boundary, "KEEP_MAX_FILES", 3)
     for code in ("for i in range(5):\n    open(os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], f'f{i}'), 'w').write('x')",
-                 "import shutil\nshutil.rmtree(os.environ['TRITON_CACHE_DIR'])\n"
-                 "os.symlink('/etc', os.environ['TRITON_CACHE_DIR'])"):
+                 "import shutil\ntry:\n    shutil.rmtree(os.environ['TRITON_CACHE_DIR'])\n"
+                 "    os.symlink('/etc', os.environ['TRITON_CACHE_DIR'])\nexcept OSError:\n    pass  # its parent is root's"):
         subprocess.run(["rm", "-rf", str(boundary.BUILDS / key)], check=True)
         sandbox = boundary.Sandbox(build_key=key)
         try:
