@@ -405,6 +405,24 @@ class Sandbox:
         return [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != self.init_pid
                 and _ns_inode(int(e)) == self.inode and not _ended(int(e))]
 
+    def pause(self, stop: bool, pids: tuple = ()) -> int:
+        """SIGSTOP (stop) or SIGCONT to every process of the ranks' namespace, else to `pids` (no namespace: its
+        workers only); the namespace listed again until it shows no process not yet signalled (a fork racing the
+        signals). The clock stops every pool but the one it times: nothing an entry runs while it waits its turn
+        (CPU hogs, its own children) reaches another entry's figure. Returns how many processes were signalled."""
+        signal_number = signal.SIGSTOP if stop else signal.SIGCONT
+        done: set = set()
+        while True:
+            todo = set(self.members() if self.inode is not None else pids) - done
+            if not todo:
+                return len(done)
+            for pid in todo:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal_number)
+            done |= todo
+            if self.inode is None:
+                return len(done)
+
     def sweep(self, keep: set) -> list[int]:
         """SIGKILLs what the submission started in the namespace (everything but `keep`, the live workers): between
         cases, so nothing a case left (a child holding the rendezvous port, a daemon) reaches the next."""

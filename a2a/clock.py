@@ -217,6 +217,11 @@ def _chunks(entries: list, placement) -> list:
     return [entries[i:i + size] for i in range(0, len(entries), size)]
 
 
+def _pause(live: _Live, stop: bool) -> None:
+    if live.pool is not None:
+        live.pool.sandbox.pause(stop, tuple(w[0].pid for w in live.pool.workers if w is not None))
+
+
 class Clock:
     def __init__(self, plan, entries: list, settings: Settings, bundles: dict, progress=print):
         self.plan, self.entries, self.settings, self.bundles, self.progress = plan, entries, settings, bundles, progress
@@ -371,9 +376,18 @@ class Clock:
             self.visits[-1] += [(live.entry.name, index) for live, index in visits]
             self.processes[-1].update({live.entry.name: [w[0].pid for w in live.pool.workers if w is not None]
                                        for live in ready})
+            # NOTES: every pool but the one visited is stopped (SIGSTOP): an entry's processes run only in its own
+            # visits, so none can load the machine while another is timed (CPU hogs gave one entry 4x at world
+            # size 2 on CPU). Kernels a stopped pool queued before still run on its GPU: docs/judge.md.
+            for live in lives:
+                _pause(live, True)
             for live, index in visits:
                 if not live.failure:
+                    _pause(live, False)
                     self._visit(live, index, round_index, bank)
+                    _pause(live, True)
+            for live in lives:
+                _pause(live, False)
             phases["visits"] += time.monotonic() - mark
             mark = time.monotonic()
             self._end(lives, round_index)

@@ -2,7 +2,9 @@
 real rounds (gloo, two ranks): every entry in every round in fresh processes, the order shuffled from a recorded
 seed, the stopping rule."""
 import math
+import os
 import random
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +126,54 @@ def test_the_owners_copies_come_from_a_gpu_no_rank_uses_else_the_next_ranks():
     assert judge.copiers([0, 1], 4, 1, every) == [1, None]
     assert judge.copiers([0], 1, None, every) == [None]
     assert judge.copiers([0, 1, 2, 3], 4, None, lambda copier, gpu: (copier, gpu) != (3, 2)) == [1, 2, None, 0]
+
+
+HOG = '''
+import subprocess as _subprocess
+import sys as _sys
+
+_HOG = _subprocess.Popen([_sys.executable, "-c", "while True: pass"])  # burns a core while other entries are timed
+
+
+def custom_kernel(data):
+    return _v1_kernel(data)
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="pools run in their own PID namespace only when started as root")
+def test_a_pool_waiting_its_turn_runs_nothing_while_another_is_timed(tmp_path, monkeypatch):
+    """An entry whose child burns the CPU (a hostile entry ranked itself first at world size 2 by slowing the others
+    this way): while another entry is visited, every process of its pool, the child too, is stopped."""
+    from tests.conftest import v1_kernel_source
+
+    hog = tmp_path / "hog.py"
+    hog.write_text(v1_kernel_source() + HOG)
+    plan = make_plan(["v1", str(hog)], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    entries = [clock.Entry("v1", "version", str(plan.versions[0])), clock.Entry("hog", "version", str(plan.versions[1]))]
+    states: dict = {}
+    ours: set = set()  # this run's pools' uids (other commands' ranks may run beside)
+    visit, start = clock.Clock._visit, clock.Clock._start
+
+    def started(self, entry, env):
+        live = start(self, entry, env)
+        ours.add(live.pool.guards.uid)
+        return live
+
+    def watched(self, live, index, round_index, bank):
+        for pid in filter(str.isdigit, os.listdir("/proc")):  # every other pool's processes, as the visit starts
+            try:
+                status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+            except (OSError, ValueError):
+                continue
+            uid = int(status["Uid"].split()[0])
+            if uid != live.pool.guards.uid and uid in ours:
+                states.setdefault(live.entry.name, []).append(status["State"][0])
+        return visit(self, live, index, round_index, bank)
+
+    monkeypatch.setattr(clock.Clock, "_visit", watched)
+    monkeypatch.setattr(clock.Clock, "_start", started)
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
+    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    assert run.rounds == 1 and not run.failed, run.failed
+    assert len(states.get("v1", [])) >= 2 * 3, states  # the hog's two ranks and their children, seen in v1's visits
+    assert set(states["v1"]) == {"T"} and set(states["hog"]) == {"T"}, states
