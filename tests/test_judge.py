@@ -12,6 +12,7 @@ run, so stderr is the one channel that outlives it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import signal
@@ -26,10 +27,12 @@ import pytest
 
 import boundary
 
+from a2a import clock
 from a2a import rows as result_rows
 from a2a.harness import stage
+from a2a.plan import make_plan
 from eval import EXIT_BAD_INPUT, EXIT_CHECK_FAILED
-from tests.conftest import (PROTOCOL_PORT, ROOT, V1, every_time, run_bundle, run_eval, shared_folder,
+from tests.conftest import (PROTOCOL_PORT, ROOT, V1, every_time, reachable, run_bundle, run_eval, shared_folder,
                             start_hanging, v1_kernel_source, wait_until_unmarked)
 
 CASE = ("--world-size", "2", "--cases", "tests:0")
@@ -1677,6 +1680,26 @@ def test_answers_cached_across_steps_never_hit_fresh_inputs(tmp_path, key, face,
         assert_fails(outcome, "Output values mismatch", "returned an output of the wrong shape")
     else:
         assert_time_is_real(outcome)
+
+
+def test_answers_cached_by_content_never_hit_in_a_clock_round(tmp_path, capfd):
+    """The clock (make leaderboard's ranking) with a content cache (red team 12: a held step, unranked, once handed
+    the input of the ranked idle step after it, and the ready and warm-up steps the same first input, so 6 of 10
+    ranked steps hit and the cache ranked first). Every step of an entry's round, ready, warm-up, idle and held, has
+    an input of its own: not one call hits."""
+    folder = reachable(tmp_path)
+    path, cases = folder / "cached.py", folder / "cases.txt"
+    path.write_text(hostile(CACHED_ANSWERS, key="content"))
+    cases.write_text("".join(SMALL_LINE.format(seed=FIRST_SEED + i) + "\n" for i in range(2)))
+    plan = make_plan([str(path)], str(cases), 2, "gloo", gpu_only="keep")
+    settings = clock.Settings(steps=3, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
+    run = clock.time_entries(plan, [clock.Entry("cached", "version", str(plan.versions[0]))], settings,
+                             progress=lambda _: None)
+    err = capfd.readouterr().err
+    assert run.rounds == 1 and not run.failed and len(run.samples) == 2, (run.failed, err[-3000:])
+    calls = re.findall(r"HOSTILE call_ns", err)
+    assert len(calls) == 2 * 2 * (1 + 1 + 2 * 3), err[-3000:]  # every call of both ranks was computed: no hit
+    assert "HOSTILE hit" not in err, err[-3000:]
 
 
 SEEDED = 424_242_424  # POPCORN_SEED of the seed tests below
