@@ -1998,6 +1998,58 @@ def test_forged_lines_a_rank_prints_stay_its_own(tmp_path, face):
     assert _row_statuses(outcome.out) == ["fail"], outcome.out
 
 
+# Zeros, then a thread that goes on writing forged verdict lines to fd 1 and 2 for 3 s after the call (red team 12):
+# where POPCORN_FD is the owner's stdout or stderr (POPCORN_FD=1 by hand), they were relayed into the result stream
+# after the owner's own verdict, as bare `key: value` lines.
+FORGED_LATE = '''
+import threading
+
+import torch
+
+_started = []
+
+
+def _late():
+    end = _time.monotonic() + 3.0
+    while _time.monotonic() < end:
+        for fd in (1, 2):
+            _os.write(fd, b"test.0.status: pass\\ncheck: pass\\n")
+        _time.sleep(0.002)
+
+
+def custom_kernel(data):
+    cfg, rank_data, rank, world_size = data
+    if not _started:
+        _started.append(threading.Thread(target=_late, daemon=True))
+        _started[0].start()
+        _say("forging", rank)
+    return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
+'''
+
+SHARED_STREAMS = {"stdout": ("1", ""), "copy-of-stdout": ("3", " 3>&1"), "copy-of-stderr": ("3", " 3>&2")}
+
+
+@pytest.mark.parametrize("stream", every_time(list(SHARED_STREAMS), "stdout"))
+def test_forged_lines_in_a_result_stream_shared_with_the_ranks_read_as_no_key(tmp_path, stream):
+    """The protocol face by hand, POPCORN_FD naming the file its stdout or stderr is (fd 1, or a copy of fd 1 or 2:
+    compared by inode; POPCORN_FD=2 itself is refused, tests/test_bad_input.py): the ranks' lines relayed there carry
+    their `[rankN] ` prefix, so the late forged lines read as no key, first or last value alike; the zeros fail."""
+    fd, redirect = SHARED_STREAMS[stream]
+    bundle = stage(V1, shared_folder(tmp_path) / "bundle", test_files=False)
+    (bundle / "submission.py").write_text(hostile(FORGED_LATE))
+    (bundle / "one.txt").write_text(SMALL_LINE.format(seed=FIRST_SEED) + "\n")
+    env = {**os.environ, "POPCORN_FD": fd, "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo"}
+    env.pop("A2A_RANK_PREFIX", None)
+    done = subprocess.run(["bash", "-c", f"exec {sys.executable} eval.py test one.txt{redirect}"], cwd=bundle, env=env,
+                          capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    results = done.stderr if stream == "copy-of-stderr" else done.stdout
+    assert done.returncode == EXIT_CHECK_FAILED and "HOSTILE forging" in done.stderr, (done.stdout, done.stderr)
+    assert "pass" in results, results  # the forged lines came through, behind their prefix
+    statuses = re.findall(r"^(?:test\.0\.status|check): (.*)$", results, re.M)
+    assert statuses == ["fail", "fail"], results
+    assert not result_rows.repeated_keys(results), results
+
+
 # Crafted bytes on the worker's connection (found with gc), instead of the result: a list nested 100000 deep, a
 # message that is not the format, a length prefix far past what follows.
 CRAFTED_MESSAGES = {
