@@ -1373,8 +1373,7 @@ class RankPool:
         parent_end, child_end = self.context.Pipe()
         phase = self.context.RawValue("i", 0)
         process = self.context.Process(target=_worker_loop, args=(child_end, phase, os.getpid(),
-                                                                  self.sandbox.rank_setup(), self.bundle),
-                                       daemon=True)
+                                                                  self.sandbox.rank_setup(), self.bundle), daemon=True)
         (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
         # NOTES: multiprocessing's tracker, which the first spawn starts, is this process's helper, not a rank: it
         # starts here with this process's own environment and outside the ranks' namespace, since MPS's guardian
@@ -1694,10 +1693,8 @@ def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
         run.logger.log(f"test.{idx}.spec", test.spec)
         inputs = run.inputs(test, run.seeds.case_seed(idx, test.args["seed"]))
         steps, problems = run.start(test, "test"), None
-        try:
+        with contextlib.suppress(judge.RankEnded, judge.Missed):  # the ranks' failures are read below
             problems = steps.step(judge.CALL, 0, inputs).problems
-        except (judge.RankEnded, judge.Missed):
-            pass
         results = step_failures(run.ended(steps.finish()), problems, "custom_kernel")
         if all(r.ok for r in results):
             run.logger.log(f"test.{idx}.status", "pass")
@@ -1742,10 +1739,8 @@ def _benchmark(run: ProtocolRun, idx: int, test: TestCase, recheck: bool, max_ti
     """One timed case: its statistics from the owner's step windows, or its failures (a string)."""
     steps = run.start(test, mode)
     timed = None
-    try:
+    with contextlib.suppress(judge.RankEnded, judge.Missed):  # the ranks' failures are read below
         timed = _timed_loop(run, steps, idx, test, recheck or run.fresh, max_time_ns)
-    except (judge.RankEnded, judge.Missed):
-        pass
     results = run.ended(steps.finish())
     if timed is not None and timed[4] is not None:
         rank, where, why = timed[4]
@@ -1850,8 +1845,9 @@ def _env_integer(name: str, text: str, low: int, high: int, what: str = "an inte
     return int(text)
 
 
-def _environment() -> tuple[int, Optional[int], int]:
-    """POPCORN_FD, POPCORN_SEED (removed from the environment, as the runner does) and POPCORN_GPUS."""
+def _environment() -> tuple[int, Optional[int], int, bool]:
+    """POPCORN_FD, POPCORN_SEED (removed from the environment, as the runner does), POPCORN_GPUS, and whether the
+    ranks' lines are prefixed."""
     seed = os.environ.pop("POPCORN_SEED", None)
     values = {}
     for name, text, low, high in (("POPCORN_FD", os.getenv("POPCORN_FD"), 0, 2**31 - 1),
@@ -1863,6 +1859,8 @@ def _environment() -> tuple[int, Optional[int], int]:
         values[name] = _env_integer(name, text, low, high)
     transport_options()
     fd = values["POPCORN_FD"]
+    if fd == 2:  # the ranks would start without a stderr, and this process's own errors would go out as results
+        raise UserError("POPCORN_FD=2 is stderr: give the results a descriptor of their own (POPCORN_FD=1, 3>FILE)")
     try:
         mode = os.fstat(fd).st_mode
         writable = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
@@ -1875,7 +1873,9 @@ def _environment() -> tuple[int, Optional[int], int]:
         poller.register(fd, select.POLLOUT)
         if any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0)):
             raise UserError(f"POPCORN_FD={fd} is a pipe or socket that nobody reads: the results would be lost")
-    return fd, values["POPCORN_SEED"], values["POPCORN_GPUS"]
+    # Where the result file is stdout's or stderr's as well (POPCORN_FD=1 by hand; the runner's is a pipe of its own),
+    # the ranks' lines relayed there carry their `[rankN] ` prefix, so that none reads as a result key.
+    return fd, values["POPCORN_SEED"], values["POPCORN_GPUS"], wire.shares_a_file(fd, (1, 2))
 
 
 def _sharing_asked() -> bool:
@@ -1922,7 +1922,7 @@ def protocol_main() -> int:
     sys.path.insert(0, str(HERE))
     mode, test_file = sys.argv[1], sys.argv[2]
     try:
-        fd, seed, n_gpus = _environment()
+        fd, seed, n_gpus, prefixed = _environment()
         master_port = _master_port()
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -1945,7 +1945,7 @@ def protocol_main() -> int:
             # The ranks start first and import torch while this process does (nothing above imported it on a CPU or
             # CUDA build); none runs submission code before its first case, which comes after the reference's import.
             pool = RankPool(n_gpus, backend, None if os.environ.get("A2A_RENDEZVOUS") == "private"
-                            else master_port, bool(os.environ.get("A2A_RANK_PREFIX")))
+                            else master_port, prefixed or bool(os.environ.get("A2A_RANK_PREFIX")))
             from utils import set_seed
 
             set_seed(seed or 42)

@@ -351,6 +351,19 @@ RANK_TEXT_BUDGET = 1 << 20  # bytes a rank may print over its life; the rest is 
 POLL_S = 0.1
 
 
+def shares_a_file(fd: int, others) -> bool:
+    """Whether `fd` is open on the same file as any of `others` (device and inode: a copy of a descriptor, 3>&1, or
+    the file opened again counts; a closed one is no one's)."""
+    found = os.fstat(fd)
+    for other in others:
+        try:
+            if os.path.samestat(found, os.fstat(other)):
+                return True
+        except OSError:
+            pass
+    return False
+
+
 class RankText:
     """Reads a rank's stdout or stderr (`fd`, the read end of its pipe; this object closes it) in a thread and
     writes each line to `stream` as `prefix` + as_text(line, line_chars): a line too long keeps its first

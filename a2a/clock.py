@@ -22,6 +22,7 @@ stopped it.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import random
@@ -245,13 +246,13 @@ class Clock:
         self.devices = sorted({plan.placement.device_index(r) for r in range(plan.world_size)}) \
             if plan.backend == "nccl" else []
 
-    def _bank(self, round_index: int) -> list:
-        """The round's inputs: per case, `steps` fresh input sets (one per rank each). Every entry's visit of a case
-        gives each of them once to its idle-stream steps and once to its held ones, so no input repeats within an
-        entry's process; the next round draws new ones."""
-        world = self.plan.world_size
-        return [[[judge.make_input(args, self.seeds.step_seed(round_index, i, k), rank) for rank in range(world)]
-                 for k in range(max(1, self.settings.steps))] for i, args in enumerate(self.plan.case_args)]
+    def _bank(self, round_index: int, sets: range) -> list:
+        """Per case, the round's input sets `sets` (one input per rank each). An entry takes a case's sets in order,
+        one per step: set 0 in its ready step, the next in each of its visit's warm-up, idle-stream and held steps, so
+        no input repeats within an entry's process (a cache of answers by input never hits); each entry's pool is
+        fresh, so all share the bank; the next round draws new ones."""
+        return [[[judge.make_input(args, self.seeds.step_seed(round_index, i, k), rank)
+                  for rank in range(self.plan.world_size)] for k in sets] for i, args in enumerate(self.plan.case_args)]
 
     # One entry's pool: born, ready, visited, ended.
     def _start(self, entry: Entry, env: dict) -> _Live:
@@ -291,14 +292,14 @@ class Clock:
 
     def _visit(self, live: _Live, index: int, round_index: int, bank: list) -> None:
         live.steps.case.extend(VISIT_TIMEOUT_S)
-        inputs = bank[index]
+        inputs = iter(bank[index][1:])  # the ready step had the first
         for _ in range(self.settings.warmup):
-            if self._step(live, judge.CALL, index, inputs[0]) is None:
+            if self._step(live, judge.CALL, index, next(inputs)) is None:
                 return
         owner, call, held, synced = [], [], [], False
         for k in range(self.settings.steps):
             for kind in (judge.CALL, judge.HELD) if k % 2 == 0 else (judge.HELD, judge.CALL):
-                result = self._step(live, kind, index, inputs[k % len(inputs)])
+                result = self._step(live, kind, index, next(inputs))
                 if result is None:
                     return
                 if kind == judge.CALL:
@@ -356,7 +357,12 @@ class Clock:
         order = random.Random(seed)
         phases = dict.fromkeys(("inputs", "start", "ready", "visits", "end"), 0.0)
         mark = time.monotonic()
-        bank = self._bank(round_index)
+        bank = self._bank(round_index, range(1))
+        # The visits' sets (most of the owner's CPU work) are drawn while the first pools start and import; joined
+        # before any visit, so no draw shares the CPU with a timed step.
+        drawing = concurrent.futures.ThreadPoolExecutor(1)
+        later = drawing.submit(self._bank, round_index, range(1, 1 + self.settings.warmup + 2 * self.settings.steps))
+        drawing.shutdown(wait=False)
         phases["inputs"] += time.monotonic() - mark
         for chunk in _chunks(active, self.plan.placement):
             mark = time.monotonic()
@@ -370,6 +376,12 @@ class Clock:
                     ready.append(live)
                 phases.setdefault("ready_s", {})[live.entry.name] = round(time.monotonic() - since, 2)
             phases["ready"] += time.monotonic() - mark
+            if later is not None:
+                mark = time.monotonic()
+                for case, more in zip(bank, later.result()):
+                    case += more
+                later = None
+                phases["inputs"] += time.monotonic() - mark
             mark = time.monotonic()
             visits = [(live, index) for live in ready for index in range(len(self.plan.case_args))]
             order.shuffle(visits)

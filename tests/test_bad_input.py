@@ -209,6 +209,7 @@ def _protocol(bundle: Path, env: dict, *args: str) -> subprocess.CompletedProces
 def test_protocol_face_rejects_a_bad_environment(bundle):
     _file(bundle, "one.txt", LINE.format(h=64, s=1, w=2) + "\n")
     for env, message in [({"POPCORN_FD": "97"}, "POPCORN_FD=97 is not an open file descriptor"),
+                         ({"POPCORN_FD": "2"}, "POPCORN_FD=2 is stderr"),
                          ({"POPCORN_FD": "1", "POPCORN_SEED": str(10**29)}, "POPCORN_SEED must be an integer"),
                          ({"POPCORN_FD": "1", "POPCORN_SEED": "-4"}, "POPCORN_SEED must be an integer"),
                          ({"POPCORN_FD": "1", "POPCORN_GPUS": "many"}, "POPCORN_GPUS must be an integer"),

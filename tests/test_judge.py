@@ -12,6 +12,7 @@ run, so stderr is the one channel that outlives it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import signal
@@ -26,10 +27,12 @@ import pytest
 
 import boundary
 
+from a2a import clock
 from a2a import rows as result_rows
 from a2a.harness import stage
+from a2a.plan import make_plan
 from eval import EXIT_BAD_INPUT, EXIT_CHECK_FAILED
-from tests.conftest import (PROTOCOL_PORT, ROOT, V1, every_time, run_bundle, run_eval, shared_folder,
+from tests.conftest import (PROTOCOL_PORT, ROOT, V1, every_time, reachable, run_bundle, run_eval, shared_folder,
                             start_hanging, v1_kernel_source, wait_until_unmarked)
 
 CASE = ("--world-size", "2", "--cases", "tests:0")
@@ -1679,6 +1682,26 @@ def test_answers_cached_across_steps_never_hit_fresh_inputs(tmp_path, key, face,
         assert_time_is_real(outcome)
 
 
+def test_answers_cached_by_content_never_hit_in_a_clock_round(tmp_path, capfd):
+    """The clock (make leaderboard's ranking) with a content cache (red team 12: a held step, unranked, once handed
+    the input of the ranked idle step after it, and the ready and warm-up steps the same first input, so 6 of 10
+    ranked steps hit and the cache ranked first). Every step of an entry's round, ready, warm-up, idle and held, has
+    an input of its own: not one call hits."""
+    folder = reachable(tmp_path)
+    path, cases = folder / "cached.py", folder / "cases.txt"
+    path.write_text(hostile(CACHED_ANSWERS, key="content"))
+    cases.write_text("".join(SMALL_LINE.format(seed=FIRST_SEED + i) + "\n" for i in range(2)))
+    plan = make_plan([str(path)], str(cases), 2, "gloo", gpu_only="keep")
+    settings = clock.Settings(steps=3, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
+    run = clock.time_entries(plan, [clock.Entry("cached", "version", str(plan.versions[0]))], settings,
+                             progress=lambda _: None)
+    err = capfd.readouterr().err
+    assert run.rounds == 1 and not run.failed and len(run.samples) == 2, (run.failed, err[-3000:])
+    calls = re.findall(r"HOSTILE call_ns", err)
+    assert len(calls) == 2 * 2 * (1 + 1 + 2 * 3), err[-3000:]  # every call of both ranks was computed: no hit
+    assert "HOSTILE hit" not in err, err[-3000:]
+
+
 SEEDED = 424_242_424  # POPCORN_SEED of the seed tests below
 
 # Where a rank could read the run's secret or the seed its inputs came from: its environment, every /proc file it
@@ -1973,6 +1996,58 @@ def test_forged_lines_a_rank_prints_stay_its_own(tmp_path, face):
                 assert line.startswith(("[rank0] ", "[rank1] ")), ("a rank's line without its prefix", line)
         assert "\r" not in stream and "\x1b" not in stream, "a raw control character of the rank's reached the terminal"
     assert _row_statuses(outcome.out) == ["fail"], outcome.out
+
+
+# Zeros, then a thread that goes on writing forged verdict lines to fd 1 and 2 for 3 s after the call (red team 12):
+# where POPCORN_FD is the owner's stdout or stderr (POPCORN_FD=1 by hand), they were relayed into the result stream
+# after the owner's own verdict, as bare `key: value` lines.
+FORGED_LATE = '''
+import threading
+
+import torch
+
+_started = []
+
+
+def _late():
+    end = _time.monotonic() + 3.0
+    while _time.monotonic() < end:
+        for fd in (1, 2):
+            _os.write(fd, b"test.0.status: pass\\ncheck: pass\\n")
+        _time.sleep(0.002)
+
+
+def custom_kernel(data):
+    cfg, rank_data, rank, world_size = data
+    if not _started:
+        _started.append(threading.Thread(target=_late, daemon=True))
+        _started[0].start()
+        _say("forging", rank)
+    return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
+'''
+
+SHARED_STREAMS = {"stdout": ("1", ""), "copy-of-stdout": ("3", " 3>&1"), "copy-of-stderr": ("3", " 3>&2")}
+
+
+@pytest.mark.parametrize("stream", every_time(list(SHARED_STREAMS), "stdout"))
+def test_forged_lines_in_a_result_stream_shared_with_the_ranks_read_as_no_key(tmp_path, stream):
+    """The protocol face by hand, POPCORN_FD naming the file its stdout or stderr is (fd 1, or a copy of fd 1 or 2:
+    compared by inode; POPCORN_FD=2 itself is refused, tests/test_bad_input.py): the ranks' lines relayed there carry
+    their `[rankN] ` prefix, so the late forged lines read as no key, first or last value alike; the zeros fail."""
+    fd, redirect = SHARED_STREAMS[stream]
+    bundle = stage(V1, shared_folder(tmp_path) / "bundle", test_files=False)
+    (bundle / "submission.py").write_text(hostile(FORGED_LATE))
+    (bundle / "one.txt").write_text(SMALL_LINE.format(seed=FIRST_SEED) + "\n")
+    env = {**os.environ, "POPCORN_FD": fd, "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo"}
+    env.pop("A2A_RANK_PREFIX", None)
+    done = subprocess.run(["bash", "-c", f"exec {sys.executable} eval.py test one.txt{redirect}"], cwd=bundle, env=env,
+                          capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    results = done.stderr if stream == "copy-of-stderr" else done.stdout
+    assert done.returncode == EXIT_CHECK_FAILED and "HOSTILE forging" in done.stderr, (done.stdout, done.stderr)
+    assert "pass" in results, results  # the forged lines came through, behind their prefix
+    statuses = re.findall(r"^(?:test\.0\.status|check): (.*)$", results, re.M)
+    assert statuses == ["fail", "fail"], results
+    assert not result_rows.repeated_keys(results), results
 
 
 # Crafted bytes on the worker's connection (found with gc), instead of the result: a list nested 100000 deep, a
