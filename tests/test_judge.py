@@ -1355,7 +1355,9 @@ EVERY_FRESH_TIMED = [("human", "benchmark"), ("human", "leaderboard"), ("protoco
 
 # The answer read from the harness's objects: every float16 tensor of the output's shape this process holds when the
 # call starts (the rank's input aside), gathered before the right answer exists here, then compared with it. A call
-# whose input repeats the last one (the runner's warm-up case) is left out: there the last output is the answer.
+# whose input repeats the last one (the runner's warm-up case) is left out: there the last output is the answer; so
+# is one whose answer is its input (one token whose scaled weights sum to about 1): the input region's view matched
+# (seen once in CI, 2026-11-27).
 ANSWER_FROM_GC = '''
 import gc
 import warnings
@@ -1382,6 +1384,8 @@ def custom_kernel(data):
                    and tuple(v.shape) == shape and v is not rank_data.x]
         frame = frame.f_back
     out = _honest(data)
+    if torch.allclose(rank_data.x.float(), out.float(), rtol=1e-2, atol=5e-3):
+        return out  # the answer is the input here (a token whose weights sum to 1): the input's copies would match
     found = [t for t in held + frames if torch.allclose(t.float(), out.float(), rtol=1e-2, atol=5e-3)]
     _say("candidates", rank, len(held) + len(frames))
     _say("found", rank, len(found))
