@@ -211,6 +211,27 @@ def _alone_when_marked(request):
         yield
 
 
+EARLY = ("alone", "waits", "loads")  # what goes first under pytest-xdist, in this order
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, the tests that leave the machine idle go first, beside the device-code group's compiles
+    (pytest-xdist hands the largest groups out first: the worker that does not hold the device-code group runs them
+    while the other compiles, at a low priority, run_device_check): the `alone` tests (a machine to themselves but
+    for the group's commands, their CPU mostly idle), then those marked `early("waits")` (they mostly wait out a
+    limit, a watchdog or a hang), then `early("loads")` (the port churn, which keeps a core busy in the kernel and
+    should run beside no timed claim). Each kind keeps its collected order; the rest follow as collected."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+
+    def rank(item) -> int:
+        early = item.get_closest_marker("early")
+        kind = early.args[0] if early else "alone" if item.get_closest_marker("alone") else None
+        return EARLY.index(kind) if kind else len(EARLY)
+
+    items.sort(key=rank)
+
+
 @pytest.fixture(autouse=True)
 def _reachable_tmp_path(request, monkeypatch):
     """A test's tmp_path is readable by the ranks and the one place besides their run folders they may write (their
