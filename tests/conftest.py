@@ -1,5 +1,7 @@
 """Test setup: the bundle's modules (task, reference, utils) import the way they do in a leaderboard bundle."""
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -64,15 +66,50 @@ def every_time(params, *chosen) -> list:
                                                        marks=pytest.mark.full) for entry in params]
 
 
+DEVICE_CHECK_NICE = 10  # a tenth of a busy test's weight on a core (19, a seventieth, would starve it)
+
+
 def run_device_check(*files) -> subprocess.CompletedProcess:
-    """make check-device's tool over `files` (its default files, host C++ check included, without any). Named files
-    are the tests' planted device-code errors: their host check is left out (test_check_device holds it apart)."""
-    return subprocess.run([sys.executable, "-m", "tools.check_device", *(["--device-only"] if files else []),
-                           *map(str, files)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    """make check-device's tool over `files` (its default files, host C++ check included, without any; named files
+    are the tests' planted device-code errors, whose host check is left out), at a low CPU priority: its compiles
+    (the whole check keeps both cores busy for a minute and a half on 2 cores) take what the tests beside it leave
+    idle instead of slowing their runs, whose limits cover their ranks' start. Its own session gets it a scheduling
+    group of its own where the kernel groups by session (autogroup), as the protocol faces' sessions do; a nice value
+    alone weighs only within the group. Its command sweeps for orphans as it starts (a2a.cli.run_cli) and never
+    again: it holds a test's share of the machine (_turn) until it has printed its first line, so the tests marked
+    `beside_alone` that run it go on beside an `alone` test. Turns do not nest: only a test that takes none of its
+    own (`beside_alone`) may call it."""
+    import select
+    import tempfile
+
+    with tempfile.TemporaryFile() as stderr:
+        with _turn(alone=False):
+            process = subprocess.Popen([sys.executable, "-m", "tools.check_device",
+                                        *(["--device-only"] if files else []), *map(str, files)], cwd=ROOT,
+                                       stdout=subprocess.PIPE, stderr=stderr, bufsize=0, start_new_session=True)
+            with contextlib.suppress(OSError):  # before its compilers start; without autogroups, the nice value
+                os.setpriority(os.PRIO_PROCESS, process.pid, DEVICE_CHECK_NICE)
+                Path(f"/proc/{process.pid}/autogroup").write_text(str(DEVICE_CHECK_NICE))
+            first, deadline = b"", time.monotonic() + 300
+            while not first.endswith(b"\n") and time.monotonic() < deadline:
+                if select.select([process.stdout], [], [], 1.0)[0]:
+                    byte = os.read(process.stdout.fileno(), 1)
+                    if not byte:  # it ended without a line
+                        break
+                    first += byte
+        try:
+            rest, _ = process.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # its compilers with it: the session is its own
+            process.communicate()
+            raise
+        stderr.seek(0)
+        return subprocess.CompletedProcess(process.args, process.returncode, (first + rest).decode(),
+                                           stderr.read().decode())
 
 
 @pytest.fixture(scope="session")
-def device_check() -> subprocess.CompletedProcess:
+def device_check(_turnstile_folder) -> subprocess.CompletedProcess:
     """The check over its default files, run once per test process: tests/test_check_device.py reads its verdict,
     tests/test_memory_model.py the memory-model counts it printed for the repository's own files (both modules are
     one xdist group, so one process runs it)."""
@@ -130,26 +167,69 @@ def reachable(folder: Path) -> Path:
     return folder
 
 
-@pytest.fixture(autouse=True)
-def _alone_when_marked(request, tmp_path_factory):
-    """Under pytest-xdist, a test marked `alone` runs while no other worker runs a test. Every command starts with the
-    orphan sweep (eval.sweep_orphans), which ends the processes and removes the files of any owner that is gone: run
-    beside such a test, another worker's command could remove what the test must see gone without a later command,
-    or what its own sweep must find. A waiting `alone` test goes ahead of tests that arrive after it (the
-    turnstile)."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+_TURNSTILE: list = []  # this run's folder of alone.turnstile and alone.lock, under pytest-xdist (_turnstile_folder)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _turnstile_folder(tmp_path_factory):
+    """Under pytest-xdist, the folder every worker of this run shares (its basetemp's parent) for `_turn`'s locks."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        _TURNSTILE.append(tmp_path_factory.getbasetemp().parent)
+    yield
+
+
+@contextlib.contextmanager
+def _turn(alone: bool):
+    """Under pytest-xdist: `alone`, the machine to itself (no other worker holds a turn), else a share of it beside
+    every other share. A waiting `alone` turn goes ahead of turns asked after it (the turnstile). Without xdist, or
+    before the session's folder is known, a turn is always given."""
+    if not _TURNSTILE:
         yield
         return
     import fcntl
 
-    folder = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
-    alone = request.node.get_closest_marker("alone") is not None
-    with open(folder / "alone.turnstile", "a") as turnstile, open(folder / "alone.lock", "a") as lock:
+    with open(_TURNSTILE[0] / "alone.turnstile", "a") as turnstile, open(_TURNSTILE[0] / "alone.lock", "a") as lock:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         if not alone:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
         yield  # both locks go with their files
+
+
+@pytest.fixture(autouse=True)
+def _alone_when_marked(request):
+    """Under pytest-xdist, a test marked `alone` runs while no other worker runs a test. Every command starts with the
+    orphan sweep (eval.sweep_orphans), which ends the processes and removes the files of any owner that is gone: run
+    beside such a test, another worker's command could remove what the test must see gone without a later command,
+    or what its own sweep must find. A waiting `alone` test goes ahead of tests that arrive after it (the
+    turnstile). A test marked `beside_alone` (the device-code check's: its commands take their own turn,
+    run_device_check, and it compiles little in its own process) takes none: it runs beside an `alone` test."""
+    if request.node.get_closest_marker("beside_alone") is not None:
+        yield
+        return
+    with _turn(alone=request.node.get_closest_marker("alone") is not None):
+        yield
+
+
+EARLY = ("alone", "waits", "loads")  # what goes first under pytest-xdist, in this order
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, the tests that leave the machine idle go first, beside the device-code group's compiles
+    (pytest-xdist hands the largest groups out first: the worker that does not hold the device-code group runs them
+    while the other compiles, at a low priority, run_device_check): the `alone` tests (a machine to themselves but
+    for the group's commands, their CPU mostly idle), then those marked `early("waits")` (they mostly wait out a
+    limit, a watchdog or a hang), then `early("loads")` (the port churn, which keeps a core busy in the kernel and
+    should run beside no timed claim). Each kind keeps its collected order; the rest follow as collected."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+
+    def rank(item) -> int:
+        early = item.get_closest_marker("early")
+        kind = early.args[0] if early else "alone" if item.get_closest_marker("alone") else None
+        return EARLY.index(kind) if kind else len(EARLY)
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,9 @@ import pytest
 from tests.conftest import ROOT, run_device_check
 from tools import check_device
 
-pytestmark = pytest.mark.xdist_group("device-code")  # with tests/test_memory_model.py: one run of the whole check
+# With tests/test_memory_model.py: one run of the whole check. Beside an `alone` test: its commands take their own
+# turn (tests/conftest.py, run_device_check), its other tests compile little in this process.
+pytestmark = [pytest.mark.xdist_group("device-code"), pytest.mark.beside_alone]
 needs_tools = pytest.mark.skipif(bool(check_device.missing_tools()),
                                 reason=f"needs {', '.join(check_device.missing_tools())} ({check_device.INSTALL_HINT})")
 V2 = ROOT / "submissions" / "all2all" / "v2_p2p.py"

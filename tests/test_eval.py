@@ -105,6 +105,7 @@ def test_a_submission_that_edits_its_input_fails(bundle, mode):
     assert code == 112 and parse_popcorn(output)["check"] == "fail", output + stderr
 
 
+@pytest.mark.early("waits")
 def test_hanging_rank_is_killed_and_named(tmp_path, process_token):
     hang = tmp_path / "hang_rank1.py"
     hang.write_text("import time\nimport torch\n\ndef custom_kernel(data):\n    cfg, rank_data, rank, ws = data\n"
@@ -252,6 +253,7 @@ def custom_kernel(data):
 """
 
 
+@pytest.mark.early("waits")
 def test_the_next_case_waits_for_the_last_one_to_leave_the_fixed_port(bundle):
     """Ranks change workers from case to case, and a failed rank leaves its group after its result has gone: the
     next case's rank 0 must not bind the runner's fixed port while the last case's rank 0 still serves it."""
@@ -263,6 +265,7 @@ def test_the_next_case_waits_for_the_last_one_to_leave_the_fixed_port(bundle):
     assert "planted failure" in keys["test.0.error"], output
 
 
+@pytest.mark.early("loads")
 def test_no_rendezvous_fails_while_a_neighbour_churns_ports(process_token):
     """Evaluations back to back while another process grabs every port the OS frees and opens connections: the
     human face's ranks join a store held on one OS-given port for the run, so nothing can take it in between.

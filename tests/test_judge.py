@@ -633,6 +633,7 @@ def custom_kernel(data):
 SIGNAL_RUNS = [(face, name) for name in ("SIGTERM", "SIGSTOP") for face in FACES]
 
 
+@pytest.mark.early("waits")
 @pytest.mark.parametrize("face, name", every_time(SIGNAL_RUNS, ("protocol", "SIGSTOP"), ("human", "SIGTERM")),
                          ids=[f"{f}-{n}" for f, n in SIGNAL_RUNS])
 def test_a_signal_to_its_parent_never_reads_as_the_users_stop(tmp_path, face, name):

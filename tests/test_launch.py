@@ -51,6 +51,7 @@ def test_a_failing_rank_is_named():
         parallel_launch(2, _fail_on_rank_one, backend="gloo")
 
 
+@pytest.mark.early("waits")
 def test_a_failing_rank_is_named_even_when_its_teardown_would_wait_for_its_peers(monkeypatch):
     """The failure reaches the owner before the rank tears its group down, so the owner ends the case after its
     grace for failed peers, naming the failure, instead of waiting for the watchdog with no cause to give. (The
@@ -64,6 +65,7 @@ def test_a_failing_rank_is_named_even_when_its_teardown_would_wait_for_its_peers
     assert time.monotonic() - started < core.FAILED_PEER_GRACE_S + 60
 
 
+@pytest.mark.early("waits")
 def test_a_hanging_rank_is_killed_after_saying_where(process_token, monkeypatch, capfd):
     # multiprocessing's tracker is this test process's own helper, started by its first pool and kept for its life:
     # started before the token (the first pool of a parallel worker may be this test's), it does not carry it.
