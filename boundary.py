@@ -412,16 +412,14 @@ class Sandbox:
         (CPU hogs, its own children) reaches another entry's figure. Returns how many processes were signalled."""
         signal_number = signal.SIGSTOP if stop else signal.SIGCONT
         done: set = set()
-        while True:
-            todo = set(self.members() if self.inode is not None else pids) - done
-            if not todo:
-                return len(done)
+        todo = set(pids if self.inode is None else self.members())
+        while todo:
             for pid in todo:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal_number)
             done |= todo
-            if self.inode is None:
-                return len(done)
+            todo = set() if self.inode is None else set(self.members()) - done
+        return len(done)
 
     def sweep(self, keep: set) -> list[int]:
         """SIGKILLs what the submission started in the namespace (everything but `keep`, the live workers): between
@@ -663,19 +661,6 @@ def cache_views(uid: int, needed: tuple = ()) -> dict:
     return views
 
 
-def _plain_folder(path: Path, top: Path) -> bool:
-    """Whether every step from `top` down to `path` is a folder, not a link (a rank may have swapped one)."""
-    here = top
-    for part in (path.relative_to(top).parts if top in path.parents else ()):
-        here = here / part
-        try:
-            if not stat.S_ISDIR(os.lstat(here).st_mode):
-                return False
-        except OSError:
-            return False
-    return here == path
-
-
 def _listing(views: dict) -> set:
     out = set()
     for name, (_, host) in views.items():
@@ -707,17 +692,19 @@ def seed_builds(uid: int, key: Optional[str], views: dict) -> set:
 KEEP_MAX_BYTES, KEEP_MAX_FILES = 512 * 2**20, 20_000
 
 
-def keep_builds(uid: int, key: Optional[str], seeded: set, views: dict) -> Optional[str]:
+def keep_builds(uid: int, key: Optional[str], seeded: set, views: dict) -> None:
     """Copies the ended pool's cache folders to builds/<key>, whole, in place of the one there (a new folder renamed
-    into place: a pool starting meanwhile reads the old one or the new one); nothing when the ranks built nothing,
-    when a folder on the way was swapped for a link, or beyond KEEP_MAX_BYTES or KEEP_MAX_FILES (returns why)."""
-    base = run_folder(uid)
-    views = {name: view for name, view in views.items() if _plain_folder(view[1], base)}
+    into place: a pool starting meanwhile reads the old one or the new one); nothing when the ranks built nothing or
+    beyond KEEP_MAX_BYTES or KEEP_MAX_FILES, and no folder whose way a rank swapped for a link (the run folder's own
+    path has none)."""
+    base = os.path.realpath(run_folder(uid))
+    views = {name: (view, host) for name, (view, host) in views.items()
+             if os.path.realpath(host) == os.path.join(base, os.path.relpath(host, run_folder(uid)))}
     listing = _listing(views)
     if not key or listing <= seeded:
-        return None
+        return
     if len(listing) > KEEP_MAX_FILES or sum(size for *_, size in listing) > KEEP_MAX_BYTES:
-        return f"not kept: over {KEEP_MAX_FILES} files or {KEEP_MAX_BYTES >> 20} MiB"
+        return
     fresh = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=BUILDS))
     for name, (_, host) in views.items():
         _copy_builds(host, fresh / CACHE_FOLDERS[name], None)
@@ -730,7 +717,6 @@ def keep_builds(uid: int, key: Optional[str], seeded: set, views: dict) -> Optio
     except OSError:  # another pool of the same key put its own there first
         shutil.rmtree(fresh, ignore_errors=True)
     shutil.rmtree(retired, ignore_errors=True)
-    return None
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -218,9 +218,13 @@ def _chunks(entries: list, placement) -> list:
     return [entries[i:i + size] for i in range(0, len(entries), size)]
 
 
+def _pids(live: _Live) -> list:
+    return [w[0].pid for w in live.pool.workers if w is not None]
+
+
 def _pause(live: _Live, stop: bool) -> None:
     if live.pool is not None:
-        live.pool.sandbox.pause(stop, tuple(w[0].pid for w in live.pool.workers if w is not None))
+        live.pool.sandbox.pause(stop, tuple(_pids(live)))
 
 
 class Clock:
@@ -386,8 +390,7 @@ class Clock:
             visits = [(live, index) for live in ready for index in range(len(self.plan.case_args))]
             order.shuffle(visits)
             self.visits[-1] += [(live.entry.name, index) for live, index in visits]
-            self.processes[-1].update({live.entry.name: [w[0].pid for w in live.pool.workers if w is not None]
-                                       for live in ready})
+            self.processes[-1].update({live.entry.name: _pids(live) for live in ready})
             # NOTES: every pool but the one visited is stopped (SIGSTOP): an entry's processes run only in its own
             # visits, so none can load the machine while another is timed (CPU hogs gave one entry 4x at world
             # size 2 on CPU). Kernels a stopped pool queued before still run on its GPU: docs/judge.md.
