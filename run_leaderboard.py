@@ -18,6 +18,7 @@ every version through the official tests at world size 8 with the ranks sharing 
     python run_leaderboard.py [--versions v1,v2] [--world-size N] [--no-anchors] [--no-problem-size]
                               [--time-cap S] [--min-rounds N] [--max-rounds N] [--steps N] [--seed S]
                               [--target held=0.02,call=0.05,owner=0.03] [--stability N] [--sol FILE] [--out results]
+    python run_leaderboard.py --compare FOLDER FOLDER... [--out results]
 """
 from __future__ import annotations
 
@@ -401,6 +402,80 @@ def save_whole(files: RunFiles, frame: pd.DataFrame, meta: dict, figures, timed,
     return report
 
 
+def agreement(header: list, results: list, names: list, last_reversed: bool) -> str:
+    """How well runs agree: per metric and entry, the geomeans run by run, their spread around the median and the
+    widest interval; per metric, Kendall's tau between every two runs' orders and the pairs more than 10% apart that
+    every run orders alike. `results`: each run's {"entries": {name: {metric: interval}}}; `last_reversed`: the last
+    run had the entries in reverse order (stability), and its geomean is set against the others' median."""
+    report, table_rows = list(header) + [""], []
+    for metric in clock.METRICS:
+        per_run = [{n: r["entries"][n][metric]["center"] for n in names if metric in r["entries"].get(n, {})}
+                   for r in results]
+        for name in names:
+            values = [run[name] for run in per_run if name in run]
+            if len(values) < 2:
+                continue
+            median = statistics.median(values)
+            widths = [r["entries"][name][metric] for r in results if metric in r["entries"].get(name, {})]
+            row = {"metric": clock.METRIC_NAMES[metric], "entry": name,
+                   "geomeans µs": " / ".join(f"{v:.2f}" for v in values),
+                   "spread around median": f"-{100 * (1 - min(values) / median):.1f}% / "
+                                           f"+{100 * (max(values) / median - 1):.1f}%"}
+            if last_reversed:
+                row["reverse run vs forward median"] = \
+                    f"{100 * (values[-1] / statistics.median(values[:-1]) - 1):+.1f}%"
+            row["widest ±"] = f"{100 * max((w['high'] - w['low']) / 2 / w['center'] for w in widths):.1f}%"
+            table_rows.append(row)
+        orders = [sorted(run, key=run.get) for run in per_run]
+        taus = [iv.kendall_tau(orders[i], orders[j]) for i in range(len(orders)) for j in range(i + 1, len(orders))]
+        agree, total = iv.pairwise_agreement([{n: run[n] for n in run if n in names} for run in per_run])
+        if taus:
+            report.append(f"{clock.METRIC_NAMES[metric]}: Kendall's tau between runs {min(taus):.2f}-{max(taus):.2f}; "
+                          f"pairs more than 10% apart in the same order in every run: {agree} of {total}")
+    return "\n".join(report + ["", tabulate(table_rows, headers="keys", tablefmt="github")])
+
+
+def compare(folders: list, out: Path) -> int:
+    """Saved runs set side by side (e.g. two back-to-back `make leaderboard`s): `agreement` over the entries every
+    run timed, from each folder's results.json. Bad input (a folder without a final results.json, fewer than two)
+    is refused before anything is written."""
+    if len(folders) < 2:
+        raise core.UserError(f"--compare needs at least two saved runs, not {len(folders)}")
+    runs = []
+    for folder in folders:
+        path = Path(folder) / "results.json"
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            raise core.UserError(f"--compare {folder}: no readable results.json ({error.__class__.__name__})") from None
+        if not isinstance(saved, dict) or "entries" not in saved or "meta" not in saved:
+            raise core.UserError(f"--compare {folder}: not a leaderboard run's results.json")
+        if saved.get("partial"):
+            raise core.UserError(f"--compare {folder}: a partial results.json ({wire.as_text(saved['partial'])})")
+        runs.append(saved)
+    names = [n for n in runs[0]["entries"] if all(n in r["entries"] for r in runs)]
+    if not names:
+        raise core.UserError("--compare: no entry was timed in every run")
+    differ = [key for key in ("device", "placement", "world_size", "commit") if len({str(r["meta"].get(key))
+                                                                                      for r in runs}) > 1]
+    header = [f"{len(runs)} saved runs compared: " + "; ".join(
+        f"{Path(f).name} ({r['meta'].get('device')}, {r['meta'].get('placement')}, commit {r['meta'].get('commit')})"
+        for f, r in zip(folders, runs))]
+    if differ:
+        header.append(f"the runs differ in {', '.join(differ)}: their figures are not one machine's run to run")
+    text = agreement(header, [{"entries": {n: {m: i for m, i in r["entries"][n].items() if m in clock.METRICS}
+                                           for n in names}} for r in runs], names, False)
+    print(text)
+    meta = {**runs[-1]["meta"], "mode": "compare", "compared": [str(f) for f in folders]}
+
+    def write(folder: Path) -> None:
+        (folder / "table.md").write_text(text + "\n")
+        (folder / "results.json").write_text(json.dumps({"meta": meta, "runs": [str(f) for f in folders]}, indent=1))
+
+    cli.save_run(out, meta, write)
+    return 0
+
+
 def stability(plan: planning.RunPlan, settings: clock.Settings, runs: int, anchors: bool, out: Path,
               progress=print) -> int:
     """`runs` back-to-back clock runs and one more with the entries in reverse order: each entry's spread of
@@ -410,7 +485,7 @@ def stability(plan: planning.RunPlan, settings: clock.Settings, runs: int, ancho
 
     entries, _ = entries_of(plan, anchors)
     names = [e.name for e in entries]
-    results, table_rows = [], []
+    results = []
     for number in range(runs + 1):
         reverse = number == runs
         order = tuple(reversed(names)) if reverse else tuple(names)
@@ -421,30 +496,8 @@ def stability(plan: planning.RunPlan, settings: clock.Settings, runs: int, ancho
                         "clocks": clock.clocks_locked(timed.clocks),
                         "entries": {n: {m: i._asdict() for m, i in timed.entry_intervals(n).items()} for n in names}})
     meta = {**plan.meta_for("stability"), "runs": runs, "timing": TIMING}
-    report = [f"device: {meta['device']}, {meta['placement']}, {meta['date']}, commit {meta['commit']}; {runs} "
-              f"back-to-back clock runs and one with the entries in reverse order", ""]
-    for metric in clock.METRICS:
-        per_run = [{n: r["entries"][n][metric]["center"] for n in names if metric in r["entries"].get(n, {})}
-                   for r in results]
-        for name in names:
-            values = [run[name] for run in per_run if name in run]
-            if len(values) < 2:
-                continue
-            median = statistics.median(values)
-            widths = [r["entries"][name][metric] for r in results if metric in r["entries"].get(name, {})]
-            table_rows.append({"metric": clock.METRIC_NAMES[metric], "entry": name,
-                               "geomeans µs": " / ".join(f"{v:.2f}" for v in values),
-                               "spread around median": f"-{100 * (1 - min(values) / median):.1f}% / "
-                                                       f"+{100 * (max(values) / median - 1):.1f}%",
-                               "reverse run vs forward median": f"{100 * (values[-1] / statistics.median(values[:-1]) - 1):+.1f}%",
-                               "widest ±": f"{100 * max((w['high'] - w['low']) / 2 / w['center'] for w in widths):.1f}%"})
-        orders = [sorted(run, key=run.get) for run in per_run]
-        taus = [iv.kendall_tau(orders[i], orders[j]) for i in range(len(orders)) for j in range(i + 1, len(orders))]
-        agree, total = iv.pairwise_agreement([{n: run[n] for n in run if n in names} for run in per_run])
-        report.append(f"{clock.METRIC_NAMES[metric]}: Kendall's tau between runs {min(taus):.2f}-{max(taus):.2f}; "
-                      f"pairs more than 10% apart in the same order in every run: {agree} of {total}")
-    report += ["", tabulate(table_rows, headers="keys", tablefmt="github")]
-    text = "\n".join(report)
+    text = agreement([f"device: {meta['device']}, {meta['placement']}, {meta['date']}, commit {meta['commit']}; {runs} "
+                      f"back-to-back clock runs and one with the entries in reverse order"], results, names, True)
     print(text)
 
     def write(folder: Path) -> None:
@@ -497,7 +550,12 @@ def main(argv=None) -> int:
     parser.add_argument("--stability", type=int, metavar="N",
                         help="N back-to-back runs plus one in reverse order, and how well they agree")
     parser.add_argument("--sol", type=Path, help="reuse a saved sol.json instead of measuring")
+    parser.add_argument("--compare", nargs="+", metavar="FOLDER",
+                        help="set two or more saved runs side by side (their results.json), time nothing")
     args = parser.parse_args(argv)
+    if args.compare:
+        cli.writable(args.out)
+        return compare(args.compare, args.out)
     if args.versions is None:
         versions = planning.list_versions()
     else:

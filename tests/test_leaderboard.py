@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
 from a2a import clock, plots
 from a2a import intervals as iv
@@ -15,7 +16,7 @@ from tests.conftest import ROOT
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def test_leaderboard_saves_results_with_metadata_and_intervals(tmp_path):
+def test_leaderboard_saves_results_with_metadata_and_intervals(tmp_path, capsys):
     result = subprocess.run([sys.executable, "run_leaderboard.py", "--versions", "v1,v2", "--cases", "benchmarks:0",
                              "--world-size", "2", "--problem-size-cases", "tests:0", "--min-rounds", "3",
                              "--max-rounds", "3", "--steps", "2", "--out", str(tmp_path)], cwd=ROOT,
@@ -47,6 +48,37 @@ def test_leaderboard_saves_results_with_metadata_and_intervals(tmp_path):
     assert list(checks.status) == ["pass"] and list(checks.world_size) == [8]
     assert (folder / "leaderboard.png").read_bytes()[:8] == PNG
     assert "the owner's step (ranks) per shape (CPU µs, [95%])" in (folder / "table.md").read_text()
+    _compare_with_a_slower_copy(folder, tmp_path / "compared", capsys)
+
+
+def _compare_with_a_slower_copy(folder, out, capsys):
+    """--compare on a saved run and a copy whose owner's figure for v1 is 20% higher: the spread shows it, and each
+    bad input is refused before a folder is made."""
+    import run_leaderboard
+
+    import eval as core
+
+    slower = folder.with_name(folder.name + "-slower")
+    slower.mkdir()
+    saved = json.loads((folder / "results.json").read_text())
+    saved["entries"]["v1_torch_sort"]["owner"]["center"] *= 1.2
+    (slower / "results.json").write_text(json.dumps(saved))
+    capsys.readouterr()
+    assert run_leaderboard.main(["--compare", str(folder), str(slower), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if "| v1_torch_sort " in line}
+    assert "-9.1% / +9.1%" in rows["the owner's step (ranks)"]  # 1.2 around the median of 1 and 1.2
+    assert "-0.0% / +0.0%" in rows["call time (the rank's events, idle stream)"]
+    (made,) = out.iterdir()
+    assert made.name.endswith("_compare_" + saved["meta"]["commit"])
+    assert (made / "table.md").read_text().strip() in text
+    saved["partial"] = "cut"
+    (slower / "results.json").write_text(json.dumps(saved))
+    for folders, says in (([folder], "at least two"), ([folder, slower], "a partial results.json"),
+                          ([folder, out], "no readable results.json")):
+        with pytest.raises(core.UserError, match=says):
+            run_leaderboard.compare(folders, out / "refused")
+    assert not (out / "refused").exists()
 
 
 SHAPES = (("E=8 k=2 H=6144 T=16", 1.0), ("E=64 k=6 H=2048 T=32", 1.5), ("E=256 k=8 H=7168 T=256", 3.0))
