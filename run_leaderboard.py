@@ -312,50 +312,7 @@ def tables(frame: pd.DataFrame, meta: dict, summary: dict) -> str:
     return "\n".join(out)
 
 
-class RunFiles:
-    """The run's folder, made when the first result is ready (a2a.plan.new_folder: never a folder a run already
-    has) and filled as results come, so that a later failure (the harness ending, an entry whose message breaks a
-    file) costs nothing saved before it. Each entry's rows are rendered and written apart; text files are UTF-8 with
-    what has no encoding (a lone surrogate in a submission's message) backslash-escaped. `problems`: what could not
-    be saved, a line each."""
-
-    def __init__(self, out: Path, meta: dict):
-        self.out, self.meta, self.problems, self._folder = out, meta, [], None
-
-    @property
-    def folder(self) -> Path:
-        if self._folder is None:
-            self._folder = planning.new_folder(planning.run_folder(self.out, self.meta))
-            print(f"saving into {self._folder}")
-        return self._folder
-
-    def attempt(self, what: str, step):
-        """step()'s value; where it raises, None, and `what` goes into `problems` (the next step still runs)."""
-        try:
-            return step()
-        except Exception as exc:
-            self.problems.append(f"{what} not saved: {type(exc).__name__}: {exc}")
-            return None
-
-    def append_rows(self, file: str, name: str, rows: pd.DataFrame) -> None:
-        """Entry `name`'s rows onto the CSV `file` (its header first where the file is new), rendered whole before
-        any is written: rows that cannot be rendered leave the file as it was."""
-        path = self.folder / file
-
-        def append():
-            text = rows.to_csv(index=False, header=not path.exists())
-            with open(path, "a", encoding="utf-8", errors="backslashreplace", newline="") as csv:
-                csv.write(text)
-        self.attempt(f"{name}'s rows in {file}", append)
-
-    def write_text(self, file: str, text: str) -> None:
-        """`file` whole, through a temporary file moved over it: a reader finds the last version or this one."""
-        path = self.folder / file
-        path.with_name(file + ".tmp").write_text(text, encoding="utf-8", errors="backslashreplace")
-        os.replace(path.with_name(file + ".tmp"), path)
-
-
-def save_rows(files: RunFiles, frame: pd.DataFrame, meta: dict) -> None:
+def save_rows(files: cli.RunFiles, frame: pd.DataFrame, meta: dict) -> None:
     """results.csv, one entry at a time: the frame's rows with the run's meta."""
     if frame.empty:
         return
@@ -376,7 +333,7 @@ def results_json(meta: dict, figures, frame: pd.DataFrame, timed, summary: dict,
                        "problem_size_checks": checks.to_dict(orient="records")}, indent=1, default=str)
 
 
-def save_whole(files: RunFiles, frame: pd.DataFrame, meta: dict, figures, timed, summary: dict,
+def save_whole(files: cli.RunFiles, frame: pd.DataFrame, meta: dict, figures, timed, summary: dict,
                checks: pd.DataFrame) -> str:
     """The files made of every entry at once, each a step of its own: results.json (over the partial one), table.md
     (the report, returned; empty where it could not be made), sol.json and the pictures."""
@@ -571,7 +528,7 @@ def main(argv=None) -> int:
     if args.stability:
         return stability(plan, settings, args.stability, not args.no_anchors, args.out)
     frame, meta, timed = run(plan, settings, anchors=not args.no_anchors)
-    files = RunFiles(args.out, meta)
+    files = cli.RunFiles(args.out, meta)
     summary = summaries(timed) if timed else {}
     if timed:  # the clock's measurements, saved before anything else runs
         files.attempt("the partial results.json", lambda: files.write_text("results.json", results_json(

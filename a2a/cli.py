@@ -1,6 +1,6 @@
 """The command layer every command and tool shares: the one list of commands (COMMANDS; the Makefile and
 tools/gpu_session.sh run each through `python -m a2a.cli NAME ARGS...`), one way to run an entry point under README's
-exit-code table, and one way to save a run's folder.
+exit-code table, and one way to save a run's folder (at the end, or filled as results come).
 
 Exit codes (eval.py's EXIT_* constants; README, "Exit codes"): 0 done and every check passed, 2 a malformed command
 line (argparse), 112 a submission failed a check (a wrong output, a crash, a hang, device code that does not
@@ -108,6 +108,49 @@ def save_run(out: Path, meta: dict, write: Callable[[Path], None]) -> Path:
     write(folder)
     print(f"\nsaved {folder}")
     return folder
+
+
+class RunFiles:
+    """The run's folder, made when the first result is ready (a2a.plan.new_folder: never a folder a run already
+    has) and filled as results come, so that a later failure (the harness ending, an entry whose message breaks a
+    file) costs nothing saved before it. Each entry's rows are rendered and written apart; text files are UTF-8 with
+    what has no encoding (a lone surrogate in a submission's message) backslash-escaped. `problems`: what could not
+    be saved, a line each."""
+
+    def __init__(self, out: Path, meta: dict):
+        self.out, self.meta, self.problems, self._folder = out, meta, [], None
+
+    @property
+    def folder(self) -> Path:
+        if self._folder is None:
+            self._folder = planning.new_folder(planning.run_folder(self.out, self.meta))
+            print(f"saving into {self._folder}")
+        return self._folder
+
+    def attempt(self, what: str, step):
+        """step()'s value; where it raises, None, and `what` goes into `problems` (the next step still runs)."""
+        try:
+            return step()
+        except Exception as exc:
+            self.problems.append(f"{what} not saved: {type(exc).__name__}: {exc}")
+            return None
+
+    def append_rows(self, file: str, name: str, rows) -> None:
+        """Entry `name`'s rows (a pandas DataFrame) onto the CSV `file` (its header first where the file is new), rendered whole before
+        any is written: rows that cannot be rendered leave the file as it was."""
+        path = self.folder / file
+
+        def append():
+            text = rows.to_csv(index=False, header=not path.exists())
+            with open(path, "a", encoding="utf-8", errors="backslashreplace", newline="") as csv:
+                csv.write(text)
+        self.attempt(f"{name}'s rows in {file}", append)
+
+    def write_text(self, file: str, text: str) -> None:
+        """`file` whole, through a temporary file moved over it: a reader finds the last version or this one."""
+        path = self.folder / file
+        path.with_name(file + ".tmp").write_text(text, encoding="utf-8", errors="backslashreplace")
+        os.replace(path.with_name(file + ".tmp"), path)
 
 
 def verdict(passed: bool) -> int:

@@ -8,7 +8,7 @@ import sys
 import pandas as pd
 import pytest
 
-from a2a import clock, plots
+from a2a import cli, clock, plots
 from a2a import intervals as iv
 from a2a.rows import geomean
 from tests.conftest import ROOT
@@ -226,7 +226,7 @@ def test_each_entry_s_rows_are_saved_apart(tmp_path):
     frame = pd.DataFrame([{**row, "version": "hostile", "error": Unprintable()},
                           {**row, "version": "surrogate", "error": "bad \udcff byte"},
                           {**row, "version": "v1_torch_sort", "status": "pass", "error": ""}])
-    files = run_leaderboard.RunFiles(tmp_path, META)
+    files = cli.RunFiles(tmp_path, META)
     run_leaderboard.save_rows(files, frame, META)
     saved = pd.read_csv(files.folder / "results.csv", keep_default_na=False)
     assert list(saved.version) == ["surrogate", "v1_torch_sort"] and list(saved.status) == ["fail", "pass"]

@@ -38,3 +38,32 @@ def test_a_runner_folder_without_its_files_is_bad_input(tmp_path):
 
     with pytest.raises(UserError, match="eval.py, utils.py, reference.py, task.py, COMMIT missing"):
         runner_face.checked_runner(tmp_path)
+
+
+def test_each_version_s_rows_are_saved_as_it_finishes(stand_in_runner, tmp_path, monkeypatch, capsys):
+    """A run cut short (the device call's limit) keeps every version that finished before the cut."""
+    import pandas as pd
+
+    real_plan = planning.make_plan
+    monkeypatch.setattr(runner_face.planning, "machine_gpus", lambda: 2)
+    monkeypatch.setattr(runner_face.planning, "make_plan", lambda versions, selector, world_size, backend:
+                        real_plan(versions, "tests:0", world_size, "gloo", gpu_only="keep"))
+    finished = []
+
+    def faces(version, mode, plan, runner, seed, tmp):
+        if finished:
+            raise KeyboardInterrupt  # the cut, while the second version runs
+        finished.append(version.stem)
+        return [{"version": version.stem, "mode": mode, "shape": "s", **{f"{face} {field}": value for face in
+                 ("runner", "ours") for field, value in (("exit", 0), ("status", "pass"), ("mean µs", 7.0),
+                                                         ("error", ""))}}]
+
+    monkeypatch.setattr(runner_face, "run_faces", faces)
+    with pytest.raises(KeyboardInterrupt):
+        runner_face.main(["--runner", str(stand_in_runner), "--versions", "v1,v2", "--world-size", "2",
+                          "--modes", "leaderboard", "--out", str(tmp_path / "out")])
+    (folder,) = (tmp_path / "out").iterdir()
+    saved = pd.read_csv(folder / "results.csv")
+    assert list(saved.version) == ["v1_torch_sort"] and list(saved["ours mean µs"]) == [7.0]
+    assert ("v1_torch_sort leaderboard: runner 1 of 1 pass (exit 0), geomean 7.0 µs; ours 1 of 1 pass (exit 0), "
+            "geomean 7.0 µs") in capsys.readouterr().out

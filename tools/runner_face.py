@@ -127,30 +127,50 @@ def main(argv=None) -> int:
               f"{world_size} rank(s)")
         return 0
     seed = secrets.randbits(31)
-    rows, plan = [], None
+    import pandas as pd
+
+    rows, files, commit_line = [], None, ""
     with tempfile.TemporaryDirectory(prefix="a2a-runner-face-") as tmp:
         for mode in modes:
             plan = planning.make_plan(versions, "tests" if mode == "test" else "benchmarks", world_size, "nccl")
+            if files is None:  # the folder, made before the first row, gets each version's rows as they come
+                meta = {**plan.meta_for("runner-face"), "runner_commit": commit, "seed": seed}
+                files = cli.RunFiles(args.out, meta)
+                commit_line = (f"device: {meta.get('device')}, world size {world_size}, {meta.get('date')}, commit "
+                               f"{meta.get('commit')}, POPCORN_SEED {seed}. The runner's time is rank 0's host clock "
+                               "around barrier, call, synchronize, barrier; ours is the owner's step "
+                               "(docs/judge.md).")
             for version in plan.versions:
-                rows += run_faces(version, mode, plan, args.runner, seed, Path(tmp))
-    import pandas as pd
-
+                found = run_faces(version, mode, plan, args.runner, seed, Path(tmp))
+                files.append_rows("results.csv", version.stem, pd.DataFrame(found))
+                print(verdict_line(version.stem, mode, found), flush=True)
+                rows += found
     table = pd.DataFrame(rows)
-    meta = {**plan.meta_for("runner-face"), "runner_commit": commit, "seed": seed}
-    text = "\n".join([f"# Both evaluators on one bundle: gpu-mode's ({commit[:12]}) and ours", "",
-                      f"device: {meta.get('device')}, world size {world_size}, {meta.get('date')}, commit "
-                      f"{meta.get('commit')}, POPCORN_SEED {seed}. The runner's time is rank 0's host clock around "
-                      "barrier, call, synchronize, barrier; ours is the owner's step (docs/judge.md).", "",
+    text = "\n".join([f"# Both evaluators on one bundle: gpu-mode's ({commit[:12]}) and ours", "", commit_line, "",
                       table.to_markdown(index=False), ""])
     print(text)
-
-    def write(folder: Path) -> None:
-        (folder / "table.md").write_text(text)
-        table.to_csv(folder / "results.csv", index=False)
-
-    cli.save_run(args.out, meta, write)
+    files.write_text("table.md", text)
+    print(f"\nsaved {files.folder}")
+    for problem in files.problems:
+        print(f"tools.runner_face: {problem}", file=sys.stderr)
+    if files.problems:
+        return core.EXIT_CRASH
     passed = all(table[f"{face} status"].eq("pass").all() for face in ("runner", "ours"))
     return cli.verdict(passed)
+
+
+def verdict_line(name: str, mode: str, rows: list) -> str:
+    """One line per version and mode as it finishes: each face's passes and exit code, and its geomean µs where
+    timed."""
+    from a2a.rows import geomean
+
+    parts = []
+    for face in ("runner", "ours"):
+        passed = sum(row[f"{face} status"] == "pass" for row in rows)
+        means = [row[f"{face} mean µs"] for row in rows if row[f"{face} mean µs"] is not None]
+        parts.append(f"{face} {passed} of {len(rows)} pass (exit {rows[0][f'{face} exit']})"
+                     + (f", geomean {geomean(means):.1f} µs" if means and len(means) == len(rows) else ""))
+    return f"{name} {mode}: " + "; ".join(parts)
 
 
 if __name__ == "__main__":
