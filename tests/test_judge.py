@@ -440,6 +440,44 @@ def custom_kernel(data):
     return _v1_kernel(data)
 '''
 
+# The channel's shared file, found through the frames, cut to nothing after the first step's done, and grown: the
+# owner maps it, so a cut file would end the owner with SIGBUS at its next touch.
+CHANNEL_FILE_RESIZED = '''
+import os
+import sys
+
+
+def _channel():
+    frame = sys._getframe()
+    while frame is not None:
+        found = frame.f_locals.get("channel")
+        if found is not None and hasattr(found, "fd") and hasattr(found, "field"):
+            return found
+        frame = frame.f_back
+
+
+def custom_kernel(data):
+    channel = _channel()
+    if channel is not None:
+        for size in (0, 1 << 30):
+            try:
+                os.ftruncate(channel.fd, size)
+                _say("resized", size)
+            except OSError as error:
+                _say("refused", size, error.errno)
+    return _v1_kernel(data)
+'''
+
+
+@pytest.mark.parametrize("face", every_time(FACES, "protocol"))
+def test_a_rank_cannot_resize_the_channel_the_owner_maps(tmp_path, face):
+    """Every resize of the channel's file is refused (sealed), and the run goes on: right answers pass."""
+    outcome = run_face(face, "test", tmp_path, hostile(CHANNEL_FILE_RESIZED), cases=2)
+    assert not outcome.said("resized"), str(outcome)
+    assert {size for size, *_ in outcome.said("refused")} == {"0", str(1 << 30)}, str(outcome)
+    assert outcome.code == 0, str(outcome)
+
+
 # Sent early: test mode on both faces; rewritten on its way out: the timed modes on both faces.
 FORGED_RESULTS = ([("sent", "human", "test"), ("sent", "protocol", "test")]
                   + [("rewritten", face, mode) for face, mode in EVERY_FACE_TIMED])
