@@ -3,6 +3,8 @@ error on either vendor's path fails the check and names the target, AMD inline a
 are printed whatever the other threads do."""
 import contextlib
 import io
+import re
+import subprocess
 import threading
 
 import pytest
@@ -19,15 +21,54 @@ V2 = ROOT / "submissions" / "all2all" / "v2_p2p.py"
 V7 = ROOT / "submissions" / "all2all" / "v7_triton.py"
 
 
-def planted(tmp_path, old: str, new: str):
+def planted_v2(old: str, new: str) -> str:
     """v2 with `old` replaced by `new`, and without its trace build: the check builds one where the device code names
     A2A_TRACE, the probes' macro. Every planted error lies outside the probes (the timed build, the one these tests
     read, compiles the same either way), and the whole check holds every trace build: four compiles of eight."""
     text = V2.read_text()
     assert old in text
-    path = tmp_path / "planted.py"
-    path.write_text(text.replace(old, new, 1).replace("A2A_TRACE", "A2A_PROBES"))
-    return path
+    return text.replace(old, new, 1).replace("A2A_TRACE", "A2A_PROBES")
+
+
+def planted_v7(old: str, new: str) -> str:
+    """v7 with `old`, found once, replaced by `new`."""
+    text = V7.read_text()
+    assert text.count(old) == 1, old
+    return text.replace(old, new)
+
+
+# file name -> its text: each planted error in a file of its own, every file in one run of the check (planted_check).
+PLANTED = {
+    # Assembly the gfx942 assembler rejects, in the HIP branch of a Triton helper: Triton's AMD backend must see it
+    # and its NVIDIA backend must never compile that branch.
+    "planted_v7.py": lambda: planted_v7('"s_sleep 1"', '"s_planted_nonsense 1"'),
+    "drifted_v7.py": lambda: planted_v7('"rank": "i32", "timeout_ns": "i64"}', '"timeout_ns": "i64", "rank": "i32"}'),
+    # A warp intrinsic outside the prelude's vendor branch: fine for nvcc, rejected by HIP.
+    "planted_amd.py": lambda: planted_v2("#define A2A_THREADS 256",
+                                         "__device__ void planted() { __syncwarp(); }\n#define A2A_THREADS 256"),
+    # Inline assembly the gfx942 assembler rejects, inside the AMD branch: only a whole `-c` compile catches it.
+    "planted_amd_assembly.py": lambda: planted_v2(
+        "__device__ __forceinline__ void warp_sync() { __builtin_amdgcn_wave_barrier(); }",
+        "__device__ __forceinline__ void warp_sync() { asm volatile(\"s_planted_nonsense 1\"); }"),
+    # Bad inline PTX in the NVIDIA branch: only a real `-c` compile (ptxas) catches it.
+    "planted_nvidia.py": lambda: planted_v2("ld.acquire.sys.global.b32", "ld.acquire.sys.global.b33"),
+}
+
+
+@pytest.fixture(scope="module")
+def planted_check(tmp_path_factory) -> subprocess.CompletedProcess:
+    """The check over every PLANTED file at once: one process, one import of torch and Triton (a run per file took
+    41 CPU seconds for the five on 2 cores, one run 29); each test reads its own file's lines."""
+    folder = tmp_path_factory.mktemp("planted")
+    for name, text in PLANTED.items():
+        (folder / name).write_text(text())
+    return run_device_check(*(folder / name for name in PLANTED))
+
+
+def failures_of(result: subprocess.CompletedProcess, name: str) -> str:
+    """What the check's failure report (stderr) says of file `name`: each of its failed targets, with the
+    compiler's lines."""
+    return "\n".join(re.findall(rf"^{re.escape(name)}: .*\n(?:    .*\n?)*", result.stderr, re.M))
 
 
 @needs_tools
@@ -72,59 +113,42 @@ def test_the_host_check_takes_the_newest_gcc_and_names_its_error(tmp_path, monke
 
 
 @needs_tools
-def test_planted_triton_error_on_one_vendor_fails_that_vendor(tmp_path):
-    # Assembly the gfx942 assembler rejects, in the HIP branch of a Triton helper: Triton's AMD backend must see it
-    # and its NVIDIA backend must never compile that branch.
-    text = V7.read_text()
-    assert text.count('"s_sleep 1"') == 1
-    path = tmp_path / "planted_v7.py"
-    path.write_text(text.replace('"s_sleep 1"', '"s_planted_nonsense 1"'))
-    result = run_device_check(path)
-    assert result.returncode == 112
-    assert "planted_v7.py: triton sm_90: ok" in result.stdout
-    assert "planted_v7.py: triton gfx942: FAILED" in result.stdout and "triton gfx942" in result.stderr
-    assert "planted_v7.py: triton gfx950: FAILED" in result.stdout
+def test_planted_triton_error_on_one_vendor_fails_that_vendor(planted_check):
+    assert planted_check.returncode == 112
+    assert "planted_v7.py: triton sm_90: ok" in planted_check.stdout
+    assert "planted_v7.py: triton gfx942: FAILED" in planted_check.stdout
+    assert "planted_v7.py: triton gfx942:" in failures_of(planted_check, "planted_v7.py")
+    assert "planted_v7.py: triton gfx950: FAILED" in planted_check.stdout
 
 
 @needs_tools
-def test_triton_arguments_that_drift_from_the_kernel_fail(tmp_path):
-    text = V7.read_text()
-    path = tmp_path / "drifted_v7.py"
-    path.write_text(text.replace('"rank": "i32", "timeout_ns": "i64"}', '"timeout_ns": "i64", "rank": "i32"}'))
-    result = run_device_check(path)
-    assert result.returncode == 112 and "TRITON_KERNELS says" in result.stderr
+def test_triton_arguments_that_drift_from_the_kernel_fail(planted_check):
+    assert planted_check.returncode == 112 and "TRITON_KERNELS says" in failures_of(planted_check, "drifted_v7.py")
 
 
 @needs_tools
-def test_planted_amd_error_fails(tmp_path):
-    # A warp intrinsic outside the prelude's vendor branch: fine for nvcc, rejected by HIP.
-    path = planted(tmp_path, "#define A2A_THREADS 256", "__device__ void planted() { __syncwarp(); }\n#define A2A_THREADS 256")
-    result = run_device_check(path)
-    assert result.returncode == 112
-    assert "planted.py: nvcc sm_90: ok" in result.stdout
-    assert "planted.py: clang gfx942: FAILED" in result.stdout and "clang gfx942" in result.stderr
-    assert "planted.py: clang20 gfx950: FAILED" in result.stdout
+def test_planted_amd_error_fails(planted_check):
+    assert planted_check.returncode == 112
+    assert "planted_amd.py: nvcc sm_90: ok" in planted_check.stdout
+    assert "planted_amd.py: clang gfx942: FAILED" in planted_check.stdout
+    assert "planted_amd.py: clang gfx942:" in failures_of(planted_check, "planted_amd.py")
+    assert "planted_amd.py: clang20 gfx950: FAILED" in planted_check.stdout
 
 
 @needs_tools
-def test_planted_amd_assembly_error_fails(tmp_path):
-    # Inline assembly the gfx942 assembler rejects, inside the AMD branch: only a whole `-c` compile catches it.
-    path = planted(tmp_path, "__device__ __forceinline__ void warp_sync() { __builtin_amdgcn_wave_barrier(); }",
-                   "__device__ __forceinline__ void warp_sync() { asm volatile(\"s_planted_nonsense 1\"); }")
-    result = run_device_check(path)
-    assert result.returncode == 112
-    assert "planted.py: nvcc sm_90: ok" in result.stdout
-    assert "planted.py: clang gfx942: FAILED" in result.stdout and "planted.py: clang20 gfx950: FAILED" in result.stdout
+def test_planted_amd_assembly_error_fails(planted_check):
+    assert planted_check.returncode == 112
+    assert "planted_amd_assembly.py: nvcc sm_90: ok" in planted_check.stdout
+    assert "planted_amd_assembly.py: clang gfx942: FAILED" in planted_check.stdout
+    assert "planted_amd_assembly.py: clang20 gfx950: FAILED" in planted_check.stdout
 
 
 @needs_tools
-def test_planted_nvidia_error_fails(tmp_path):
-    # Bad inline PTX in the NVIDIA branch: only a real `-c` compile (ptxas) catches it.
-    path = planted(tmp_path, "ld.acquire.sys.global.b32", "ld.acquire.sys.global.b33")
-    result = run_device_check(path)
-    assert result.returncode == 112
-    assert "planted.py: nvcc sm_90: FAILED" in result.stdout
-    assert "planted.py: clang gfx942: ok" in result.stdout and "planted.py: clang20 gfx950: ok" in result.stdout
+def test_planted_nvidia_error_fails(planted_check):
+    assert planted_check.returncode == 112
+    assert "planted_nvidia.py: nvcc sm_90: FAILED" in planted_check.stdout
+    assert "planted_nvidia.py: clang gfx942: ok" in planted_check.stdout
+    assert "planted_nvidia.py: clang20 gfx950: ok" in planted_check.stdout
 
 
 @needs_tools
