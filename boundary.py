@@ -293,6 +293,36 @@ def _ns_inode(pid: int) -> Optional[int]:
         return None
 
 
+NS_GET_PARENT = 0xB702  # ioctl on a namespace file: its parent PID namespace, as a new descriptor
+
+
+def _within(pid: int, inode: int, known: dict) -> bool:
+    """Whether `pid`'s PID namespace is the one of `inode` or nested in it, at any depth (a rank may unshare a user
+    and PID namespace of its own: its processes there are still the pool's). `known`: inode -> answer, filled."""
+    import fcntl
+
+    try:
+        fd = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY)
+    except OSError:
+        return False
+    seen = []
+    try:
+        while (here := os.fstat(fd).st_ino) not in known:
+            seen.append(here)
+            try:
+                parent = fcntl.ioctl(fd, NS_GET_PARENT)
+            except OSError:  # the top of this process's view: not below the pool's
+                known[here] = False
+                break
+            os.close(fd)
+            fd = parent
+    finally:
+        os.close(fd)
+    for inode_seen in seen:
+        known[inode_seen] = known[here]
+    return known[here]
+
+
 class Sandbox:
     """The pool owner's side of the boundary: the PID namespace (its init, and the owner's children spawned into
     it), the ranks' uid and their run folders. Without root, or without the kernel's namespaces, it turns the
@@ -397,13 +427,14 @@ class Sandbox:
             libc.setns(self._own, CLONE_NEWPID)
 
     def members(self) -> list[int]:
-        """Every process in the ranks' namespace but its init and the ended ones (pids as this process sees them). A
-        zombie, a rank's child that the rank never reaps, has already released all it held (the rendezvous port
-        too): waiting for it to go would wait out every deadline below."""
+        """Every process in the ranks' namespace or one nested in it, but its init and the ended ones (pids as this
+        process sees them). A zombie, a rank's child that the rank never reaps, has already released all it held
+        (the rendezvous port too): waiting for it to go would wait out every deadline below."""
         if self.inode is None:
             return []
+        known = {self.inode: True}
         return [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != self.init_pid
-                and _ns_inode(int(e)) == self.inode and not _ended(int(e))]
+                and _within(int(e), self.inode, known) and not _ended(int(e))]
 
     def pause(self, stop: bool, pids: tuple = ()) -> int:
         """SIGSTOP (stop) or SIGCONT to every process of the ranks' namespace, else to `pids` (no namespace: its
@@ -423,17 +454,17 @@ class Sandbox:
 
     def sweep(self, keep: set) -> list[int]:
         """SIGKILLs what the submission started in the namespace (everything but `keep`, the live workers): between
-        cases, so nothing a case left (a child holding the rendezvous port, a daemon) reaches the next."""
-        killed = []
-        for pid in self.members():
-            if pid not in keep:
+        cases, so nothing a case left (a child holding the rendezvous port, a daemon) reaches the next. Listed and
+        killed again until none is left: a process may fork between the listing and its kill."""
+        killed: set = set()
+        deadline = time.monotonic() + 5  # gone, not only signalled: a dying child may still hold the port
+        while (left := set(self.members()) - set(keep)) and time.monotonic() < deadline:
+            for pid in left:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-        deadline = time.monotonic() + 5  # gone, not only signalled: a dying child may still hold the port
-        while killed and set(self.members()) - set(keep) and time.monotonic() < deadline:
+                    killed.add(pid)
             time.sleep(0.005)
-        return killed
+        return sorted(killed)
 
     def close(self, clean_files: bool = True) -> None:
         """Ends the namespace (the kernel kills every process in it with its init), keeps what the ranks built
