@@ -583,7 +583,8 @@ def _writable(uid: int, env: dict) -> tuple:
 
 
 def claim_uid() -> int:
-    """A uid no live pool runs as, claimed by creating its record (O_EXCL: two pools never get the same)."""
+    """A uid no live pool runs as, claimed by creating its record (O_EXCL: two pools never get the same), with no
+    System V object left of an earlier pool of it."""
     prepare_rank_cache()
     first = secrets.randbelow(RANK_UID_SPAN)
     for step in range(RANK_UID_SPAN):
@@ -594,6 +595,7 @@ def claim_uid() -> int:
             continue
         with os.fdopen(fd, "w") as record:
             record.write(f"{_own_mark()}:{time.time_ns()}")
+        remove_sysv_ipc(uid)
         return uid
     raise OSError(f"every rank uid ({RANK_UID_BASE}-{RANK_UID_BASE + RANK_UID_SPAN - 1}) is taken")
 
@@ -613,8 +615,34 @@ def release_uid(uid: int, owner: Optional[str] = None) -> list[str]:
     if _record_owner(uid) != (owner or _own_mark()):
         return []
     removed = remove_run_folders(uid)
+    remove_sysv_ipc(uid)
     with contextlib.suppress(OSError):
         (UID_RECORDS / str(uid)).unlink()
+    return removed
+
+
+# System V IPC objects are in none of the ranks' namespaces (an IPC namespace of their own is untried on GPUs), so
+# they outlive the pool, and its uid, reused by a later pool, would reach them: IPC_RMID for each, per kind the
+# call and its arguments after the id.
+IPC_RMID = 0
+_SYSV_REMOVE = {"shm": ("shmctl", (IPC_RMID, None)), "msg": ("msgctl", (IPC_RMID, None)),
+                "sem": ("semctl", (0, IPC_RMID))}
+
+
+def remove_sysv_ipc(uid: int) -> int:
+    """Removes every System V shared memory segment, message queue and semaphore set that `uid` owns or created (a
+    segment still attached goes at its last detach); returns how many."""
+    libc, removed = _libc(), 0
+    for kind, (call, args) in _SYSV_REMOVE.items():
+        try:
+            lines = Path("/proc/sysvipc", kind).read_text().splitlines()
+        except OSError:  # a kernel without System V IPC
+            continue
+        header = lines[0].split() if lines else []
+        for line in lines[1:]:
+            row = dict(zip(header, line.split()))
+            if uid in (int(row["uid"]), int(row["cuid"])) and getattr(libc, call)(int(row[header[1]]), *args) == 0:
+                removed += 1
     return removed
 
 

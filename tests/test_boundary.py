@@ -266,3 +266,73 @@ def test_a_nested_pid_namespace_is_paused_and_swept_with_its_pool():
         rank.wait()
         rank.stdout.close()
         sandbox.close()
+
+
+# One System V shared memory segment, message queue and semaphore set per rank, under keys the test names: none is
+# the ranks' PID or mount namespace's, so each outlived the command before (red team 13: 2 x 64 MiB of RAM).
+SYSV_PLANTS = '''
+import ctypes as _ctypes
+import os as _os
+
+_MADE = []
+
+
+def custom_kernel(data):
+    if not _MADE:
+        _MADE.append(True)
+        libc, key, create = _ctypes.CDLL(None, use_errno=True), @KEY@ + data[2], 0o1000 | 0o600  # IPC_CREAT
+        made = (libc.shmget(key, _ctypes.c_size_t(1 << 20), create), libc.msgget(key, create),
+                libc.semget(key, 1, create))
+        _os.write(2, f"HOSTILE sysv {key} {made}\\n".encode())
+    return _v1_kernel(data)
+'''
+
+
+def _sysv_with_keys(keys: set) -> list:
+    """(kind, id) of every System V object under one of `keys`."""
+    found = []
+    for kind in ("shm", "msg", "sem"):
+        for line in Path("/proc/sysvipc", kind).read_text().splitlines()[1:]:
+            key, ident = map(int, line.split()[:2])
+            if key in keys:
+                found.append((kind, ident))
+    return found
+
+
+def test_no_sysv_ipc_object_of_a_rank_outlives_the_command(tmp_path, process_token):
+    """A submission whose ranks each create a shared memory segment, a message queue and a semaphore set (nothing
+    of them is in the ranks' namespaces): the run passes, and after it none is left."""
+    key = int(process_token[-7:], 16) << 3
+    path = tmp_path / "sysv.py"
+    path.write_text(v1_kernel_source() + SYSV_PLANTS.replace("@KEY@", str(key)))
+    result = run_eval("test", str(path), "--world-size", "2", "--cases", "tests:0", timeout=300)
+    left = _sysv_with_keys({key, key + 1})
+    for kind, ident in left:  # a failing test leaves nothing either
+        subprocess.run(["ipcrm", {"shm": "-m", "msg": "-q", "sem": "-s"}[kind], str(ident)], check=False)
+    made = [line for line in result.stderr.splitlines() if "HOSTILE sysv" in line]
+    assert result.returncode == 0 and len(made) == 2 and "-1" not in "".join(made), result.stderr[-3000:]
+    assert not left, left
+
+
+def test_a_uid_is_claimed_without_the_sysv_objects_an_earlier_pool_left(monkeypatch, process_token):
+    """A message queue left by a pool whose clean-up was cut off: the next claim of its uid removes it first."""
+    import ctypes
+
+    offset = next(o for o in range(boundary.RANK_UID_SPAN)
+                  if not (boundary.UID_RECORDS / str(boundary.RANK_UID_BASE + o)).exists())
+    uid, key = boundary.RANK_UID_BASE + offset, int(process_token[-7:], 16) << 3
+    child = os.fork()
+    if child == 0:
+        os.setgid(uid)
+        os.setuid(uid)
+        os._exit(0 if ctypes.CDLL(None).msgget(key, 0o1000 | 0o600) >= 0 else 1)
+    assert os.waitpid(child, 0)[1] == 0 and _sysv_with_keys({key})
+    monkeypatch.setattr(boundary.secrets, "randbelow", lambda _: offset)
+    claimed = boundary.claim_uid()
+    try:
+        assert claimed == uid
+        assert not _sysv_with_keys({key})
+    finally:
+        boundary.release_uid(claimed)
+        for _, ident in _sysv_with_keys({key}):
+            subprocess.run(["ipcrm", "-q", str(ident)], check=False)
