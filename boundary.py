@@ -734,6 +734,9 @@ def seed_builds(uid: int, key: Optional[str], views: dict) -> set:
     source left (builds/<key>); returns what they then hold (keep_builds compares). The folders on the way to a
     cache folder are root's (the mount points made later below a covered folder must be), the folder the rank's."""
     base = run_folder(uid)
+    if key:
+        with contextlib.suppress(OSError):
+            os.utime(BUILDS / key)  # used now: the last of the keys to be evicted (_evict_builds)
     for name, (_, host) in views.items():
         for parent in reversed(host.parents):
             if base in parent.parents and not parent.exists():
@@ -749,13 +752,41 @@ def seed_builds(uid: int, key: Optional[str], views: dict) -> set:
 
 # What a pool may leave for the next pool of its source: more is not kept (the next one builds again).
 KEEP_MAX_BYTES, KEEP_MAX_FILES = 512 * 2**20, 20_000
+# What builds/ may hold over every key (files and folders counted): a source changed by one comment per run is a new
+# key each time, so past either the least recently used keys go.
+KEEP_TOTAL_BYTES, KEEP_TOTAL_FILES = 2 * 2**30, 50_000
+
+
+def _evict_builds() -> None:
+    """Removes the least recently used keys of builds/ (a key's folder time: when a pool kept it or started from
+    it) until what is left is within KEEP_TOTAL_BYTES and KEEP_TOTAL_FILES."""
+    keys = []
+    for folder in BUILDS.iterdir():
+        if folder.name.startswith("."):  # a copy being made or retired
+            continue
+        files = size = 0
+        with contextlib.suppress(OSError):  # a key another pool retires meanwhile
+            for dirpath, dirnames, filenames in os.walk(folder):
+                files += len(dirnames) + len(filenames)
+                size += sum(os.lstat(os.path.join(dirpath, name)).st_size for name in filenames)
+            keys.append((folder.stat().st_mtime_ns, folder, files, size))
+    keys.sort(key=lambda k: k[0])
+    files, size = sum(k[2] for k in keys), sum(k[3] for k in keys)
+    for _, folder, key_files, key_size in keys:
+        if files <= KEEP_TOTAL_FILES and size <= KEEP_TOTAL_BYTES:
+            return
+        retired = Path(tempfile.mkdtemp(prefix=f".{folder.name}-old-", dir=BUILDS))
+        with contextlib.suppress(OSError):
+            os.rename(folder, retired / folder.name)
+        shutil.rmtree(retired, ignore_errors=True)
+        files, size = files - key_files, size - key_size
 
 
 def keep_builds(uid: int, key: Optional[str], seeded: set, views: dict) -> None:
     """Copies the ended pool's cache folders to builds/<key>, whole, in place of the one there (a new folder renamed
     into place: a pool starting meanwhile reads the old one or the new one); nothing when the ranks built nothing or
     beyond KEEP_MAX_BYTES or KEEP_MAX_FILES, and no folder whose way a rank swapped for a link (the run folder's own
-    path has none)."""
+    path has none). Then the least recently used keys go past the caps over all of them (_evict_builds)."""
     base = os.path.realpath(run_folder(uid))
     views = {name: (view, host) for name, (view, host) in views.items()
              if os.path.realpath(host) == os.path.join(base, os.path.relpath(host, run_folder(uid)))}
@@ -773,9 +804,11 @@ def keep_builds(uid: int, key: Optional[str], seeded: set, views: dict) -> None:
         os.rename(BUILDS / key, retired / key)
     try:
         os.rename(fresh, BUILDS / key)
+        os.utime(BUILDS / key)
     except OSError:  # another pool of the same key put its own there first
         shutil.rmtree(fresh, ignore_errors=True)
     shutil.rmtree(retired, ignore_errors=True)
+    _evict_builds()
 
 
 # --------------------------------------------------------------------------------------------------------------

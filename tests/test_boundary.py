@@ -336,3 +336,24 @@ def test_a_uid_is_claimed_without_the_sysv_objects_an_earlier_pool_left(monkeypa
         boundary.release_uid(claimed)
         for _, ident in _sysv_with_keys({key}):
             subprocess.run(["ipcrm", "-q", str(ident)], check=False)
+
+
+@pytest.mark.parametrize("cap", ["bytes", "files"])
+def test_past_the_cap_over_every_kept_build_the_least_recently_used_key_goes(tmp_path, monkeypatch, cap):
+    """A source changed by one comment per run is a new build key each time (red team 13: 64 MiB kept per run, up to
+    the cap of one key): with room for two keys' builds, keeping a third evicts the key least recently used (kept or
+    started from), never the others."""
+    monkeypatch.setattr(boundary, "BUILDS", tmp_path / "builds")
+    boundary.BUILDS.mkdir(mode=0o755)
+    monkeypatch.setattr(boundary, "KEEP_TOTAL_BYTES", 2500 if cap == "bytes" else 10**9)
+    monkeypatch.setattr(boundary, "KEEP_TOTAL_FILES", 8 if cap == "files" else 10**9)  # a key: 2 folders, 1 file
+    first, second, third = "a1" * 32, "b2" * 32, "c3" * 32
+    build = "open(os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], 'ext.so'), 'w').write('x' * 1000)"
+    for key, code in ((first, build), (second, build), (first, "pass"), (third, build)):  # `first` used again
+        sandbox = boundary.Sandbox(build_key=key)
+        try:
+            done = _in_sandbox(sandbox, code)
+            assert done.returncode == 0, done.stderr
+        finally:
+            sandbox.close()
+    assert sorted(p.name for p in boundary.BUILDS.iterdir()) == sorted([first, third])
