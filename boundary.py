@@ -437,10 +437,11 @@ class Sandbox:
                 and _within(int(e), self.inode, known) and not _ended(int(e))]
 
     def pause(self, stop: bool, pids: tuple = ()) -> int:
-        """SIGSTOP (stop) or SIGCONT to every process of the ranks' namespace, else to `pids` (no namespace: its
-        workers only); the namespace listed again until it shows no process not yet signalled (a fork racing the
-        signals). The clock stops every pool but the one it times: nothing an entry runs while it waits its turn
-        (CPU hogs, its own children) reaches another entry's figure. Returns how many processes were signalled."""
+        """SIGSTOP (stop) or SIGCONT to every process of the ranks' namespace and those nested in it (members), else
+        to `pids` (no namespace: its workers only); the namespace listed again until it shows no process not yet
+        signalled (a fork racing the signals). The clock stops every pool but the one it times: nothing an entry runs
+        while it waits its turn (CPU hogs, its own children) reaches another entry's figure. Returns how many
+        processes were signalled."""
         signal_number = signal.SIGSTOP if stop else signal.SIGCONT
         done: set = set()
         todo = set(pids if self.inode is None else self.members())
@@ -629,10 +630,10 @@ _SYSV_REMOVE = {"shm": ("shmctl", (IPC_RMID, None)), "msg": ("msgctl", (IPC_RMID
                 "sem": ("semctl", (0, IPC_RMID))}
 
 
-def remove_sysv_ipc(uid: int) -> int:
+def remove_sysv_ipc(uid: int) -> None:
     """Removes every System V shared memory segment, message queue and semaphore set that `uid` owns or created (a
-    segment still attached goes at its last detach); returns how many."""
-    libc, removed = _libc(), 0
+    segment still attached goes at its last detach)."""
+    libc = _libc()
     for kind, (call, args) in _SYSV_REMOVE.items():
         try:
             lines = Path("/proc/sysvipc", kind).read_text().splitlines()
@@ -641,9 +642,8 @@ def remove_sysv_ipc(uid: int) -> int:
         header = lines[0].split() if lines else []
         for line in lines[1:]:
             row = dict(zip(header, line.split()))
-            if uid in (int(row["uid"]), int(row["cuid"])) and getattr(libc, call)(int(row[header[1]]), *args) == 0:
-                removed += 1
-    return removed
+            if uid in (int(row["uid"]), int(row["cuid"])):
+                getattr(libc, call)(int(row[header[1]]), *args)
 
 
 def _release_stale_uids() -> None:
