@@ -293,6 +293,36 @@ def _ns_inode(pid: int) -> Optional[int]:
         return None
 
 
+NS_GET_PARENT = 0xB702  # ioctl on a namespace file: its parent PID namespace, as a new descriptor
+
+
+def _within(pid: int, inode: int, known: dict) -> bool:
+    """Whether `pid`'s PID namespace is the one of `inode` or nested in it, at any depth (a rank may unshare a user
+    and PID namespace of its own: its processes there are still the pool's). `known`: inode -> answer, filled."""
+    import fcntl
+
+    try:
+        fd = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY)
+    except OSError:
+        return False
+    seen = []
+    try:
+        while (here := os.fstat(fd).st_ino) not in known:
+            seen.append(here)
+            try:
+                parent = fcntl.ioctl(fd, NS_GET_PARENT)
+            except OSError:  # the top of this process's view: not below the pool's
+                known[here] = False
+                break
+            os.close(fd)
+            fd = parent
+    finally:
+        os.close(fd)
+    for inode_seen in seen:
+        known[inode_seen] = known[here]
+    return known[here]
+
+
 class Sandbox:
     """The pool owner's side of the boundary: the PID namespace (its init, and the owner's children spawned into
     it), the ranks' uid and their run folders. Without root, or without the kernel's namespaces, it turns the
@@ -397,19 +427,21 @@ class Sandbox:
             libc.setns(self._own, CLONE_NEWPID)
 
     def members(self) -> list[int]:
-        """Every process in the ranks' namespace but its init and the ended ones (pids as this process sees them). A
-        zombie, a rank's child that the rank never reaps, has already released all it held (the rendezvous port
-        too): waiting for it to go would wait out every deadline below."""
+        """Every process in the ranks' namespace or one nested in it, but its init and the ended ones (pids as this
+        process sees them). A zombie, a rank's child that the rank never reaps, has already released all it held
+        (the rendezvous port too): waiting for it to go would wait out every deadline below."""
         if self.inode is None:
             return []
+        known = {self.inode: True}
         return [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != self.init_pid
-                and _ns_inode(int(e)) == self.inode and not _ended(int(e))]
+                and _within(int(e), self.inode, known) and not _ended(int(e))]
 
     def pause(self, stop: bool, pids: tuple = ()) -> int:
-        """SIGSTOP (stop) or SIGCONT to every process of the ranks' namespace, else to `pids` (no namespace: its
-        workers only); the namespace listed again until it shows no process not yet signalled (a fork racing the
-        signals). The clock stops every pool but the one it times: nothing an entry runs while it waits its turn
-        (CPU hogs, its own children) reaches another entry's figure. Returns how many processes were signalled."""
+        """SIGSTOP (stop) or SIGCONT to every process of the ranks' namespace and those nested in it (members), else
+        to `pids` (no namespace: its workers only); the namespace listed again until it shows no process not yet
+        signalled (a fork racing the signals). The clock stops every pool but the one it times: nothing an entry runs
+        while it waits its turn (CPU hogs, its own children) reaches another entry's figure. Returns how many
+        processes were signalled."""
         signal_number = signal.SIGSTOP if stop else signal.SIGCONT
         done: set = set()
         todo = set(pids if self.inode is None else self.members())
@@ -423,17 +455,17 @@ class Sandbox:
 
     def sweep(self, keep: set) -> list[int]:
         """SIGKILLs what the submission started in the namespace (everything but `keep`, the live workers): between
-        cases, so nothing a case left (a child holding the rendezvous port, a daemon) reaches the next."""
-        killed = []
-        for pid in self.members():
-            if pid not in keep:
+        cases, so nothing a case left (a child holding the rendezvous port, a daemon) reaches the next. Listed and
+        killed again until none is left: a process may fork between the listing and its kill."""
+        killed: set = set()
+        deadline = time.monotonic() + 5  # gone, not only signalled: a dying child may still hold the port
+        while (left := set(self.members()) - set(keep)) and time.monotonic() < deadline:
+            for pid in left:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-        deadline = time.monotonic() + 5  # gone, not only signalled: a dying child may still hold the port
-        while killed and set(self.members()) - set(keep) and time.monotonic() < deadline:
+                    killed.add(pid)
             time.sleep(0.005)
-        return killed
+        return sorted(killed)
 
     def close(self, clean_files: bool = True) -> None:
         """Ends the namespace (the kernel kills every process in it with its init), keeps what the ranks built
@@ -552,7 +584,8 @@ def _writable(uid: int, env: dict) -> tuple:
 
 
 def claim_uid() -> int:
-    """A uid no live pool runs as, claimed by creating its record (O_EXCL: two pools never get the same)."""
+    """A uid no live pool runs as, claimed by creating its record (O_EXCL: two pools never get the same), with no
+    System V object left of an earlier pool of it."""
     prepare_rank_cache()
     first = secrets.randbelow(RANK_UID_SPAN)
     for step in range(RANK_UID_SPAN):
@@ -563,6 +596,7 @@ def claim_uid() -> int:
             continue
         with os.fdopen(fd, "w") as record:
             record.write(f"{_own_mark()}:{time.time_ns()}")
+        remove_sysv_ipc(uid)
         return uid
     raise OSError(f"every rank uid ({RANK_UID_BASE}-{RANK_UID_BASE + RANK_UID_SPAN - 1}) is taken")
 
@@ -582,9 +616,34 @@ def release_uid(uid: int, owner: Optional[str] = None) -> list[str]:
     if _record_owner(uid) != (owner or _own_mark()):
         return []
     removed = remove_run_folders(uid)
+    remove_sysv_ipc(uid)
     with contextlib.suppress(OSError):
         (UID_RECORDS / str(uid)).unlink()
     return removed
+
+
+# System V IPC objects are in none of the ranks' namespaces (an IPC namespace of their own is untried on GPUs), so
+# they outlive the pool, and its uid, reused by a later pool, would reach them: IPC_RMID for each, per kind the
+# call and its arguments after the id.
+IPC_RMID = 0
+_SYSV_REMOVE = {"shm": ("shmctl", (IPC_RMID, None)), "msg": ("msgctl", (IPC_RMID, None)),
+                "sem": ("semctl", (0, IPC_RMID))}
+
+
+def remove_sysv_ipc(uid: int) -> None:
+    """Removes every System V shared memory segment, message queue and semaphore set that `uid` owns or created (a
+    segment still attached goes at its last detach)."""
+    libc = _libc()
+    for kind, (call, args) in _SYSV_REMOVE.items():
+        try:
+            lines = Path("/proc/sysvipc", kind).read_text().splitlines()
+        except OSError:  # a kernel without System V IPC
+            continue
+        header = lines[0].split() if lines else []
+        for line in lines[1:]:
+            row = dict(zip(header, line.split()))
+            if uid in (int(row["uid"]), int(row["cuid"])):
+                getattr(libc, call)(int(row[header[1]]), *args)
 
 
 def _release_stale_uids() -> None:
@@ -675,6 +734,9 @@ def seed_builds(uid: int, key: Optional[str], views: dict) -> set:
     source left (builds/<key>); returns what they then hold (keep_builds compares). The folders on the way to a
     cache folder are root's (the mount points made later below a covered folder must be), the folder the rank's."""
     base = run_folder(uid)
+    if key:
+        with contextlib.suppress(OSError):
+            os.utime(BUILDS / key)  # used now: the last of the keys to be evicted (_evict_builds)
     for name, (_, host) in views.items():
         for parent in reversed(host.parents):
             if base in parent.parents and not parent.exists():
@@ -690,13 +752,41 @@ def seed_builds(uid: int, key: Optional[str], views: dict) -> set:
 
 # What a pool may leave for the next pool of its source: more is not kept (the next one builds again).
 KEEP_MAX_BYTES, KEEP_MAX_FILES = 512 * 2**20, 20_000
+# What builds/ may hold over every key (files and folders counted): a source changed by one comment per run is a new
+# key each time, so past either the least recently used keys go.
+KEEP_TOTAL_BYTES, KEEP_TOTAL_FILES = 2 * 2**30, 50_000
+
+
+def _evict_builds() -> None:
+    """Removes the least recently used keys of builds/ (a key's folder time: when a pool kept it or started from
+    it) until what is left is within KEEP_TOTAL_BYTES and KEEP_TOTAL_FILES."""
+    keys = []
+    for folder in BUILDS.iterdir():
+        if folder.name.startswith("."):  # a copy being made or retired
+            continue
+        files = size = 0
+        with contextlib.suppress(OSError):  # a key another pool retires meanwhile
+            for dirpath, dirnames, filenames in os.walk(folder):
+                files += len(dirnames) + len(filenames)
+                size += sum(os.lstat(os.path.join(dirpath, name)).st_size for name in filenames)
+            keys.append((folder.stat().st_mtime_ns, folder, files, size))
+    keys.sort(key=lambda k: k[0])
+    files, size = sum(k[2] for k in keys), sum(k[3] for k in keys)
+    for _, folder, key_files, key_size in keys:
+        if files <= KEEP_TOTAL_FILES and size <= KEEP_TOTAL_BYTES:
+            return
+        retired = Path(tempfile.mkdtemp(prefix=f".{folder.name}-old-", dir=BUILDS))
+        with contextlib.suppress(OSError):
+            os.rename(folder, retired / folder.name)
+        shutil.rmtree(retired, ignore_errors=True)
+        files, size = files - key_files, size - key_size
 
 
 def keep_builds(uid: int, key: Optional[str], seeded: set, views: dict) -> None:
     """Copies the ended pool's cache folders to builds/<key>, whole, in place of the one there (a new folder renamed
     into place: a pool starting meanwhile reads the old one or the new one); nothing when the ranks built nothing or
     beyond KEEP_MAX_BYTES or KEEP_MAX_FILES, and no folder whose way a rank swapped for a link (the run folder's own
-    path has none)."""
+    path has none). Then the least recently used keys go past the caps over all of them (_evict_builds)."""
     base = os.path.realpath(run_folder(uid))
     views = {name: (view, host) for name, (view, host) in views.items()
              if os.path.realpath(host) == os.path.join(base, os.path.relpath(host, run_folder(uid)))}
@@ -714,9 +804,11 @@ def keep_builds(uid: int, key: Optional[str], seeded: set, views: dict) -> None:
         os.rename(BUILDS / key, retired / key)
     try:
         os.rename(fresh, BUILDS / key)
+        os.utime(BUILDS / key)
     except OSError:  # another pool of the same key put its own there first
         shutil.rmtree(fresh, ignore_errors=True)
     shutil.rmtree(retired, ignore_errors=True)
+    _evict_builds()
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -2,11 +2,13 @@
 pool. Run as root (the sandbox's condition); each test is skipped otherwise."""
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -195,3 +197,163 @@ def test_a_pool_leaves_no_more_than_the_caps_and_nothing_through_a_link(monkeypa
             sandbox.close()
         kept = [str(p) for p in (boundary.BUILDS / key).rglob("*")] if (boundary.BUILDS / key).exists() else []
         assert not kept, kept
+
+
+# A rank's child in a PID namespace nested in its pool's (a user namespace first, which no_new_privs allows), whose
+# init forks a counter: a process the pool's own namespace does not list (red team, 2026-11-28: its CPU hogs ran
+# while other entries were timed, and a child of case 0 lived on in case 1).
+NESTED_COUNTER = '''
+import ctypes, time
+beat = os.path.join(os.environ["TMPDIR"], "beat")
+if os.fork() == 0:  # single-threaded here: unshare(CLONE_NEWUSER) needs that
+    if ctypes.CDLL(None, use_errno=True).unshare(0x10000000 | 0x20000000):
+        os._exit(1)
+    if os.fork() == 0:  # the nested namespace's init
+        if os.fork() == 0:
+            count = 0
+            while True:
+                count += 1
+                with open(beat + ".new", "w") as out:
+                    out.write(str(count))
+                os.replace(beat + ".new", beat)
+                time.sleep(0.01)
+        os.wait()
+    os._exit(0)
+print("started", flush=True)
+time.sleep(600)
+'''
+
+
+def _count(beat: Path, deadline_s: float = 20) -> int:
+    """The nested counter's last value, once it has written one."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            return int(beat.read_text())
+        time.sleep(0.05)
+    raise AssertionError(f"no count in {beat}")
+
+
+def test_a_nested_pid_namespace_is_paused_and_swept_with_its_pool():
+    """A rank's grandchild counting in a nested PID namespace: while its pool is paused the count stands still, and
+    the sweep between cases (every process but the workers) ends it."""
+    sandbox = boundary.Sandbox()
+    entry = (f"import os, pickle, sys\nsys.path.insert(0, {str(ROOT)!r})\nimport boundary\n"
+             f"boundary.enter_rank_sandbox(pickle.loads(bytes.fromhex(sys.argv[1])))\n") + NESTED_COUNTER
+    with sandbox.spawning():
+        rank = subprocess.Popen([sys.executable, "-c", entry, pickle.dumps(sandbox.rank_setup()).hex()],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert rank.stdout.readline().strip() == "started"
+        beat = boundary.run_folder(sandbox.uid) / "tmp" / "beat"
+        first = _count(beat)
+        sandbox.pause(True)
+        try:
+            paused = _count(beat)
+            time.sleep(0.5)
+            assert _count(beat) == paused, "the nested counter ran while its pool was paused"
+        finally:
+            sandbox.pause(False)
+        time.sleep(0.5)
+        assert _count(beat) > max(first, paused)  # it was alive, and runs again
+        sandbox.sweep({rank.pid})
+        swept = _count(beat)
+        time.sleep(0.5)
+        assert _count(beat) == swept, "the nested counter outlived the sweep"
+        assert sandbox.members() == [rank.pid]
+    finally:
+        rank.kill()
+        rank.wait()
+        rank.stdout.close()
+        sandbox.close()
+
+
+# One System V shared memory segment, message queue and semaphore set per rank, under keys the test names: none is
+# the ranks' PID or mount namespace's, so each outlived the command before (red team 13: 2 x 64 MiB of RAM).
+SYSV_PLANTS = '''
+import ctypes as _ctypes
+import os as _os
+
+_MADE = []
+
+
+def custom_kernel(data):
+    if not _MADE:
+        _MADE.append(True)
+        libc, key, create = _ctypes.CDLL(None, use_errno=True), @KEY@ + data[2], 0o1000 | 0o600  # IPC_CREAT
+        made = (libc.shmget(key, _ctypes.c_size_t(1 << 20), create), libc.msgget(key, create),
+                libc.semget(key, 1, create))
+        _os.write(2, f"HOSTILE sysv {key} {made}\\n".encode())
+    return _v1_kernel(data)
+'''
+
+
+def _sysv_with_keys(keys: set) -> list:
+    """(kind, id) of every System V object under one of `keys`."""
+    found = []
+    for kind in ("shm", "msg", "sem"):
+        for line in Path("/proc/sysvipc", kind).read_text().splitlines()[1:]:
+            key, ident = map(int, line.split()[:2])
+            if key in keys:
+                found.append((kind, ident))
+    return found
+
+
+def test_no_sysv_ipc_object_of_a_rank_outlives_the_command(tmp_path, process_token):
+    """A submission whose ranks each create a shared memory segment, a message queue and a semaphore set (nothing
+    of them is in the ranks' namespaces): the run passes, and after it none is left."""
+    key = int(process_token[-7:], 16) << 3
+    path = tmp_path / "sysv.py"
+    path.write_text(v1_kernel_source() + SYSV_PLANTS.replace("@KEY@", str(key)))
+    result = run_eval("test", str(path), "--world-size", "2", "--cases", "tests:0", timeout=300)
+    left = _sysv_with_keys({key, key + 1})
+    for kind, ident in left:  # a failing test leaves nothing either
+        subprocess.run(["ipcrm", {"shm": "-m", "msg": "-q", "sem": "-s"}[kind], str(ident)], check=False)
+    made = [line for line in result.stderr.splitlines() if "HOSTILE sysv" in line]
+    assert result.returncode == 0 and len(made) == 2 and "-1" not in "".join(made), result.stderr[-3000:]
+    assert not left, left
+
+
+def test_a_uid_is_claimed_without_the_sysv_objects_an_earlier_pool_left(monkeypatch, process_token):
+    """A message queue left by a pool whose clean-up was cut off: the next claim of its uid removes it first."""
+    import ctypes
+
+    offset = next(o for o in range(boundary.RANK_UID_SPAN)
+                  if not (boundary.UID_RECORDS / str(boundary.RANK_UID_BASE + o)).exists())
+    uid, key = boundary.RANK_UID_BASE + offset, int(process_token[-7:], 16) << 3
+    child = os.fork()
+    if child == 0:
+        os.setgid(uid)
+        os.setuid(uid)
+        os._exit(0 if ctypes.CDLL(None).msgget(key, 0o1000 | 0o600) >= 0 else 1)
+    assert os.waitpid(child, 0)[1] == 0 and _sysv_with_keys({key})
+    monkeypatch.setattr(boundary.secrets, "randbelow", lambda _: offset)
+    claimed = boundary.claim_uid()
+    try:
+        assert claimed == uid
+        assert not _sysv_with_keys({key})
+    finally:
+        boundary.release_uid(claimed)
+        for _, ident in _sysv_with_keys({key}):
+            subprocess.run(["ipcrm", "-q", str(ident)], check=False)
+
+
+@pytest.mark.parametrize("cap", ["bytes", "files"])
+def test_past_the_cap_over_every_kept_build_the_least_recently_used_key_goes(tmp_path, monkeypatch, cap):
+    """A source changed by one comment per run is a new build key each time (red team 13: 64 MiB kept per run, up to
+    the cap of one key): with room for two keys' builds, keeping a third evicts the key least recently used (kept or
+    started from), never the others."""
+    monkeypatch.setattr(boundary, "BUILDS", tmp_path / "builds")
+    boundary.BUILDS.mkdir(mode=0o755)
+    monkeypatch.setattr(boundary, "KEEP_TOTAL_BYTES", 2500 if cap == "bytes" else 10**9)
+    monkeypatch.setattr(boundary, "KEEP_TOTAL_FILES", 8 if cap == "files" else 10**9)  # a key: 2 folders, 1 file
+    first, second, third = "a1" * 32, "b2" * 32, "c3" * 32
+    build = "open(os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], 'ext.so'), 'w').write('x' * 1000)"
+    for key, code in ((first, build), (second, build), (first, "pass"), (third, build)):  # `first` used again
+        sandbox = boundary.Sandbox(build_key=key)
+        try:
+            done = _in_sandbox(sandbox, code)
+            assert done.returncode == 0, done.stderr
+        finally:
+            sandbox.close()
+    assert sorted(p.name for p in boundary.BUILDS.iterdir()) == sorted([first, third])

@@ -129,10 +129,19 @@ def test_the_owners_copies_come_from_a_gpu_no_rank_uses_else_the_next_ranks():
 
 
 HOG = '''
+import ctypes as _ctypes
+import os as _os
 import subprocess as _subprocess
 import sys as _sys
 
 _HOG = _subprocess.Popen([_sys.executable, "-c", "while True: pass"])  # burns a core while other entries are timed
+_NESTED = _os.fork()
+if _NESTED == 0:  # the same in a PID namespace nested in the pool's (a user namespace first)
+    if _ctypes.CDLL(None).unshare(0x10000000 | 0x20000000) == 0 and _os.fork() == 0:
+        while True:
+            pass
+    _os._exit(0)
+_os.waitpid(_NESTED, 0)
 
 
 def custom_kernel(data):
@@ -142,8 +151,9 @@ def custom_kernel(data):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="pools run in their own PID namespace only when started as root")
 def test_a_pool_waiting_its_turn_runs_nothing_while_another_is_timed(tmp_path, monkeypatch):
-    """An entry whose child burns the CPU (a hostile entry ranked itself first at world size 2 by slowing the others
-    this way): while another entry is visited, every process of its pool, the child too, is stopped."""
+    """An entry whose children burn the CPU, one in a PID namespace nested in its pool's (hostile entries ranked
+    themselves first at world size 2 by slowing the others this way): while another entry is visited, every process
+    of its pool, the children too, is stopped."""
     from tests.conftest import v1_kernel_source
 
     hog = tmp_path / "hog.py"

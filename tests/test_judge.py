@@ -1196,6 +1196,57 @@ def test_the_sweep_ends_only_what_a_gone_owner_left():
         alive.wait()
 
 
+# Rank 0 of case 0 starts a counter in a PID namespace nested in its pool's (a user namespace first); rank 0 of case 1,
+# the other worker, says whether it still counts.
+NESTED_NAMESPACE_CHILD = '''
+import ctypes
+
+_BEAT = _os.path.join(_os.environ.get("TMPDIR") or "/tmp", "nested-beat")
+
+
+def _count():
+    with open(_BEAT) as beat:
+        return [int(word) for word in beat.read().split()]
+
+
+def _start_nested_counter():
+    if _os.fork() == 0:  # single-threaded here: unshare(CLONE_NEWUSER) needs that
+        try:
+            if ctypes.CDLL(None, use_errno=True).unshare(0x10000000 | 0x20000000) == 0 and _os.fork() == 0:
+                starter, count = _os.getppid(), 0
+                while True:
+                    count += 1
+                    with open(_BEAT + ".new", "w") as out:
+                        out.write(f"{starter} {count}")
+                    _os.replace(_BEAT + ".new", _BEAT)
+                    _time.sleep(0.01)
+        finally:
+            _os._exit(0)
+    while not _os.path.exists(_BEAT):
+        _time.sleep(0.01)
+    _say("nested", "started")
+
+
+def custom_kernel(data):
+    if data[2] == 0 and not _os.path.exists(_BEAT):
+        _start_nested_counter()
+    elif data[2] == 0:
+        before = _count()[1]
+        _time.sleep(0.3)
+        _say("nested", "counting" if _count()[1] != before else "gone")
+    return _v1_kernel(data)
+'''
+
+
+@pytest.mark.parametrize("face", every_time(FACES, "human"))
+def test_a_child_in_a_nested_pid_namespace_is_swept_between_cases(tmp_path, face):
+    """A counter in a PID namespace nested in the pool's, started in case 0 (its processes are not in the pool's own
+    namespace: the sweep missed them, and a red team's child of case 0 was alive in case 1): gone in case 1."""
+    outcome = run_face(face, "test", tmp_path, hostile(NESTED_NAMESPACE_CHILD), cases=2)
+    assert outcome.code == 0, str(outcome)
+    assert [words[0] for words in outcome.said("nested")] == ["started", "gone"], str(outcome)
+
+
 def test_a_thread_left_running_does_not_stall_the_end_of_the_run(tmp_path):
     """A correct submission that starts a thread sleeping for an hour: the run ends as fast as v1's own (the workers
     used to wait 10 s each for it, then be killed)."""
