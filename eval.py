@@ -24,7 +24,8 @@ A2A_MASTER_PORT moves the fixed port (parallel test workers); the runner never s
 
 Also the library the human face and the tools build on: `__all__` below, exactly the names they use
 (tests/test_layers.py holds it to them): RankPool, CaseSteps and run_steps for the judge's steps; rank_device,
-own_device, clone_data, all_ok, and `measure`, the tools' measuring loop in a rank's own process (never a verdict).
+own_device, clone_data, all_ok, and the primitives under a2a/bench.py, the tools' measuring loop in a rank's own
+process (never a verdict).
 """
 from __future__ import annotations
 
@@ -64,12 +65,13 @@ __all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything
     "all_ok", "bound", "calculate_extra_stats", "cantor_combine", "case_problem", "CaseSteps", "claim_run",
     "clone_data", "die_with_parent", "environ_with", "environment_with", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED",
     "EXIT_CRASH", "EXTRA_STAT_FIELDS", "EXTRA_STATS", "get_test_cases", "HERE", "import_submission",
-    "install_signal_handlers", "kill_tree", "LEADERBOARD_SEED_STEP", "LOG_DIR_ENV", "machine_gpus", "measure", "MODES",
+    "install_signal_handlers", "kill_tree", "LEADERBOARD_SEED_STEP", "LOG_DIR_ENV", "machine_gpus", "MODES",
     "MPS_DEFAULT_PIPE_DIRECTORY", "nccl_version_tuple", "OFFICIAL_TIMEOUT_S", "own_device", "owned_tempdir",
     "prepare_rank_cache", "rank_device", "rank_failures", "RankPool", "release_uid", "RUN_OWNER", "run_steps",
     "SEED_MAX", "SPEC_KEYS", "spec_line", "Terminated", "TestCase", "transport_text", "UserError", "validate_cases",
     "version_text",
-    "WARMUP_CALLS",
+    # what a2a/bench.py, the tools' measuring loop, builds on
+    "barrier", "Bound", "clear_l2", "Hold", "on_gpu", "synchronize", "timing_events",
 ]
 HERE = Path(__file__).resolve().parent
 MODES = ("test", "benchmark", "leaderboard", "profile")
@@ -493,7 +495,7 @@ _import_s: Optional[float] = None
 _owner_conn = None  # the worker's pipe to the pool's owner (descriptors it sends with a job: receive_fds)
 
 
-def _on_gpu() -> bool:
+def on_gpu() -> bool:
     import torch
 
     return _setup is not None and _setup.backend != "gloo" and torch.cuda.is_available()
@@ -504,7 +506,7 @@ def rank_device(rank: int):
     more ranks than GPUs), else the CPU."""
     import torch
 
-    return torch.device(f"cuda:{rank % torch.cuda.device_count()}") if _on_gpu() else torch.device("cpu")
+    return torch.device(f"cuda:{rank % torch.cuda.device_count()}") if on_gpu() else torch.device("cpu")
 
 
 def own_device(rank: int):
@@ -512,7 +514,7 @@ def own_device(rank: int):
     device is again what the runner leaves (cuda:0). Never put a submission's call inside it."""
     import torch
 
-    return torch.cuda.device(rank_device(rank)) if _on_gpu() else contextlib.nullcontext()
+    return torch.cuda.device(rank_device(rank)) if on_gpu() else contextlib.nullcontext()
 
 
 def nccl_version_tuple(code: int) -> tuple:
@@ -540,13 +542,13 @@ def loaded_nccl_version() -> Optional[str]:
 def synchronize(b: Optional[Bound] = None) -> None:
     """torch.cuda.synchronize() as the runner calls it: on the current device, which the runner never changes."""
     b = b or bound()
-    if _on_gpu():
+    if on_gpu():
         b.ops["sync"]()
 
 
 def clear_l2(b: Bound) -> None:
     """utils.clear_l2_cache's work (a 256 MiB write on the current device, as the runner's), through bound calls."""
-    if _on_gpu():
+    if on_gpu():
         ops = b.ops
         buffer = ops["empty"](L2_CLEAR_BYTES // 8, dtype=ops["int64"], device="cuda")
         ops["fill"](buffer, 42)
@@ -587,16 +589,6 @@ def all_ok(ok: bool, rank: int, b: Optional[Bound] = None) -> bool:
     return ops["item"](flag) == 0
 
 
-def slowest_rank(values: list, rank: int, b: Optional[Bound] = None) -> list:
-    """Element by element, the largest value over the ranks (a collective: every rank calls it with the same
-    shape). Per-step device times become the slowest rank's, as the device-side number is defined."""
-    b = b or bound()
-    ops = b.ops
-    merged = ops["tensor"](values, dtype=ops["float64"], device=rank_device(rank))
-    ops["all_reduce"](merged, op=ops["reduce_max"])
-    return ops["tolist"](merged)
-
-
 # Holding the stream (nvbench's blocking kernel): a sleep kernel queued before the start event keeps the GPU from
 # starting the call's work until the host has queued all of it, so the events time the GPU's work alone. Its
 # length adapts: a step whose start event had already passed when the call returned was not held (the sleep was too
@@ -628,156 +620,14 @@ class Hold:
         self.cycles = min(8 * self.cycles, HOLD_MAX_CYCLES)
 
 
-STEP_BOUNDARIES = ("start", "cloned", "returned", "synchronized", "barrier passed")
 _events: dict = {}
 
 
-def _timing_events(device, b: Bound):
+def timing_events(device, b: Bound):
     """Two timing events for this device, made once (made in the window they cost ~20 µs a step, H200 x2)."""
     if device.index not in _events:
         _events[device.index] = b.ops["new_event"](), b.ops["new_event"]()
     return _events[device.index]
-
-
-class StepTimes(NamedTuple):
-    host_ns: int
-    output: Any
-    device_ns: Optional[float]  # around the call on an idle stream (the call time), or held (the GPU's work)
-    held: Optional[bool]  # with a hold: whether the stream was still held when the call returned
-
-
-def timed_step(call: Optional[Callable], data, rank: int, device_clock: bool = False,
-               probe: Optional[Callable[[str], None]] = None, hold: Optional[Hold] = None,
-               b: Optional[Bound] = None) -> StepTimes:
-    """One leaderboard-style step in the runner's order, the same code for a case and for the harness floor (`call`
-    None): clear the L2, synchronize, barrier, start the host clock, clone the input, call, synchronize, barrier,
-    stop; every one of them a bound primitive. The host time is the official number on rank 0. With
-    `device_clock`, the device time is taken around the call alone: CUDA events on the rank's stream on a GPU run
-    (with `hold`, the stream held until the call has queued its work), this rank's host clock on a CPU run.
-    `probe(boundary)` is called at each of STEP_BOUNDARIES (tools: stamps, markers); the call itself runs with the
-    current device the runner leaves."""
-    b = b or bound()
-    ops = b.ops
-    mark = probe or (lambda _boundary: None)
-    events = stream = None
-    on_gpu = _on_gpu()
-    if call is not None and device_clock and on_gpu:
-        device = rank_device(rank)
-        events, stream = _timing_events(device, b), ops["current_stream"](device)
-    clear_l2(b)
-    synchronize(b)
-    barrier(rank, b)
-    start = b.clock_ns()
-    mark("start")
-    cloned = clone_data(data, rank, b)
-    mark("cloned")
-    output = device_ns = held = None
-    if events:
-        holding = hold is not None and not hold.sync_inside and ops["sleep"] is not None
-        if holding:
-            previous = ops["exchange_device"](stream.device_index)
-            ops["sleep"](hold.cycles)
-            ops["exchange_device"](previous)
-        ops["record"](events[0], stream)
-        output = call(cloned)
-        ops["record"](events[1], stream)
-        if holding:
-            held = not ops["query"](events[0])
-    elif call is not None:
-        call_start = b.clock_ns()
-        output = call(cloned)
-        device_ns = b.clock_ns() - call_start if device_clock else None
-    mark("returned")
-    synchronize(b)
-    mark("synchronized")
-    barrier(rank, b)
-    host_ns = b.clock_ns() - start
-    mark("barrier passed")
-    if events:
-        ops["event_sync"](events[1])
-        device_ns = ops["elapsed_ms"](events[0], events[1]) * 1e6
-    return StepTimes(host_ns, output, device_ns, held)
-
-
-# Untimed calls of each callable before a tool measures it. The first calls of a shape pay one-time work (an
-# extension's or Triton's build, a graph's capture, buffers' first touch, a communicator's setup) that no later call
-# pays; five is what the anchors and traces have always used, more than any version has needed. The official loop
-# takes none: its warm-up is the runner's (a separate first case, and the checked call before timing).
-WARMUP_CALLS = 5
-HELD = "held"  # a schedule entry (label, HELD) is a step with the stream held
-
-
-class Step(NamedTuple):
-    """One measured step, as `measure`'s after_step sees it (this rank's numbers; `output` the call's)."""
-    label: str
-    host_ns: float
-    device_ns: Optional[float]
-    call_ns: Optional[float]
-    output: Any
-    held: Optional[bool] = None
-
-
-@dataclasses.dataclass
-class Measured:
-    """One label's steps in order: `host_ns` this rank's (rank 0's are the official numbers), `device_ns` and
-    `call_ns` the slowest rank's (device clock around the call; host time inside the call), `held_ns` the slowest
-    rank's device time of held steps (NaN where a rank's stream was not held), empty where not taken."""
-    host_ns: list
-    device_ns: list
-    call_ns: list
-    held_ns: list = dataclasses.field(default_factory=list)
-
-
-def measure(calls: dict, data, rank: int, schedule, warmup: int = WARMUP_CALLS, device_clock: bool = False,
-            call_clock: bool = False, probe: Optional[Callable[[str], None]] = None,
-            before_step: Optional[Callable] = None, after_step: Optional[Callable[[Step], bool]] = None,
-            holds: Optional[dict] = None, b: Optional[Bound] = None) -> dict:
-    """The one rank-side measuring loop, around timed_step: `warmup` untimed calls of each callable in `calls`
-    ({label: callable, or None for the harness floor}), then one timed step per entry of `schedule` (labels in step
-    order, or (label, HELD) for a step with the stream held: a run of one, variants taking turns, A and B
-    mirrored). `device_clock`: device time around the call; `call_clock`: host time inside the call (two more
-    stamps in the timed window, so off for official numbers); `holds`: {label: Hold}, the adaptive sleep of each
-    label's held steps. `before_step(label)` may return the next step's input (leaderboard mode's fresh seed);
-    `after_step(step)` returning True stops the loop, and must agree across ranks. A collective: every rank runs
-    the same schedule. Returns {label: Measured}."""
-    b = b or bound()
-    for call in calls.values():
-        for _ in range(warmup if call is not None else 0):
-            call(clone_data(data, rank, b))
-    synchronize(b)
-    stamps: dict = {}
-
-    def boundary(name: str) -> None:
-        stamps[name] = b.clock_ns()
-        if probe:
-            probe(name)
-
-    step_probe = boundary if call_clock else probe
-    holds = holds or {}
-    taken = {label: Measured([], [], []) for label in calls}
-    for entry in schedule:
-        label, held_step = (entry[0], True) if isinstance(entry, tuple) else (entry, False)
-        hold = holds.setdefault(label, Hold()) if held_step else None
-        data = (before_step(label) if before_step else None) or data
-        times = timed_step(calls[label], data, rank, device_clock=device_clock, probe=step_probe, hold=hold, b=b)
-        call_ns = stamps["returned"] - stamps["cloned"] if call_clock and calls[label] is not None else None
-        if held_step and times.held is not None:
-            hold.after(times.held)
-            taken[label].held_ns.append(times.device_ns if times.held else float("nan"))
-        else:
-            taken[label].host_ns.append(times.host_ns)
-            if times.device_ns is not None:
-                taken[label].device_ns.append(times.device_ns)
-        if call_ns is not None:
-            taken[label].call_ns.append(call_ns)
-        if after_step and after_step(Step(label, times.host_ns, times.device_ns, call_ns, times.output, times.held)):
-            break
-        del times
-    for label in calls:
-        for field in ("device_ns", "call_ns", "held_ns"):
-            if getattr(taken[label], field):
-                setattr(taken[label], field, slowest_rank(getattr(taken[label], field), rank, b))
-    return taken
 
 
 def import_submission() -> Callable:
@@ -841,7 +691,7 @@ def _call_on_gpu(call: Callable, data, device, hold: Optional[Hold]) -> tuple:
     import torch
 
     stream = torch.cuda.current_stream(device)
-    start, end = _timing_events(device, bound())
+    start, end = timing_events(device, bound())
     holding = hold is not None and not hold.sync_inside
     if hold is not None:
         with torch.cuda.device(device):
@@ -951,7 +801,7 @@ def _rank_profile(b: Bound, test: TestCase, rank: int):
     _set_phase("generating input")
     data = clone_data(generate_input(**test.args, rank=rank), rank, b)
     synchronize(b)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _on_gpu() else [])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu() else [])
     _set_phase("profiling")
     with profile(activities=activities) as prof:
         custom_kernel(data)

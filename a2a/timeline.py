@@ -4,8 +4,8 @@
 
 Each rank imports the version's trace build (A2A_TRACE=1: kernels record (phase, block, warp, start, end) on the
 device clock; a version without probes is traced from the profiler's kernel records alone) and runs, per case,
-eval.WARMUP_CALLS warm-up calls, then `iterations` clean calls and JSON_ITERATIONS profiled ones, each the
-evaluator's own step (eval.measure, eval.timed_step) with two marker kernels right around the call that stamp the
+a2a.bench.WARMUP_CALLS warm-up calls, then `iterations` clean calls and JSON_ITERATIONS profiled ones, each the
+evaluator's own step (a2a.bench.measure, a2a.bench.timed_step) with two marker kernels right around the call that stamp the
 device clock where the stream reaches them. The profiled calls run under torch.profiler (host side: the
 call, launches, syncs, PyTorch ops), which slows the host (seen: v2's smallest shape, 185-200 µs marker to marker
 under the profiler against 110-137 µs timed); so the table and the picture come from the clean calls, and the
@@ -54,7 +54,7 @@ def _profile_events(prof) -> list:
 
 
 def _traced_calls(module, probes, data, rank: int, iterations: int, profiled: bool) -> dict:
-    """`iterations` evaluator steps (eval.timed_step) with a marker kernel right before and after the call: marks,
+    """`iterations` evaluator steps (a2a.bench.timed_step) with a marker kernel right before and after the call: marks,
     probe records and host ns per call (and the profiler's events). The markers are this tool's own work, bound to
     the rank's GPU; the call runs with the current device the runner leaves."""
     import contextlib
@@ -63,6 +63,7 @@ def _traced_calls(module, probes, data, rank: int, iterations: int, profiled: bo
     from torch.profiler import ProfilerActivity, profile, record_function
 
     import eval as core
+    from a2a import bench
 
     take = getattr(module, "trace_take", None)
     with core.own_device(rank):
@@ -95,7 +96,7 @@ def _traced_calls(module, probes, data, rank: int, iterations: int, profiled: bo
     profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if profiled \
         else contextlib.nullcontext()
     with profiler as prof:
-        core.measure({"call": module.custom_kernel}, data, rank, ["call"] * iterations, warmup=0, probe=probe,
+        bench.measure({"call": module.custom_kernel}, data, rank, ["call"] * iterations, warmup=0, probe=probe,
                      before_step=next_step, after_step=take_records)
     return {"marks": marks.cpu().tolist(), "records": records, "host_call_ns": host_call_ns,
             "events": _profile_events(prof) if profiled else []}
@@ -104,6 +105,7 @@ def _traced_calls(module, probes, data, rank: int, iterations: int, profiled: bo
 def _trace_rank(rank: int, world_size: int, path: str, cases: list, iterations: int) -> list:
     """Per case: {"clean": rank data, "profiled": rank data} (see _traced_calls; plus rank, clock and phases)."""
     import eval as core
+    from a2a import bench
     from a2a.plan import load_version
     from a2a.probes import Probes
     from reference import generate_input
@@ -123,7 +125,7 @@ def _trace_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
             owners = rank_data.indices.long().reshape(-1) // (cfg.num_experts // world_size)
             load = {"num_tokens": rank_data.num_tokens,
                     "rows_to": owners.bincount(minlength=world_size).tolist()}  # rows this rank sends to each rank
-            core.measure({"call": module.custom_kernel}, data, rank, [])  # eval.WARMUP_CALLS calls, none timed
+            bench.measure({"call": module.custom_kernel}, data, rank, [])  # a2a.bench.WARMUP_CALLS calls, none timed
             if take:
                 take()
             results.append({"clean": {**common, **load, **_traced_calls(module, probes, data, rank, iterations,
@@ -360,7 +362,7 @@ def _load_line(ranks: list) -> str:
 def phases_markdown(ranks: list, meta: dict) -> str:
     from tabulate import tabulate
 
-    from eval import WARMUP_CALLS
+    from a2a.bench import WARMUP_CALLS
 
     header, rows = phase_table(ranks)
     alignment = ", ".join(f"rank {d['rank']} ±{d['clock']['error_ns'] / 1e3:.2f} µs" for d in ranks)

@@ -85,10 +85,10 @@ def test_a_hanging_rank_is_killed_after_saying_where(process_token, monkeypatch,
 
 
 def _measured(rank, world_size):
-    """eval.measure on gloo: two labels and the floor in mirrored turns, then a run stopped by after_step."""
+    """a2a.bench.measure on gloo: two labels and the floor in mirrored turns, then a run stopped by after_step."""
     import torch
 
-    import eval as core
+    from a2a import bench
 
     calls = {"a": 0, "b": 0}
 
@@ -99,11 +99,11 @@ def _measured(rank, world_size):
         return call
 
     data = (torch.ones(4),)
-    mirrored = core.measure({"a": counting("a"), "b": counting("b"), "floor": None}, data, rank,
+    mirrored = bench.measure({"a": counting("a"), "b": counting("b"), "floor": None}, data, rank,
                             ["a", "b", "b", "a", "floor"], device_clock=True, call_clock=True)
     warm_and_timed = dict(calls)
     outputs = []
-    stopped = core.measure({"a": counting("a")}, data, rank, ["a"] * 10, warmup=0,
+    stopped = bench.measure({"a": counting("a")}, data, rank, ["a"] * 10, warmup=0,
                            before_step=lambda _label: (torch.full((4,), 2.0),),
                            after_step=lambda step: outputs.append(step.output.tolist()) or len(outputs) == 3)
     return warm_and_timed, {k: [len(v.host_ns), len(v.device_ns), len(v.call_ns)] for k, v in mirrored.items()}, \
@@ -112,17 +112,17 @@ def _measured(rank, world_size):
 
 def test_the_one_measuring_loop_warms_up_follows_its_schedule_and_stops_when_told():
     results = parallel_launch(2, _measured, backend="gloo")
-    import eval as core
+    from a2a import bench
 
     for rank, (calls, lengths, stopped_after, outputs, _) in enumerate(results):
-        assert calls == {"a": core.WARMUP_CALLS + 2, "b": core.WARMUP_CALLS + 2}  # warm-up, then its 2 steps
+        assert calls == {"a": bench.WARMUP_CALLS + 2, "b": bench.WARMUP_CALLS + 2}  # warm-up, then its 2 steps
         assert lengths == {"a": [2, 2, 2], "b": [2, 2, 2], "floor": [1, 0, 0]}  # the floor has no call to clock
         assert stopped_after == 3 and outputs == [[2.0 * (1 + rank)] * 4] * 3  # before_step's input, stop at 3
     assert results[0][4] == results[1][4], "device times are the slowest rank's, the same on every rank"
 
 
 def test_no_rank_loop_but_the_measuring_loop_wraps_timed_step():
-    """eval.measure is the only caller of eval.timed_step in the toolkit."""
+    """a2a.bench.measure is the only caller of a2a.bench.timed_step in the toolkit."""
     import re
 
     from tests.conftest import ROOT
@@ -132,7 +132,7 @@ def test_no_rank_loop_but_the_measuring_loop_wraps_timed_step():
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"\btimed_step\(", line) and not line.lstrip().startswith("def "):
                 callers.append(f"{path.name}:{number}")
-    assert len(callers) == 1 and callers[0].startswith("eval.py:"), callers
+    assert len(callers) == 1 and callers[0].startswith("bench.py:"), callers
 
 
 def test_one_line_per_distinct_error_naming_every_rank_it_hit():

@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 LAYERS = {
     "gpu_share": -2, "boundary": -1, "judge": -1, "wire": -1,
     "eval": 0,
-    "a2a.sharing": 1, "a2a.rows": 1, "a2a.contract": 1, "a2a.probes": 1, "a2a.intervals": 1,
+    "a2a.sharing": 1, "a2a.rows": 1, "a2a.contract": 1, "a2a.probes": 1, "a2a.intervals": 1, "a2a.bench": 1,
     "a2a.launch": 2, "a2a.plan": 2, "a2a.anchors": 2, "a2a.plots": 2,
     "a2a.cli": 3, "a2a.timeline": 3, "a2a.clock": 3,
     "a2a.sol": 4, "a2a.harness": 4, "a2a.diffing": 4,

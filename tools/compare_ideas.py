@@ -23,6 +23,7 @@ from pathlib import Path
 
 
 import eval as core
+from a2a import bench
 from a2a import plan as planning
 from a2a import cli
 from a2a.rows import geomean, shape_label
@@ -72,8 +73,8 @@ def _compare_rank(rank: int, world_size: int, scratch: str, baseline: str, sets:
         samples = {label: ([], []) for label, _ in timed}
         for turn in range(iterations // block):  # variants take turns, `block` steps each (select() in between)
             for label, prepare in timed:
-                taken = core.measure({label: prepare()}, data, rank, [label] * block, device_clock=True,
-                                     call_clock=True, warmup=core.WARMUP_CALLS if turn == 0 else 0)[label]
+                taken = bench.measure({label: prepare()}, data, rank, [label] * block, device_clock=True,
+                                     call_clock=True, warmup=bench.WARMUP_CALLS if turn == 0 else 0)[label]
                 samples[label][0].extend(ns / 1e3 for ns in taken.device_ns)
                 samples[label][1].extend(ns / 1e3 for ns in taken.call_ns)
         for label, (device_us, host_us) in samples.items():

@@ -25,8 +25,8 @@ Figures per path, µs, p50 / p90, the slowest rank:
   they see only the GPU's work (nvbench's blocking kernel). A sample whose start event had already passed when the
   call returned (the spin ended first) is counted and reported.
 In the warm loop the calls come back to back (enqueue: consecutive calls; call and held: one call at a time). In the
-timed step the call figure comes from eval.measure (device_clock), the enqueue and held figures from this tool's copy
-of eval.timed_step (L2 cleared, synchronize, barrier, input cloned, the spin, events around the call).
+timed step the call figure comes from a2a.bench.measure (device_clock), the enqueue and held figures from this tool's copy
+of a2a.bench.timed_step (L2 cleared, synchronize, barrier, input cloned, the spin, events around the call).
 
     python -m tools.launch_floor [--world-size 1,2] [--cases benchmarks:0] [--iterations 200] [--steps 50]
 """
@@ -43,6 +43,7 @@ from pathlib import Path
 
 
 import eval as core
+from a2a import bench
 from a2a import cli
 from a2a import plan as planning
 
@@ -294,7 +295,7 @@ def _warm(call, data, device, iterations: int, hold_cycles: int, events) -> dict
 
 
 def _held_steps(paths: dict, data, rank: int, schedule: list, device, hold_cycles: int, events) -> dict:
-    """eval.timed_step's order with the spin before the start event: per path, enqueue and held µs per step (this
+    """a2a.bench.timed_step's order with the spin before the start event: per path, enqueue and held µs per step (this
     rank's), and how many steps were not held."""
     import torch
     import torch.distributed as dist
@@ -338,7 +339,7 @@ def _floor_rank(rank: int, world_size: int, case: dict, iterations: int, steps: 
             dist.barrier()  # the handshake's calls pair up across ranks
             warm[key] = _warm(call, data, device, iterations, hold_cycles, events)
         schedule = [key for _ in range(steps) for key in paths]
-        measured = core.measure(paths, data, rank, schedule, device_clock=True)
+        measured = bench.measure(paths, data, rank, schedule, device_clock=True)
         held = _held_steps(paths, data, rank, schedule, device, hold_cycles, events)
         handshake.close()  # its heap; raises if a call gave up waiting for a peer
     mine = {"warm": warm, "held": held}
@@ -366,7 +367,7 @@ def _warm_figures(per_rank: list) -> dict:
 
 def _step_figures(call_us_slowest: list, per_rank: list) -> dict:
     """Timed-step figures: per step the slowest rank (the step is a collective), then p50 and p90. The call figure
-    comes from eval.measure in ns, already the slowest rank's."""
+    comes from a2a.bench.measure in ns, already the slowest rank's."""
     slowest = {figure: [max(values) for values in zip(*(r[figure] for r in per_rank))] for figure in ("enqueue",
                                                                                                         "held")}
     return {"enqueue": _quantiles(slowest["enqueue"]), "call": _quantiles([ns / 1e3 for ns in call_us_slowest]),
@@ -451,7 +452,7 @@ def main(argv=None) -> int:
         f"kernel on the rank's stream; µs, p50 / p90, the slowest rank. enqueue: host time of the call; call: CUDA "
         f"events around the call on an idle stream; held: the same with the stream held by a {HOLD_US} µs spin, so "
         f"the events see only GPU work. Warm loop: {args.iterations} calls per figure; timed step: {args.steps} "
-        f"steps per path in eval.timed_step's order, paths taking turns, each cloning the input of "
+        f"steps per path in a2a.bench.timed_step's order, paths taking turns, each cloning the input of "
         f"{' and '.join(meta['cases'])}.",
         "", table(rows), "", *handshake_beyond_its_path(rows), *unheld_lines(rows)])
     print(text)

@@ -2,7 +2,7 @@
 """Anatomy of the leaderboard-style step: where a timed step's µs go besides custom_kernel, per rank.
 
 Case steps and floor steps (the same step without the call) alternate; every rank stamps the host clock (shared by
-all processes of the machine) at each boundary of eval.timed_step (eval.STEP_BOUNDARIES): start (after the barrier),
+all processes of the machine) at each boundary of a2a.bench.timed_step (a2a.bench.STEP_BOUNDARIES): start (after the barrier),
 input cloned, call returned, synchronized, final barrier passed. Device-side time comes from CUDA events around the call,
 as in the evaluator. Reported per shape (medians): rank 0's leaderboard-style step and floor step, their difference,
 the device-side time (slowest rank), how late the last rank started, how long each rank's host spent in the call,
@@ -20,6 +20,7 @@ from pathlib import Path
 
 
 import eval as core
+from a2a import bench
 from a2a import plan as planning
 from a2a import cli
 from a2a.rows import shape_label
@@ -43,7 +44,7 @@ def _anatomy_rank(rank: int, world_size: int, path: str, cases: list, iterations
             steps[-1]["device_ns"] = step.device_ns or 0.0
             return False
 
-        core.measure({"call": module.custom_kernel, "floor": None}, data, rank, ["call", "floor"] * iterations,
+        bench.measure({"call": module.custom_kernel, "floor": None}, data, rank, ["call", "floor"] * iterations,
                      device_clock=True, probe=lambda _boundary: steps[-1]["stamps"].append(time.time_ns()),
                      before_step=new_step, after_step=device_time)
         gathered = [None] * world_size

@@ -21,6 +21,7 @@ from pathlib import Path
 
 
 import eval as core
+from a2a import bench
 from a2a import plan as planning
 from a2a import cli
 from a2a.plan import load_version
@@ -74,7 +75,7 @@ def _sweep_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
             if not kernel:
                 continue
             same = torch.equal(module.custom_kernel(core.clone_data(data, rank)), expected)
-            timed = core.measure({"call": module.custom_kernel}, data, rank, ["call"] * iterations,
+            timed = bench.measure({"call": module.custom_kernel}, data, rank, ["call"] * iterations,
                                  device_clock=True, call_clock=True)["call"]
             rows.append({"shape": shape_label(**args), "kernel": kernel, "per_multiprocessor": per_multiprocessor,
                          "threads": threads, "device_us": statistics.median(timed.device_ns) / 1e3,
