@@ -1235,7 +1235,10 @@ class CaseRun:
             self.violation = self.violation or (f"rank {rank} sent the evaluator something that is not plain data "
                                                 f"({type(exc).__name__}: {str(exc)[:120]})")
             return
-        if isinstance(message, RankResult):
+        if isinstance(message, RankResult) and not message.ok and not isinstance(message.value, RankFailure):
+            self.violation = self.violation or (f"rank {rank} sent a result that does not fit: a failure of type "
+                                                f"{type(message.value).__name__}")
+        elif isinstance(message, RankResult):
             self.results[rank] = message
         else:  # NOTES: the harness sends exactly one result per case
             self.violation = self.violation or (f"rank {rank} sent the evaluator a message it did not expect: its "
@@ -1509,7 +1512,7 @@ def rank_failures(results: list[RankResult]) -> str:
     hit because of them. A failed build's line names the file its whole log went to."""
     failures = [(rank, result.value) for rank, result in enumerate(results) if not result.ok]
     for _, failure in failures:
-        if failure.build_log and isinstance(failure.build_log, str):
+        if failure.build_log:
             failure.message = f"{failure.message} (full build log: {write_build_log(failure.build_log)})"
             failure.build_log = ""
     causes = sorted((f for f in failures if not f[1].follow_on), key=lambda f: f[1].at)
@@ -1801,6 +1804,18 @@ PROFILE_TOTALS = {"self_cpu_us": ("self_cpu_time_total",), "cpu_us": ("cpu_time_
 PROFILE_ROWS = 20
 
 
+PROFILE_VALUE_LIMIT = 1e18  # a row's count or µs: a sum over a million rows stays finite (int() of inf raises)
+
+
+def profile_rows_fit(rows) -> bool:
+    """Whether a rank's profile (its word) is rows profile_table can sum: each a dict with a str key and a finite
+    number from 0 to PROFILE_VALUE_LIMIT for the count and every total."""
+    return isinstance(rows, list) and all(
+        isinstance(row, dict) and isinstance(row.get("key"), str)
+        and all(type(row.get(name)) in (int, float) and 0 <= row[name] <= PROFILE_VALUE_LIMIT
+                for name in ("count", *PROFILE_TOTALS)) for row in rows)
+
+
 def profile_table(per_rank: list, on_gpu: bool) -> str:
     """The operators of every rank's profile summed per key, the PROFILE_ROWS largest by self device time (CPU time
     on a CPU run), as a fixed-width table (the bundle has no tabulate)."""
@@ -1827,10 +1842,13 @@ def run_profiling(run: ProtocolRun, tests: list[TestCase]) -> int:
     for idx, test in enumerate(tests):
         run.logger.log(f"benchmark.{idx}.spec", test.spec)
         results = run.ended(run.pool.run("profile", test, run.timeout_s or OFFICIAL_TIMEOUT_S["profile"]))
-        if not all(r.ok for r in results):
+        unfit = [rank for rank, r in enumerate(results) if r.ok and not profile_rows_fit(r.value)]
+        if unfit or not all(r.ok for r in results):
             passed = False
             run.logger.log(f"benchmark.{idx}.status", "fail")
-            run.logger.log(f"benchmark.{idx}.error", rank_failures(results))
+            run.logger.log(f"benchmark.{idx}.error", rank_failures(results) if not unfit else
+                           f"rank {unfit[0]} - void: a profile that does not fit (a list of rows, each a str key "
+                           f"and finite numbers from 0 to {PROFILE_VALUE_LIMIT:g})")
             continue
         report = profile_table([r.value for r in results], run.backend != "gloo")
         run.logger.log(f"benchmark.{idx}.report", base64.b64encode(report.encode("utf-8"), b"+*").decode("utf-8"))

@@ -24,6 +24,8 @@ import re
 import select
 import struct
 import threading
+import types as _types
+import typing
 import unicodedata
 
 MAX_BYTES = 1 << 30  # a whole message (the owner's pipe limit before this module)
@@ -142,7 +144,8 @@ def _encode_tensor(tensor, parts: list) -> None:
 
 def decode(raw: bytes, types: dict | None = None, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH,
            max_items: int = MAX_ITEMS):
-    """encode's inverse, built with this process's own classes (`types`, as for encode). A str comes back as sent,
+    """encode's inverse, built with this process's own classes (`types`, as for encode), every record's fields of
+    their annotated types (wire._fits). A str comes back as sent,
     except that lone surrogates come back escaped (`\\udc80`), so every decoded str can be written as UTF-8. Raises
     Malformed, and nothing else, for any message that is not exactly one well-formed value within the limits."""
     if len(raw) > max_bytes:
@@ -249,6 +252,13 @@ class _Reader:
         unknown = [key for key in fields if key not in allowed]
         if unknown:
             raise Malformed(f"a {name} record with unknown field {as_text(unknown[0], 60)}")
+        # NOTES: the owner uses a record's fields as their declared types (red team 13: a str where a failure was
+        # due crashed it with 114), so a field of another type refuses the message.
+        hints = _hints(cls)
+        wrong = next((key for key, value in fields.items() if key in hints and not _fits(value, hints[key])), None)
+        if wrong is not None:
+            raise Malformed(f"a {name} record that does not fit: its {as_text(wrong, 60)} is a "
+                            f"{type(fields[wrong]).__name__}")
         try:
             return cls(**fields)
         except TypeError as exc:  # a required field missing
@@ -277,6 +287,32 @@ class _Reader:
             return flat.view(getattr(torch, dtype)).reshape(shape)
         except (RuntimeError, ValueError) as exc:
             raise Malformed(f"a {dtype} tensor of shape {shape} torch would not build: {as_text(exc, 200)}") from None
+
+
+_HINTS: dict = {}
+
+
+def _hints(cls) -> dict:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _fits(value, hint) -> bool:
+    """Whether a decoded field is of its annotated type: a class, Any, a union (Optional) of those, or a generic
+    alias (list[int]: the container's type only). An int fits float (PEP 484); a bool fits bool alone."""
+    if hint is typing.Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, _types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(hint))
+    if origin is not None:
+        return isinstance(value, origin)
+    if hint is float:
+        return type(value) in (int, float)
+    if hint is int:
+        return type(value) is int
+    return isinstance(value, hint)
 
 
 # --------------------------------------------------------------------------------------------------------------

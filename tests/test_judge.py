@@ -11,6 +11,7 @@ run, so stderr is the one channel that outlives it.
 """
 from __future__ import annotations
 
+import csv
 import dataclasses
 import math
 import os
@@ -2090,3 +2091,64 @@ def test_a_crafted_message_on_the_connection_voids_quickly(tmp_path, kind, face,
     assert outcome.said("sent"), str(outcome)
     assert_fails(outcome, "void")
     assert time.monotonic() - started < 90, str(outcome)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 11. What the owner takes from a rank: its records' types, its build logs, the import's time, the warm-up, its text
+# --------------------------------------------------------------------------------------------------------------
+
+# The worker's result sender, swapped through the frames for one that sends a well-formed record whose fields are
+# not of their types (red team 13: a str as a failed result's value crashed the owner with 114 in rank_failures).
+MISTYPED_RESULT = '''
+_MODE = "@MODE@"
+
+
+def _swap_the_sender():
+    frame = _sys._getframe()
+    while frame is not None:
+        found = frame.f_globals
+        if "_send_result" in found and "RankResult" in found and "encode" in found:
+            result, failure, encode = found["RankResult"], found["RankFailure"], found["encode"]
+            forged = {"value": result(False, "a plain str, not a RankFailure"),
+                      "at": result(False, failure("mistyped", False, "not a time")),
+                      "message": result(False, failure(12345, True)),
+                      "ok": result("yes", {"steps": 1}),
+                      "rows": result(True, [{"key": 1, "count": "many"}])}[_MODE]
+            found["_send_result"] = lambda conn, _result: conn.send_bytes(encode(forged))
+            _say("mistyped", _MODE)
+        frame = frame.f_back
+
+
+def custom_kernel(data):
+    _swap_the_sender()
+    return _v1_kernel(data)
+'''
+
+MISTYPED_RUNS = [("value", "test"), ("at", "test"), ("message", "test"), ("ok", "test"), ("rows", "profile")]
+
+
+@pytest.mark.parametrize("field, mode", every_time(MISTYPED_RUNS, ("value", "test"), ("rows", "profile")),
+                         ids=[f"{f}-{m}" for f, m in MISTYPED_RUNS])
+def test_a_result_whose_fields_are_mistyped_fails_the_case_never_the_owner(tmp_path, field, mode):
+    """Right answers, then a result record whose fields are not of their types: a str as a failed result's value, a
+    str as a failure's time, an int as its message, a str as `ok`, a profile's rows of the wrong types. The case
+    fails (112), never the owner (114)."""
+    outcome = run_face("human", mode, tmp_path, hostile(MISTYPED_RESULT, mode=field))
+    assert outcome.said("mistyped"), str(outcome)
+    assert_fails(outcome, "does not fit")
+
+
+def test_a_mistyped_result_costs_the_clock_no_other_entrys_results(tmp_path):
+    """The clock with v1 and an entry whose result is mistyped (red team 13: run_leaderboard.py exited 114 and saved
+    nothing, v1's results lost): the entry fails, v1's row is saved, the run exits 112."""
+    path = _submission(reachable(tmp_path), hostile(MISTYPED_RESULT, mode="value"), "mistyped.py")
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "run_leaderboard.py", "--versions", f"v1,{path}", "--cases", "tests:0",
+                           "--no-problem-size", "--min-rounds", "2", "--max-rounds", "2", "--steps", "1",
+                           "--world-size", "2", "--backend", "gloo", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    assert done.returncode == EXIT_CHECK_FAILED, done.stdout[-3000:] + done.stderr[-3000:]
+    (folder,) = out.iterdir()
+    rows = {row["version"]: row for row in csv.DictReader((folder / "results.csv").open())}
+    assert rows["v1_torch_sort"]["status"] == "pass" and rows["v1_torch_sort"]["mean_us"], rows
+    assert rows[path]["status"] == "fail" and "does not fit" in rows[path]["error"], rows

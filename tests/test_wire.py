@@ -211,6 +211,19 @@ def test_records_are_built_only_from_the_named_types_and_their_fields():
     assert "does not fit" in refused(missing)
 
 
+@pytest.mark.parametrize("record", [Failure(12345), Failure("x", "yes"), Failure("x", 1), Result("yes", None),
+                                    Result(False, Failure("x"), "fast"), Result(True, None, True)])
+def test_a_record_whose_fields_are_not_of_their_types_is_refused(record):
+    """Red team 13: a record's fields are used as their declared types by the owner (an int message sliced, a str
+    time sorted with floats, a str ok): any other type refuses the message. An int fits a float field."""
+    assert "does not fit" in refused(wire.encode(record, TYPES))
+
+
+def test_a_record_whose_fields_fit_their_types_comes_back():
+    assert round_trip(Result(True, {"any": ["value"]}, 3)) == Result(True, {"any": ["value"]}, 3)
+    assert round_trip(Result(False, Failure("x", True), None)) == Result(False, Failure("x", True), None)
+
+
 def test_a_forged_tensor_is_refused():
     good = wire.encode(torch.zeros(2, 2))
     wrong_size = good.replace(struct.pack("<Q", 16), struct.pack("<Q", 12))
