@@ -1494,16 +1494,29 @@ FAILURE_CHARS = 2000  # one rank's failure as shown
 LOG_DIR_ENV = "A2A_LOG_DIR"  # where the owner writes failed builds' logs (default: build/logs beside eval.py)
 
 
+# A log's content, so its name, is a rank's choice: a run (this process) writes few, and none of them whole.
+BUILD_LOGS_PER_RUN = 8
+BUILD_LOG_BYTES_PER_RUN = 4 << 20
+_build_logs: dict = {}  # path -> bytes, the logs this process wrote
+
+
 def write_build_log(text: str) -> str:
-    """A failed build's whole output (a rank's text: written as data, never run or shown raw) in a file of the
-    owner's, named by its content; returns the path."""
+    """A failed build's output (a rank's text: written as data, never run or shown raw), its last BUILD_LOG_CHARS
+    characters, in a file of the owner's named by its content; returns the path, or why it was not written."""
+    data = text[-BUILD_LOG_CHARS:].encode("utf-8", errors="replace")
     folder = Path(os.environ.get(LOG_DIR_ENV) or HERE / "build" / "logs")
-    path = folder / f"build-{hashlib.sha256(text.encode(errors='replace')).hexdigest()[:16]}.log"
+    path = folder / f"build-{hashlib.sha256(data).hexdigest()[:16]}.log"
+    if path in _build_logs:
+        return str(path)
+    if len(_build_logs) >= BUILD_LOGS_PER_RUN or sum(_build_logs.values()) + len(data) > BUILD_LOG_BYTES_PER_RUN:
+        return (f"not written: this run wrote {len(_build_logs)} logs of {sum(_build_logs.values())} bytes, its "
+                f"cap ({BUILD_LOGS_PER_RUN} logs, {BUILD_LOG_BYTES_PER_RUN} bytes)")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, errors="replace")
+        path.write_bytes(data)
     except OSError as exc:
         return f"not written: {exc.strerror}"
+    _build_logs[path] = len(data)
     return str(path)
 
 

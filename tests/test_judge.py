@@ -2152,3 +2152,44 @@ def test_a_mistyped_result_costs_the_clock_no_other_entrys_results(tmp_path):
     rows = {row["version"]: row for row in csv.DictReader((folder / "results.csv").open())}
     assert rows["v1_torch_sort"]["status"] == "pass" and rows["v1_torch_sort"]["mean_us"], rows
     assert rows[path]["status"] == "fail" and "does not fit" in rows[path]["error"], rows
+
+
+# Right answers, then a failed result whose build log is 1 MiB of the rank's choosing, different in every rank and
+# case (red team 13: four 16 MiB files of a rank's content written by root into the repository's build/logs, kept).
+BUILD_LOG_FLOOD = '''
+def _swap_the_sender(rank):
+    frame = _sys._getframe()
+    while frame is not None:
+        found = frame.f_globals
+        if "_send_result" in found and "RankResult" in found and "encode" in found:
+            result, failure, encode = found["RankResult"], found["RankFailure"], found["encode"]
+            mark = f"\\n# rank {rank} pid {_os.getpid()} at {_time.time()}\\n"
+            forged = result(False, failure("Error building extension 'planted'", False, _time.time(),
+                                           "#!/bin/sh" + mark + "x" * (1 << 20) + mark))
+            found["_send_result"] = lambda conn, _result: conn.send_bytes(encode(forged))
+            _say("flooding", rank)
+        frame = frame.f_back
+
+
+def custom_kernel(data):
+    _swap_the_sender(data[2])
+    return _v1_kernel(data)
+'''
+
+
+def test_the_build_logs_a_rank_sends_are_cut_and_a_run_writes_few(tmp_path):
+    """Five cases of two ranks each sending a distinct 1 MiB build log: each log the owner writes is cut to its last
+    BUILD_LOG_CHARS characters, and the run writes at most BUILD_LOGS_PER_RUN files and BUILD_LOG_BYTES_PER_RUN
+    bytes; the cases fail (112), naming the log or why none was written."""
+    import eval as core
+
+    logs = tmp_path / "logs"
+    outcome = run_face("human", "test", tmp_path / "run", hostile(BUILD_LOG_FLOOD), cases=5,
+                       env={"A2A_LOG_DIR": str(logs)})
+    assert len(outcome.said("flooding")) >= 10, str(outcome)
+    assert_fails(outcome, "full build log")
+    written = sorted(logs.iterdir()) if logs.exists() else []
+    sizes = [path.stat().st_size for path in written]
+    assert written and len(written) <= core.BUILD_LOGS_PER_RUN, sizes
+    assert max(sizes) <= 4 * core.BUILD_LOG_CHARS and sum(sizes) <= core.BUILD_LOG_BYTES_PER_RUN, sizes
+    assert "not written: this run" in outcome.out, str(outcome)
