@@ -414,7 +414,6 @@ class RankFailure:
 class RankResult(NamedTuple):
     ok: bool
     value: Any  # the job's result, or a RankFailure
-    import_s: Optional[float] = None  # seconds this rank spent importing the submission during this case
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -489,7 +488,6 @@ def bound() -> Bound:
 
 _setup: Optional[RankSetup] = None
 _kernel: Optional[Callable] = None
-_import_s: Optional[float] = None
 _owner_conn = None  # the worker's pipe to the pool's owner (descriptors it sends with a job: receive_fds)
 
 
@@ -783,16 +781,15 @@ def measure(calls: dict, data, rank: int, schedule, warmup: int = WARMUP_CALLS, 
 def import_submission() -> Callable:
     """The submission's custom_kernel, imported on first use inside a case, as the runner does: a load_inline build
     at import time happens here, in every worker at once, within the case's time limit."""
-    global _kernel, _import_s
+    global _kernel
     if _kernel is None:
         _set_phase("importing the submission")
-        started = time.monotonic()
         import submission
 
         kernel = getattr(submission, "custom_kernel", None)
         if not callable(kernel):
             raise ImportError("submission.py defines no custom_kernel(data)")
-        _kernel, _import_s = kernel, time.monotonic() - started
+        _kernel = kernel
     return _kernel
 
 
@@ -1026,8 +1023,8 @@ def _rank_entry(b: Bound, job: str, test: TestCase, rank: int, params: dict, set
                 case_id: int) -> RankResult:
     """Runs one rank of one case in a pool worker. A rank that succeeded leaves its process group here; one that
     failed leaves it after its result has gone (the worker loop calls _leave_group)."""
-    global _setup, _import_s
-    _setup, _import_s = setup, None
+    global _setup
+    _setup = setup
     try:
         _set_phase("joining the process group")
         _join_group(rank, test.args["world_size"], setup, case_id)
@@ -1036,9 +1033,9 @@ def _rank_entry(b: Bound, job: str, test: TestCase, rank: int, params: dict, set
             _leave_group()
         elif not isinstance(value, RankFailure):
             value = RankFailure(str(value))
-        return RankResult(ok, value, _import_s)
+        return RankResult(ok, value)
     except BaseException as exc:  # reported to the parent, which owns the exit status
-        return RankResult(False, _failure_from_exception(exc), _import_s)
+        return RankResult(False, _failure_from_exception(exc))
 
 
 def _leave_group() -> None:
@@ -1125,7 +1122,7 @@ def _send_result(conn, result: RankResult) -> None:
     try:
         raw = encode(result)
     except wire.Unsendable as exc:
-        raw = encode(RankResult(False, RankFailure(str(exc)), result.import_s))
+        raw = encode(RankResult(False, RankFailure(str(exc))))
     try:
         conn.send_bytes(raw)
     except OSError as exc:
@@ -1615,6 +1612,7 @@ class CaseSteps:
 
     def __init__(self, pool: "RankPool", test: TestCase, cases: list, timeout_s: float,
                  fn: Optional[Callable] = None, fn_args: tuple = ()):
+        self.started = time.monotonic()
         self.channels = []
         try:
             for gpu, copier in channel_places(pool, test.args["world_size"]):
@@ -1659,7 +1657,7 @@ class CaseSteps:
             self.steps.close()
         if self.ended_early and all(r.ok for r in results):
             why = "void: a rank sent its result while the owner still waited for its step's output"
-            results = [RankResult(False, RankFailure(why), r.import_s) for r in results]
+            results = [RankResult(False, RankFailure(why)) for _ in results]
         return results
 
 
@@ -1669,7 +1667,7 @@ def step_failures(results: list, problems: Optional[list], step: str) -> list:
     out = []
     for rank, result in enumerate(results):
         problem = problems[rank] if problems and result.ok else None
-        out.append(RankResult(False, RankFailure(f"{step}: {problem}"), result.import_s) if problem else result)
+        out.append(RankResult(False, RankFailure(f"{step}: {problem}")) if problem else result)
     return out
 
 
@@ -1694,10 +1692,12 @@ class ProtocolRun:
     def inputs(test: TestCase, seed: int) -> list:
         return [judge.make_input(test.args, seed, rank) for rank in range(test.args["world_size"])]
 
-    def ended(self, results: list) -> list:
-        imports = [r.import_s for r in results if r.import_s is not None]
-        if self.extra and imports and not self.import_logged:  # human face: what the first case spent importing
-            self.logger.log("import_s", f"{max(imports):.2f}")
+    def ended(self, results: list, started: float) -> list:
+        """The ranks' results of a case that the owner started at `started` (time.monotonic). Human face: the first
+        case's time, by the owner's clock from the job sent to the results read, is its `import_s`: the submission's
+        import and builds happen in it (a rank's own figure would be its word)."""
+        if self.extra and not self.import_logged:
+            self.logger.log("import_s", f"{time.monotonic() - started:.2f}")
             self.import_logged = True
         return results
 
@@ -1711,7 +1711,7 @@ def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
         steps, problems = run.start(test, "test"), None
         with contextlib.suppress(judge.RankEnded, judge.Missed):  # the ranks' failures are read below
             problems = steps.step(judge.CALL, 0, inputs).problems
-        results = step_failures(run.ended(steps.finish()), problems, "custom_kernel")
+        results = step_failures(run.ended(steps.finish(), steps.started), problems, "custom_kernel")
         if all(r.ok for r in results):
             run.logger.log(f"test.{idx}.status", "pass")
         else:
@@ -1757,7 +1757,7 @@ def _benchmark(run: ProtocolRun, idx: int, test: TestCase, recheck: bool, max_ti
     timed = None
     with contextlib.suppress(judge.RankEnded, judge.Missed):  # the ranks' failures are read below
         timed = _timed_loop(run, steps, idx, test, recheck or run.fresh, max_time_ns)
-    results = run.ended(steps.finish())
+    results = run.ended(steps.finish(), steps.started)
     if timed is not None and timed[4] is not None:
         rank, where, why = timed[4]
         results = step_failures(results, [why if r == rank else None for r in range(len(results))], where)
@@ -1854,7 +1854,8 @@ def run_profiling(run: ProtocolRun, tests: list[TestCase]) -> int:
     run.logger.log("benchmark-count", len(tests))
     for idx, test in enumerate(tests):
         run.logger.log(f"benchmark.{idx}.spec", test.spec)
-        results = run.ended(run.pool.run("profile", test, run.timeout_s or OFFICIAL_TIMEOUT_S["profile"]))
+        started = time.monotonic()
+        results = run.ended(run.pool.run("profile", test, run.timeout_s or OFFICIAL_TIMEOUT_S["profile"]), started)
         unfit = [rank for rank, r in enumerate(results) if r.ok and not profile_rows_fit(r.value)]
         if unfit or not all(r.ok for r in results):
             passed = False

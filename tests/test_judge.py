@@ -420,7 +420,7 @@ def _rewrite(message):
     if type(message).__name__ != "RankResult":
         return None
     _say("forged", "RankResult rewritten")
-    return type(message)(True, {"apart": []}, message.import_s)
+    return type(message)(True, {"apart": []})
 
 
 def custom_kernel(data):
@@ -2193,3 +2193,29 @@ def test_the_build_logs_a_rank_sends_are_cut_and_a_run_writes_few(tmp_path):
     assert written and len(written) <= core.BUILD_LOGS_PER_RUN, sizes
     assert max(sizes) <= 4 * core.BUILD_LOG_CHARS and sum(sizes) <= core.BUILD_LOG_BYTES_PER_RUN, sizes
     assert "not written: this run" in outcome.out, str(outcome)
+
+
+# A slow import (a stand-in for a long extension build), then the worker's own import time set to 10 ms (red team
+# 13: the human face printed "took 0.0 s" for an import of 25 s, the one guard the docs give the persisting cache).
+SLOW_IMPORT_FORGED = '''
+_time.sleep(@SLEEP_S@)
+
+
+def custom_kernel(data):
+    frame = _sys._getframe()
+    while frame is not None:
+        if "_import_s" in frame.f_globals:
+            frame.f_globals["_import_s"] = 0.01
+            _say("forged", data[2])
+        frame = frame.f_back
+    return _v1_kernel(data)
+'''
+
+
+def test_the_import_time_shown_is_the_owners_clock(tmp_path):
+    """A 3 s sleep at import and the rank's own figure forged to 10 ms: the line the human face prints for the first
+    case's import is the owner's, at least the 3 s that passed."""
+    outcome = run_face("human", "test", tmp_path, hostile(SLOW_IMPORT_FORGED, sleep_s=3))
+    assert outcome.code == 0, str(outcome)
+    shown = re.search(r"^importing the submission.* took ([0-9.]+) s", outcome.out, re.M)
+    assert shown and float(shown[1]) >= 3, str(outcome)
