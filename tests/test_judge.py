@@ -2219,3 +2219,41 @@ def test_the_import_time_shown_is_the_owners_clock(tmp_path):
     assert outcome.code == 0, str(outcome)
     shown = re.search(r"^importing the submission.* took ([0-9.]+) s", outcome.out, re.M)
     assert shown and float(shown[1]) >= 3, str(outcome)
+
+
+# Each call's input, hashed by content, with the case (counted by the harness's channel: the warm-up is case 0) and
+# the call's place in it (0: the case's checked call, untimed).
+INPUT_HASHES = '''
+import hashlib
+
+_where = {"channel": None, "case": -1, "call": 0}
+
+
+def custom_kernel(data):
+    cfg, rank_data, rank, world_size = data
+    channel = _sys._getframe(1).f_locals.get("channel")
+    if channel is not _where["channel"]:
+        _where.update(channel=channel, case=_where["case"] + 1, call=0)
+    else:
+        _where["call"] += 1
+    digest = hashlib.blake2b(digest_size=12)
+    for tensor in (rank_data.x, rank_data.indices, rank_data.weights):
+        digest.update(tensor.contiguous().cpu().numpy().tobytes())
+    _say("input", _where["case"], _where["call"], rank, digest.hexdigest())
+    return _v1_kernel(data)
+'''
+
+
+@pytest.mark.parametrize("mode", every_time(list(TIMED), "benchmark"))
+def test_no_timed_input_repeats_a_warm_up_input(tmp_path, mode):
+    """The timed modes' warm-up on the first case, then every case (red team 13: the warm-up drew the first case's
+    timed seeds, so a cache of answers shared by the pool's workers answered 10 of its 100 timed steps): no timed
+    step of any case is handed an input the warm-up was."""
+    outcome = run_face("human", mode, tmp_path, hostile(INPUT_HASHES), cases=2)
+    assert outcome.code == 0, str(outcome)
+    seen = outcome.said("input")
+    warm_up = {(rank, digest) for case, _, rank, digest in seen if case == "0"}
+    repeated = [(case, call) for case, call, rank, digest in seen if case != "0" and call != "0"
+                and (rank, digest) in warm_up]
+    assert len(warm_up) > 2 and len(seen) > len(warm_up), str(outcome)
+    assert not repeated, (f"{len(repeated)} timed steps were handed a warm-up input", str(outcome))
