@@ -1393,6 +1393,20 @@ class RankPool:
         for text in self.texts.get(self.workers[slot][0].pid, ()):
             text.prefix = f"[rank{rank}] " if self.rank_prefix else ""
 
+    def pause(self, stop: bool) -> None:
+        """Stops (SIGSTOP) or resumes the pool's processes (boundary.Sandbox.pause), its text relays held while it is
+        stopped: they run in this process, so what they read and write would land in another pool's timed steps."""
+        pids = tuple(worker[0].pid for worker in self.workers if worker is not None)
+        texts = [text for pair in self.texts.values() for text in pair]
+        if stop:
+            self.sandbox.pause(True, pids)
+            for text in texts:
+                text.hold()
+        else:
+            for text in texts:
+                text.release()
+            self.sandbox.pause(False, pids)
+
     def _close_texts(self, pid: int) -> None:
         for text in self.texts.pop(pid, ()):
             text.close(wait_s=1.0)
