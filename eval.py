@@ -1533,7 +1533,7 @@ def write_build_log(text: str) -> str:
 
 def rank_failures(results: list[RankResult]) -> str:
     """The failing ranks' own errors first, whole, in the order they happened; then, summarised, what their peers
-    hit because of them. A failed build's line names the file its whole log went to."""
+    hit because of them. A failed build's line names the file its log went to."""
     failures = [(rank, result.value) for rank, result in enumerate(results) if not result.ok]
     for _, failure in failures:
         if failure.build_log:
@@ -1791,7 +1791,7 @@ def _benchmark(run: ProtocolRun, idx: int, test: TestCase, recheck: bool, max_ti
 
 
 # The warm-up's case index, for its seeds: a stream of its own, so that no timed step of any case (index 0 and up) is
-# handed an input the warm-up was (red team 13: a cache of answers replayed the first case's warm-up in its timed steps).
+# handed an input the warm-up was (red team 13: a cache of answers replayed the warm-up in the first case's steps).
 WARMUP_INDEX = -1
 
 
