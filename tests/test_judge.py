@@ -1850,7 +1850,7 @@ def custom_kernel(data):
     harness = next(m for m in list(_sys.modules.values()) if hasattr(m, "RankResult") and hasattr(m, "encode")
                    and hasattr(m, "run_steps"))
     pipe = next(c for c in gc.get_objects() if isinstance(c, Connection))
-    pipe.send_bytes(harness.encode(harness.RankResult(True, {"steps": 1}, None)))
+    pipe.send_bytes(harness.encode(harness.RankResult(True, {"steps": 1})))
     _say("forged", rank, "a well-formed passing RankResult sent")
     _time.sleep(3)
     return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
@@ -1884,7 +1884,7 @@ def _and_one_more(self, raw, *args):
     _send_bytes(self, raw, *args)
     harness = next(m for m in list(_sys.modules.values()) if hasattr(m, "RankResult") and hasattr(m, "encode")
                    and hasattr(m, "run_steps"))
-    _send_bytes(self, harness.encode(harness.RankResult(True, {"steps": 1}, None)))
+    _send_bytes(self, harness.encode(harness.RankResult(True, {"steps": 1})))
     _say("forged", "a passing result queued for the next case")
 
 
