@@ -416,7 +416,6 @@ class RankFailure:
 class RankResult(NamedTuple):
     ok: bool
     value: Any  # the job's result, or a RankFailure
-    import_s: Optional[float] = None  # seconds this rank spent importing the submission during this case
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -491,7 +490,6 @@ def bound() -> Bound:
 
 _setup: Optional[RankSetup] = None
 _kernel: Optional[Callable] = None
-_import_s: Optional[float] = None
 _owner_conn = None  # the worker's pipe to the pool's owner (descriptors it sends with a job: receive_fds)
 
 
@@ -633,16 +631,15 @@ def timing_events(device, b: Bound):
 def import_submission() -> Callable:
     """The submission's custom_kernel, imported on first use inside a case, as the runner does: a load_inline build
     at import time happens here, in every worker at once, within the case's time limit."""
-    global _kernel, _import_s
+    global _kernel
     if _kernel is None:
         _set_phase("importing the submission")
-        started = time.monotonic()
         import submission
 
         kernel = getattr(submission, "custom_kernel", None)
         if not callable(kernel):
             raise ImportError("submission.py defines no custom_kernel(data)")
-        _kernel, _import_s = kernel, time.monotonic() - started
+        _kernel = kernel
     return _kernel
 
 
@@ -876,8 +873,8 @@ def _rank_entry(b: Bound, job: str, test: TestCase, rank: int, params: dict, set
                 case_id: int) -> RankResult:
     """Runs one rank of one case in a pool worker. A rank that succeeded leaves its process group here; one that
     failed leaves it after its result has gone (the worker loop calls _leave_group)."""
-    global _setup, _import_s
-    _setup, _import_s = setup, None
+    global _setup
+    _setup = setup
     try:
         _set_phase("joining the process group")
         _join_group(rank, test.args["world_size"], setup, case_id)
@@ -886,9 +883,9 @@ def _rank_entry(b: Bound, job: str, test: TestCase, rank: int, params: dict, set
             _leave_group()
         elif not isinstance(value, RankFailure):
             value = RankFailure(str(value))
-        return RankResult(ok, value, _import_s)
+        return RankResult(ok, value)
     except BaseException as exc:  # reported to the parent, which owns the exit status
-        return RankResult(False, _failure_from_exception(exc), _import_s)
+        return RankResult(False, _failure_from_exception(exc))
 
 
 def _leave_group() -> None:
@@ -975,7 +972,7 @@ def _send_result(conn, result: RankResult) -> None:
     try:
         raw = encode(result)
     except wire.Unsendable as exc:
-        raw = encode(RankResult(False, RankFailure(str(exc)), result.import_s))
+        raw = encode(RankResult(False, RankFailure(str(exc))))
     try:
         conn.send_bytes(raw)
     except OSError as exc:
@@ -1085,7 +1082,10 @@ class CaseRun:
             self.violation = self.violation or (f"rank {rank} sent the evaluator something that is not plain data "
                                                 f"({type(exc).__name__}: {str(exc)[:120]})")
             return
-        if isinstance(message, RankResult):
+        if isinstance(message, RankResult) and not message.ok and not isinstance(message.value, RankFailure):
+            self.violation = self.violation or (f"rank {rank} sent a result that does not fit: a failure of type "
+                                                f"{type(message.value).__name__}")
+        elif isinstance(message, RankResult):
             self.results[rank] = message
         else:  # NOTES: the harness sends exactly one result per case
             self.violation = self.violation or (f"rank {rank} sent the evaluator a message it did not expect: its "
@@ -1243,6 +1243,20 @@ class RankPool:
         for text in self.texts.get(self.workers[slot][0].pid, ()):
             text.prefix = f"[rank{rank}] " if self.rank_prefix else ""
 
+    def pause(self, stop: bool) -> None:
+        """Stops (SIGSTOP) or resumes the pool's processes (boundary.Sandbox.pause), its text relays held while it is
+        stopped: they run in this process, so what they read and write would land in another pool's timed steps."""
+        pids = tuple(worker[0].pid for worker in self.workers if worker is not None)
+        texts = [text for pair in self.texts.values() for text in pair]
+        if stop:
+            self.sandbox.pause(True, pids)
+            for text in texts:
+                text.hold()
+        else:
+            for text in texts:
+                text.release()
+            self.sandbox.pause(False, pids)
+
     def _close_texts(self, pid: int) -> None:
         for text in self.texts.pop(pid, ()):
             text.close(wait_s=1.0)
@@ -1341,25 +1355,38 @@ FAILURE_CHARS = 2000  # one rank's failure as shown
 LOG_DIR_ENV = "A2A_LOG_DIR"  # where the owner writes failed builds' logs (default: build/logs beside eval.py)
 
 
+# A log's content, so its name, is a rank's choice: a run (this process) writes few, and none of them whole.
+BUILD_LOGS_PER_RUN = 8
+BUILD_LOG_BYTES_PER_RUN = 4 << 20
+_build_logs: dict = {}  # path -> bytes, the logs this process wrote
+
+
 def write_build_log(text: str) -> str:
-    """A failed build's whole output (a rank's text: written as data, never run or shown raw) in a file of the
-    owner's, named by its content; returns the path."""
+    """A failed build's output (a rank's text: written as data, never run or shown raw), its last BUILD_LOG_CHARS
+    characters, in a file of the owner's named by its content; returns the path, or why it was not written."""
+    data = text[-BUILD_LOG_CHARS:].encode("utf-8", errors="replace")
     folder = Path(os.environ.get(LOG_DIR_ENV) or HERE / "build" / "logs")
-    path = folder / f"build-{hashlib.sha256(text.encode(errors='replace')).hexdigest()[:16]}.log"
+    path = folder / f"build-{hashlib.sha256(data).hexdigest()[:16]}.log"
+    if path in _build_logs:
+        return str(path)
+    if len(_build_logs) >= BUILD_LOGS_PER_RUN or sum(_build_logs.values()) + len(data) > BUILD_LOG_BYTES_PER_RUN:
+        return (f"not written: this run wrote {len(_build_logs)} logs of {sum(_build_logs.values())} bytes, its "
+                f"cap ({BUILD_LOGS_PER_RUN} logs, {BUILD_LOG_BYTES_PER_RUN} bytes)")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, errors="replace")
+        path.write_bytes(data)
     except OSError as exc:
         return f"not written: {exc.strerror}"
+    _build_logs[path] = len(data)
     return str(path)
 
 
 def rank_failures(results: list[RankResult]) -> str:
     """The failing ranks' own errors first, whole, in the order they happened; then, summarised, what their peers
-    hit because of them. A failed build's line names the file its whole log went to."""
+    hit because of them. A failed build's line names the file its log went to."""
     failures = [(rank, result.value) for rank, result in enumerate(results) if not result.ok]
     for _, failure in failures:
-        if failure.build_log and isinstance(failure.build_log, str):
+        if failure.build_log:
             failure.message = f"{failure.message} (full build log: {write_build_log(failure.build_log)})"
             failure.build_log = ""
     causes = sorted((f for f in failures if not f[1].follow_on), key=lambda f: f[1].at)
@@ -1449,6 +1476,7 @@ class CaseSteps:
 
     def __init__(self, pool: "RankPool", test: TestCase, cases: list, timeout_s: float,
                  fn: Optional[Callable] = None, fn_args: tuple = ()):
+        self.started = time.monotonic()
         self.channels = []
         try:
             for gpu, copier in channel_places(pool, test.args["world_size"]):
@@ -1493,7 +1521,7 @@ class CaseSteps:
             self.steps.close()
         if self.ended_early and all(r.ok for r in results):
             why = "void: a rank sent its result while the owner still waited for its step's output"
-            results = [RankResult(False, RankFailure(why), r.import_s) for r in results]
+            results = [RankResult(False, RankFailure(why)) for _ in results]
         return results
 
 
@@ -1503,7 +1531,7 @@ def step_failures(results: list, problems: Optional[list], step: str) -> list:
     out = []
     for rank, result in enumerate(results):
         problem = problems[rank] if problems and result.ok else None
-        out.append(RankResult(False, RankFailure(f"{step}: {problem}"), result.import_s) if problem else result)
+        out.append(RankResult(False, RankFailure(f"{step}: {problem}")) if problem else result)
     return out
 
 
@@ -1528,10 +1556,12 @@ class ProtocolRun:
     def inputs(test: TestCase, seed: int) -> list:
         return [judge.make_input(test.args, seed, rank) for rank in range(test.args["world_size"])]
 
-    def ended(self, results: list) -> list:
-        imports = [r.import_s for r in results if r.import_s is not None]
-        if self.extra and imports and not self.import_logged:  # human face: what the first case spent importing
-            self.logger.log("import_s", f"{max(imports):.2f}")
+    def ended(self, results: list, started: float) -> list:
+        """The ranks' results of a case that the owner started at `started` (time.monotonic). Human face: the first
+        case's time, by the owner's clock from the job sent to the results read, is its `import_s`: the submission's
+        import and builds happen in it (a rank's own figure would be its word)."""
+        if self.extra and not self.import_logged:
+            self.logger.log("import_s", f"{time.monotonic() - started:.2f}")
             self.import_logged = True
         return results
 
@@ -1545,7 +1575,7 @@ def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
         steps, problems = run.start(test, "test"), None
         with contextlib.suppress(judge.RankEnded, judge.Missed):  # the ranks' failures are read below
             problems = steps.step(judge.CALL, 0, inputs).problems
-        results = step_failures(run.ended(steps.finish()), problems, "custom_kernel")
+        results = step_failures(run.ended(steps.finish(), steps.started), problems, "custom_kernel")
         if all(r.ok for r in results):
             run.logger.log(f"test.{idx}.status", "pass")
         else:
@@ -1591,7 +1621,7 @@ def _benchmark(run: ProtocolRun, idx: int, test: TestCase, recheck: bool, max_ti
     timed = None
     with contextlib.suppress(judge.RankEnded, judge.Missed):  # the ranks' failures are read below
         timed = _timed_loop(run, steps, idx, test, recheck or run.fresh, max_time_ns)
-    results = run.ended(steps.finish())
+    results = run.ended(steps.finish(), steps.started)
     if timed is not None and timed[4] is not None:
         rank, where, why = timed[4]
         results = step_failures(results, [why if r == rank else None for r in range(len(results))], where)
@@ -1610,12 +1640,17 @@ def _benchmark(run: ProtocolRun, idx: int, test: TestCase, recheck: bool, max_ti
     return out
 
 
+# The warm-up's case index, for its seeds: a stream of its own, so that no timed step of any case (index 0 and up) is
+# handed an input the warm-up was (red team 13: a cache of answers replayed the warm-up in the first case's steps).
+WARMUP_INDEX = -1
+
+
 def run_benchmarking(run: ProtocolRun, tests: list[TestCase], mode: str) -> int:
     """The runner's order: a warm-up on the first case (0.1 s budget in benchmark mode, 0.01 s in leaderboard
     mode), then every case; leaderboard mode checks fresh inputs, logs each spec after its run and stops at the
     first failure."""
     leaderboard = mode == "leaderboard"
-    _benchmark(run, 0, tests[0], False, 1e7 if leaderboard else 1e8, mode)
+    _benchmark(run, WARMUP_INDEX, tests[0], False, 1e7 if leaderboard else 1e8, mode)
     run.logger.log("benchmark-count", len(tests))
     passed = True
     for idx, test in enumerate(tests):
@@ -1651,6 +1686,18 @@ PROFILE_TOTALS = {"self_cpu_us": ("self_cpu_time_total",), "cpu_us": ("cpu_time_
 PROFILE_ROWS = 20
 
 
+PROFILE_VALUE_LIMIT = 1e18  # a row's count or µs: a sum over a million rows stays finite (int() of inf raises)
+
+
+def profile_rows_fit(rows) -> bool:
+    """Whether a rank's profile (its word) is rows profile_table can sum: each a dict with a str key and a finite
+    number from 0 to PROFILE_VALUE_LIMIT for the count and every total."""
+    return isinstance(rows, list) and all(
+        isinstance(row, dict) and isinstance(row.get("key"), str)
+        and all(type(row.get(name)) in (int, float) and 0 <= row[name] <= PROFILE_VALUE_LIMIT
+                for name in ("count", *PROFILE_TOTALS)) for row in rows)
+
+
 def profile_table(per_rank: list, on_gpu: bool) -> str:
     """The operators of every rank's profile summed per key, the PROFILE_ROWS largest by self device time (CPU time
     on a CPU run), as a fixed-width table (the bundle has no tabulate)."""
@@ -1676,11 +1723,15 @@ def run_profiling(run: ProtocolRun, tests: list[TestCase]) -> int:
     run.logger.log("benchmark-count", len(tests))
     for idx, test in enumerate(tests):
         run.logger.log(f"benchmark.{idx}.spec", test.spec)
-        results = run.ended(run.pool.run("profile", test, run.timeout_s or OFFICIAL_TIMEOUT_S["profile"]))
-        if not all(r.ok for r in results):
+        started = time.monotonic()
+        results = run.ended(run.pool.run("profile", test, run.timeout_s or OFFICIAL_TIMEOUT_S["profile"]), started)
+        unfit = [rank for rank, r in enumerate(results) if r.ok and not profile_rows_fit(r.value)]
+        if unfit or not all(r.ok for r in results):
             passed = False
             run.logger.log(f"benchmark.{idx}.status", "fail")
-            run.logger.log(f"benchmark.{idx}.error", rank_failures(results))
+            run.logger.log(f"benchmark.{idx}.error", rank_failures(results) if not unfit else
+                           f"rank {unfit[0]} - void: a profile that does not fit (a list of rows, each a str key "
+                           f"and finite numbers from 0 to {PROFILE_VALUE_LIMIT:g})")
             continue
         report = profile_table([r.value for r in results], run.backend != "gloo")
         run.logger.log(f"benchmark.{idx}.report", base64.b64encode(report.encode("utf-8"), b"+*").decode("utf-8"))

@@ -15,6 +15,7 @@ standard library (torch only when a tensor is encoded or decoded): every staged 
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import math
@@ -24,6 +25,9 @@ import re
 import select
 import struct
 import threading
+import time
+import types as _types
+import typing
 import unicodedata
 
 MAX_BYTES = 1 << 30  # a whole message (the owner's pipe limit before this module)
@@ -142,7 +146,8 @@ def _encode_tensor(tensor, parts: list) -> None:
 
 def decode(raw: bytes, types: dict | None = None, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH,
            max_items: int = MAX_ITEMS):
-    """encode's inverse, built with this process's own classes (`types`, as for encode). A str comes back as sent,
+    """encode's inverse, built with this process's own classes (`types`, as for encode), every record's fields of
+    their annotated types (wire._fits). A str comes back as sent,
     except that lone surrogates come back escaped (`\\udc80`), so every decoded str can be written as UTF-8. Raises
     Malformed, and nothing else, for any message that is not exactly one well-formed value within the limits."""
     if len(raw) > max_bytes:
@@ -249,6 +254,13 @@ class _Reader:
         unknown = [key for key in fields if key not in allowed]
         if unknown:
             raise Malformed(f"a {name} record with unknown field {as_text(unknown[0], 60)}")
+        # NOTES: the owner uses a record's fields as their declared types (red team 13: a str where a failure was
+        # due crashed it with 114), so a field of another type refuses the message.
+        hints = _hints(cls)
+        wrong = next((key for key, value in fields.items() if key in hints and not _fits(value, hints[key])), None)
+        if wrong is not None:
+            raise Malformed(f"a {name} record that does not fit: its {as_text(wrong, 60)} is a "
+                            f"{type(fields[wrong]).__name__}")
         try:
             return cls(**fields)
         except TypeError as exc:  # a required field missing
@@ -277,6 +289,32 @@ class _Reader:
             return flat.view(getattr(torch, dtype)).reshape(shape)
         except (RuntimeError, ValueError) as exc:
             raise Malformed(f"a {dtype} tensor of shape {shape} torch would not build: {as_text(exc, 200)}") from None
+
+
+_HINTS: dict = {}
+
+
+def _hints(cls) -> dict:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _fits(value, hint) -> bool:
+    """Whether a decoded field is of its annotated type: a class, Any, a union (Optional) of those, or a generic
+    alias (list[int]: the container's type only). An int fits float (PEP 484); a bool fits bool alone."""
+    if hint is typing.Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, _types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(hint))
+    if origin is not None:
+        return isinstance(value, origin)
+    if hint is float:
+        return type(value) in (int, float)
+    if hint is int:
+        return type(value) is int
+    return isinstance(value, hint)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -368,9 +406,10 @@ class RankText:
     """Reads a rank's stdout or stderr (`fd`, the read end of its pipe; this object closes it) in a thread and
     writes each line to `stream` as `prefix` + as_text(line, line_chars): a line too long keeps its first
     `line_chars` bytes and says how many more it had. Past `budget` bytes nothing more is shown, and the last line
-    says how many bytes were dropped. The pipe is read to its end either way, so a rank never blocks on it."""
+    says how many bytes were dropped. The pipe is read to its end either way, so a rank never blocks on it, except
+    while held: `hold()` (the rank's pool is paused) stops the reading until `release()`."""
 
-    _write_lock = threading.Lock()  # one line at a time on a stream the ranks share
+    _write_lock = threading.Lock()  # one write at a time on a stream the ranks share
 
     def __init__(self, fd: int, stream, prefix: str, budget: int = RANK_TEXT_BUDGET, line_chars: int = TEXT_CHARS):
         self.fd, self.stream, self.prefix, self.budget, self.line_chars = fd, stream, prefix, budget, line_chars
@@ -380,23 +419,61 @@ class RankText:
         self.line_cut = 0  # and how many bytes of it did not fit
         self._closing = threading.Event()
         self._stop = threading.Event()
+        self._reading = threading.Event()  # cleared while held
+        self._reading.set()
+        self._parked = threading.Event()  # set while the thread waits out a hold
+        self._wake_read, self._wake_write = os.pipe()  # ends the thread's wait on the pipe when held or closed
+        os.set_blocking(self._wake_write, False)
         self._thread = threading.Thread(target=self._pump, name=f"rank text {prefix.strip()}", daemon=True)
         self._thread.start()
+
+    def hold(self, wait_s: float = 5.0) -> None:
+        """Stops reading: returns once the thread has written what it had read and waits (at most `wait_s`, for a
+        stream that blocks). NOTES: the thread runs in the owner's process, the clock's, and a paused pool's pipes
+        hold up to a MiB of lines a rank chose; read there, they cost another entry's timed steps (red team 13:
+        2.6x)."""
+        self._parked.clear()
+        self._reading.clear()
+        self._wake()
+        deadline = time.monotonic() + wait_s
+        while not self._parked.wait(0.01) and self._thread.is_alive() and time.monotonic() < deadline:
+            pass
+
+    def release(self) -> None:
+        self._reading.set()
 
     def close(self, wait_s: float = 5.0) -> bool:
         """Reads what the pipe still holds (at most `wait_s`), writes the last lines and closes the pipe; False when
         the thread did not end (its stream blocks)."""
         self._closing.set()
+        self._reading.set()
+        self._wake()
         self._thread.join(wait_s)
         self._stop.set()  # a writer that never stops (a process the rank left behind) is cut off here
         self._thread.join(1.0)
-        return not self._thread.is_alive()
+        ended = not self._thread.is_alive()
+        if ended:  # else the thread may still wait on them
+            os.close(self._wake_read)
+            os.close(self._wake_write)
+        return ended
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # full: a wake is pending already
+            os.write(self._wake_write, b"w")
 
     def _pump(self) -> None:
         try:
             while not self._stop.is_set():
+                if not self._reading.is_set():
+                    self._parked.set()
+                    self._reading.wait()
+                    self._parked.clear()
+                    continue
                 closing = self._closing.is_set()
-                ready, _, _ = select.select([self.fd], [], [], 0 if closing else POLL_S)
+                ready, _, _ = select.select([self.fd, self._wake_read], [], [], 0 if closing else POLL_S)
+                if self._wake_read in ready:
+                    os.read(self._wake_read, 4096)
+                    continue  # held or closing: seen at the top
                 if not ready:
                     if closing:
                         break
@@ -409,7 +486,7 @@ class RankText:
             pass
         finally:
             if self.line or self.line_cut:
-                self._emit()
+                self._write(self._line())
             if self.dropped:
                 self._write(f"{self.prefix}... dropped {self.dropped} more bytes of output (this rank may print "
                             f"{self.budget} bytes)")
@@ -424,21 +501,25 @@ class RankText:
         chunk = chunk[:room]
         self.taken += len(chunk)
         *ended, rest = chunk.split(b"\n")
+        lines = []
         for part in ended:
             self._append(part)
-            self._emit()
+            lines.append(self._line())
         self._append(rest)
+        if lines:  # one write for the chunk's lines: a flood of empty lines costs no write each
+            self._write("\n".join(lines))
 
     def _append(self, part: bytes) -> None:
         room = max(0, self.line_chars - len(self.line))
         self.line += part[:room]
         self.line_cut += max(0, len(part) - room)
 
-    def _emit(self) -> None:
+    def _line(self) -> str:
+        """The current line, shown, and a fresh one started."""
         text, cut, _ = _escaped_head(bytes(self.line).removesuffix(b"\r"), self.line_chars)
         cut += self.line_cut
         self.line, self.line_cut = bytearray(), 0
-        self._write(self.prefix + text + (f"...[{cut} more bytes]" if cut else ""))
+        return self.prefix + text + (f"...[{cut} more bytes]" if cut else "")
 
     def _write(self, text: str) -> None:
         try:

@@ -224,7 +224,7 @@ def _pids(live: _Live) -> list:
 
 def _pause(live: _Live, stop: bool) -> None:
     if live.pool is not None:
-        live.pool.sandbox.pause(stop, tuple(_pids(live)))
+        live.pool.pause(stop)
 
 
 class Clock:

@@ -43,7 +43,7 @@ class EvalResult:
     backend: str
     exit_code: int
     cases: list  # one row per case (a2a/rows.py): index, spec, args, status, error, runs, timing fields in µs
-    import_s: float | None = None  # the slowest rank's import (and build) of the submission in the first case
+    import_s: float | None = None  # the first case's time (the owner's clock), the submission's import and builds in it
     placement: str = ""  # where the ranks ran (sharing.describe_run)
     shared_gpus: bool = False  # ranks shared GPUs: the timings are not the problem's
     void: str = ""  # why no result of this run stands (a key written twice, the evaluator signalled), or ""
@@ -277,8 +277,8 @@ def render(result: EvalResult) -> str:
         table += f"\nboundary: {result.guards}"
     if result.import_s is not None:
         window = core.OFFICIAL_TIMEOUT_S["test" if result.mode == "test" else "benchmark"]
-        table += (f"\nimporting the submission (and building its extensions) took {result.import_s:.1f} s in the "
-                  f"first case, whose limit on the leaderboard is {window} s")
+        table += (f"\nimporting the submission (and building its extensions) took {result.import_s:.1f} s or less: "
+                  f"the first case's time by the owner's clock, whose limit on the leaderboard is {window} s")
     for case in [c for c in result.cases if c["error"]]:
         table += f"\n\ncase {case['index']} failed ({case['spec']}):\n{case['error']}"
     return table

@@ -4,6 +4,8 @@ seed, the stopping rule."""
 import math
 import os
 import random
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -187,3 +189,92 @@ def test_a_pool_waiting_its_turn_runs_nothing_while_another_is_timed(tmp_path, m
     assert run.rounds == 1 and not run.failed, run.failed
     assert len(states.get("v1", [])) >= 2 * 3, states  # the hog's two ranks and their children, seen in v1's visits
     assert set(states["v1"]) == {"T"} and set(states["hog"]) == {"T"}, states
+
+
+# Empty lines on its stdout at every call, as many as its pipe (made 1 MiB) takes, which the owner's relay takes
+# seconds to write out (red team 13: relayed while the next entry was timed, that entry read 2.6x slower).
+FLOOD = """
+
+import fcntl
+import os
+
+
+def custom_kernel(data):
+    try:
+        fcntl.fcntl(1, 1031, 1 << 20)  # F_SETPIPE_SZ
+        os.set_blocking(1, False)
+        for _ in range(16):
+            os.write(1, b"\\n" * (1 << 16))
+    except OSError:  # the pipe is full
+        pass
+    return _v1_kernel(data)
+"""
+
+
+def _seed_visiting_first(entry: int, entries: int, cases: int) -> int:
+    """A clock seed whose first round visits entry `entry` first (clock.Clock._round's shuffle)."""
+    for seed in range(1000):
+        visits = [(e, i) for e in range(entries) for i in range(cases)]
+        random.Random(random.Random(seed).randrange(2 ** 32)).shuffle(visits)
+        if visits[0][0] == entry:
+            return seed
+    raise AssertionError("no seed found")
+
+
+class _Written:
+    """A stream that counts what each thread wrote to it, and keeps nothing."""
+
+    def __init__(self):
+        self.by_thread: dict = {}
+
+    def write(self, text: str) -> int:
+        ident = threading.get_ident()
+        self.by_thread[ident] = self.by_thread.get(ident, 0) + len(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_paused_pools_text_is_not_read_while_another_is_timed(tmp_path, monkeypatch):
+    """An entry that floods its stdout with empty lines, visited right before v1: while v1 is visited, the flooding
+    pool's relays (threads of the clock's own process) neither read its pipes nor write a line."""
+    from tests.conftest import v1_kernel_source
+
+    flood = tmp_path / "flood.py"
+    flood.write_text(v1_kernel_source() + FLOOD)
+    plan = make_plan(["v1", str(flood)], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    entries = [clock.Entry("v1", "version", str(plan.versions[0])),
+               clock.Entry("flood", "version", str(plan.versions[1]))]
+    written = _Written()
+    monkeypatch.setattr(sys, "stdout", written)  # where the pools' relays write the ranks' stdout
+    lives: dict = {}
+    in_v1s_visits: list = []
+    flood_relayed: list = []
+    visit, start = clock.Clock._visit, clock.Clock._start
+
+    def started(self, entry, env):
+        lives[entry.name] = start(self, entry, env)
+        return lives[entry.name]
+
+    def relayed() -> int:
+        """Bytes the flooding pool's relays have read and characters they have written so far."""
+        texts = [text for pair in lives["flood"].pool.texts.values() for text in pair]
+        return sum(text.taken + text.dropped + written.by_thread.get(text._thread.ident, 0) for text in texts)
+
+    def watched(self, live, index, round_index, bank):
+        before = relayed()
+        visit(self, live, index, round_index, bank)
+        if live.entry.name == "v1":
+            in_v1s_visits.append(relayed() - before)
+        flood_relayed.append(relayed())
+
+    monkeypatch.setattr(clock.Clock, "_visit", watched)
+    monkeypatch.setattr(clock.Clock, "_start", started)
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=(),
+                              seed=_seed_visiting_first(1, 2, 2))
+    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    assert run.rounds == 1 and not run.failed, run.failed
+    assert run.visits[0][0][0] == "flood", run.visits
+    assert max(flood_relayed) > 1 << 18, flood_relayed  # it flooded
+    assert in_v1s_visits == [0, 0], in_v1s_visits

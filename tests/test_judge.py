@@ -11,6 +11,7 @@ run, so stderr is the one channel that outlives it.
 """
 from __future__ import annotations
 
+import csv
 import dataclasses
 import math
 import os
@@ -419,7 +420,7 @@ def _rewrite(message):
     if type(message).__name__ != "RankResult":
         return None
     _say("forged", "RankResult rewritten")
-    return type(message)(True, {"apart": []}, message.import_s)
+    return type(message)(True, {"apart": []})
 
 
 def custom_kernel(data):
@@ -1938,7 +1939,7 @@ def custom_kernel(data):
     harness = next(m for m in list(_sys.modules.values()) if hasattr(m, "RankResult") and hasattr(m, "encode")
                    and hasattr(m, "run_steps"))
     pipe = next(c for c in gc.get_objects() if isinstance(c, Connection))
-    pipe.send_bytes(harness.encode(harness.RankResult(True, {"steps": 1}, None)))
+    pipe.send_bytes(harness.encode(harness.RankResult(True, {"steps": 1})))
     _say("forged", rank, "a well-formed passing RankResult sent")
     _time.sleep(3)
     return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
@@ -1972,7 +1973,7 @@ def _and_one_more(self, raw, *args):
     _send_bytes(self, raw, *args)
     harness = next(m for m in list(_sys.modules.values()) if hasattr(m, "RankResult") and hasattr(m, "encode")
                    and hasattr(m, "run_steps"))
-    _send_bytes(self, harness.encode(harness.RankResult(True, {"steps": 1}, None)))
+    _send_bytes(self, harness.encode(harness.RankResult(True, {"steps": 1})))
     _say("forged", "a passing result queued for the next case")
 
 
@@ -2179,3 +2180,169 @@ def test_a_crafted_message_on_the_connection_voids_quickly(tmp_path, kind, face,
     assert outcome.said("sent"), str(outcome)
     assert_fails(outcome, "void")
     assert time.monotonic() - started < 90, str(outcome)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 11. What the owner takes from a rank: its records' types, its build logs, the import's time, the warm-up, its text
+# --------------------------------------------------------------------------------------------------------------
+
+# The worker's result sender, swapped through the frames for one that sends a well-formed record whose fields are
+# not of their types (red team 13: a str as a failed result's value crashed the owner with 114 in rank_failures).
+MISTYPED_RESULT = '''
+_MODE = "@MODE@"
+
+
+def _swap_the_sender():
+    frame = _sys._getframe()
+    while frame is not None:
+        found = frame.f_globals
+        if "_send_result" in found and "RankResult" in found and "encode" in found:
+            result, failure, encode = found["RankResult"], found["RankFailure"], found["encode"]
+            forged = {"value": result(False, "a plain str, not a RankFailure"),
+                      "at": result(False, failure("mistyped", False, "not a time")),
+                      "message": result(False, failure(12345, True)),
+                      "ok": result("yes", {"steps": 1}),
+                      "rows": result(True, [{"key": 1, "count": "many"}])}[_MODE]
+            found["_send_result"] = lambda conn, _result: conn.send_bytes(encode(forged))
+            _say("mistyped", _MODE)
+        frame = frame.f_back
+
+
+def custom_kernel(data):
+    _swap_the_sender()
+    return _v1_kernel(data)
+'''
+
+MISTYPED_RUNS = [("value", "test"), ("at", "test"), ("message", "test"), ("ok", "test"), ("rows", "profile")]
+
+
+@pytest.mark.parametrize("field, mode", every_time(MISTYPED_RUNS, ("value", "test"), ("rows", "profile")),
+                         ids=[f"{f}-{m}" for f, m in MISTYPED_RUNS])
+def test_a_result_whose_fields_are_mistyped_fails_the_case_never_the_owner(tmp_path, field, mode):
+    """Right answers, then a result record whose fields are not of their types: a str as a failed result's value, a
+    str as a failure's time, an int as its message, a str as `ok`, a profile's rows of the wrong types. The case
+    fails (112), never the owner (114)."""
+    outcome = run_face("human", mode, tmp_path, hostile(MISTYPED_RESULT, mode=field))
+    assert outcome.said("mistyped"), str(outcome)
+    assert_fails(outcome, "does not fit")
+
+
+def test_a_mistyped_result_costs_the_clock_no_other_entrys_results(tmp_path):
+    """The clock with v1 and an entry whose result is mistyped (red team 13: run_leaderboard.py exited 114 and saved
+    nothing, v1's results lost): the entry fails, v1's row is saved, the run exits 112."""
+    path = _submission(reachable(tmp_path), hostile(MISTYPED_RESULT, mode="value"), "mistyped.py")
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "run_leaderboard.py", "--versions", f"v1,{path}", "--cases", "tests:0",
+                           "--no-problem-size", "--min-rounds", "2", "--max-rounds", "2", "--steps", "1",
+                           "--world-size", "2", "--backend", "gloo", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    assert done.returncode == EXIT_CHECK_FAILED, done.stdout[-3000:] + done.stderr[-3000:]
+    (folder,) = out.iterdir()
+    rows = {row["version"]: row for row in csv.DictReader((folder / "results.csv").open())}
+    assert rows["v1_torch_sort"]["status"] == "pass" and rows["v1_torch_sort"]["mean_us"], rows
+    assert rows[path]["status"] == "fail" and "does not fit" in rows[path]["error"], rows
+
+
+# Right answers, then a failed result whose build log is 1 MiB of the rank's choosing, different in every rank and
+# case (red team 13: four 16 MiB files of a rank's content written by root into the repository's build/logs, kept).
+BUILD_LOG_FLOOD = '''
+def _swap_the_sender(rank):
+    frame = _sys._getframe()
+    while frame is not None:
+        found = frame.f_globals
+        if "_send_result" in found and "RankResult" in found and "encode" in found:
+            result, failure, encode = found["RankResult"], found["RankFailure"], found["encode"]
+            mark = f"\\n# rank {rank} pid {_os.getpid()} at {_time.time()}\\n"
+            forged = result(False, failure("Error building extension 'planted'", False, _time.time(),
+                                           "#!/bin/sh" + mark + "x" * (1 << 20) + mark))
+            found["_send_result"] = lambda conn, _result: conn.send_bytes(encode(forged))
+            _say("flooding", rank)
+        frame = frame.f_back
+
+
+def custom_kernel(data):
+    _swap_the_sender(data[2])
+    return _v1_kernel(data)
+'''
+
+
+def test_the_build_logs_a_rank_sends_are_cut_and_a_run_writes_few(tmp_path):
+    """Five cases of two ranks each sending a distinct 1 MiB build log: each log the owner writes is cut to its last
+    BUILD_LOG_CHARS characters, and the run writes at most BUILD_LOGS_PER_RUN files and BUILD_LOG_BYTES_PER_RUN
+    bytes; the cases fail (112), naming the log or why none was written."""
+    import eval as core
+
+    logs = tmp_path / "logs"
+    outcome = run_face("human", "test", tmp_path / "run", hostile(BUILD_LOG_FLOOD), cases=5,
+                       env={"A2A_LOG_DIR": str(logs)})
+    assert len(outcome.said("flooding")) >= 10, str(outcome)
+    assert_fails(outcome, "full build log")
+    written = sorted(logs.iterdir()) if logs.exists() else []
+    sizes = [path.stat().st_size for path in written]
+    assert written and len(written) <= core.BUILD_LOGS_PER_RUN, sizes
+    assert max(sizes) <= 4 * core.BUILD_LOG_CHARS and sum(sizes) <= core.BUILD_LOG_BYTES_PER_RUN, sizes
+    assert "not written: this run" in outcome.out, str(outcome)
+
+
+# A slow import (a stand-in for a long extension build), then the worker's own import time set to 10 ms (red team
+# 13: the human face printed "took 0.0 s" for an import of 25 s, the one guard the docs give the persisting cache).
+SLOW_IMPORT_FORGED = '''
+_time.sleep(@SLEEP_S@)
+
+
+def custom_kernel(data):
+    frame = _sys._getframe()
+    while frame is not None:
+        if "_import_s" in frame.f_globals:
+            frame.f_globals["_import_s"] = 0.01
+            _say("forged", data[2])
+        frame = frame.f_back
+    return _v1_kernel(data)
+'''
+
+
+def test_the_import_time_shown_is_the_owners_clock(tmp_path):
+    """A 3 s sleep at import and the rank's own figure forged to 10 ms: the line the human face prints for the first
+    case's import is the owner's, at least the 3 s that passed."""
+    outcome = run_face("human", "test", tmp_path, hostile(SLOW_IMPORT_FORGED, sleep_s=3))
+    assert outcome.code == 0, str(outcome)
+    shown = re.search(r"^importing the submission.* took ([0-9.]+) s", outcome.out, re.M)
+    assert shown and float(shown[1]) >= 3, str(outcome)
+
+
+# Each call's input, hashed by content, with the case (counted by the harness's channel: the warm-up is case 0) and
+# the call's place in it (0: the case's checked call, untimed).
+INPUT_HASHES = '''
+import hashlib
+
+_where = {"channel": None, "case": -1, "call": 0}
+
+
+def custom_kernel(data):
+    cfg, rank_data, rank, world_size = data
+    channel = _sys._getframe(1).f_locals.get("channel")
+    if channel is not _where["channel"]:
+        _where.update(channel=channel, case=_where["case"] + 1, call=0)
+    else:
+        _where["call"] += 1
+    digest = hashlib.blake2b(digest_size=12)
+    for tensor in (rank_data.x, rank_data.indices, rank_data.weights):
+        digest.update(tensor.contiguous().cpu().numpy().tobytes())
+    _say("input", _where["case"], _where["call"], rank, digest.hexdigest())
+    return _v1_kernel(data)
+'''
+
+
+@pytest.mark.parametrize("mode", every_time(list(TIMED), "benchmark"))
+def test_no_timed_input_repeats_a_warm_up_input(tmp_path, mode):
+    """The timed modes' warm-up on the first case, then every case (red team 13: the warm-up drew the first case's
+    timed seeds, so a cache of answers shared by the pool's workers answered 10 of its 100 timed steps): no timed
+    step of any case is handed an input the warm-up was."""
+    outcome = run_face("human", mode, tmp_path, hostile(INPUT_HASHES), cases=2)
+    assert outcome.code == 0, str(outcome)
+    seen = outcome.said("input")
+    warm_up = {(rank, digest) for case, _, rank, digest in seen if case == "0"}
+    repeated = [(case, call) for case, call, rank, digest in seen if case != "0" and call != "0"
+                and (rank, digest) in warm_up]
+    assert len(warm_up) > 2 and len(seen) > len(warm_up), str(outcome)
+    assert not repeated, (f"{len(repeated)} timed steps were handed a warm-up input", str(outcome))

@@ -211,6 +211,19 @@ def test_records_are_built_only_from_the_named_types_and_their_fields():
     assert "does not fit" in refused(missing)
 
 
+@pytest.mark.parametrize("record", [Failure(12345), Failure("x", "yes"), Failure("x", 1), Result("yes", None),
+                                    Result(False, Failure("x"), "fast"), Result(True, None, True)])
+def test_a_record_whose_fields_are_not_of_their_types_is_refused(record):
+    """Red team 13: a record's fields are used as their declared types by the owner (an int message sliced, a str
+    time sorted with floats, a str ok): any other type refuses the message. An int fits a float field."""
+    assert "does not fit" in refused(wire.encode(record, TYPES))
+
+
+def test_a_record_whose_fields_fit_their_types_comes_back():
+    assert round_trip(Result(True, {"any": ["value"]}, 3)) == Result(True, {"any": ["value"]}, 3)
+    assert round_trip(Result(False, Failure("x", True), None)) == Result(False, Failure("x", True), None)
+
+
 def test_a_forged_tensor_is_refused():
     good = wire.encode(torch.zeros(2, 2))
     wrong_size = good.replace(struct.pack("<Q", 16), struct.pack("<Q", 12))
@@ -329,6 +342,36 @@ def test_close_returns_while_a_process_left_behind_keeps_the_pipe_open():
     os.close(write_fd)  # the writer may block no more: the reader closed its end
     writer.join(5)
     assert stream.getvalue().startswith("[rank0] still here\n")
+
+
+def test_a_held_reader_reads_nothing_until_released():
+    """A paused pool's text (red team 13: the clock's process relayed a stopped pool's 1 MiB of empty lines, one write
+    each, inside the next entry's timed steps): once hold() returns, nothing is read from the pipe, and the lines
+    already read are written; release() reads the rest."""
+    read_fd, write_fd = os.pipe()
+    stream = io.StringIO()
+    reader = wire.RankText(read_fd, stream, "[rank1] ")
+    os.write(write_fd, b"before\n" * 1000)
+    time.sleep(3 * wire.POLL_S)
+    started = time.monotonic()
+    reader.hold()
+    assert time.monotonic() - started < 1.0
+    shown, taken = stream.getvalue(), reader.taken
+    os.write(write_fd, b"while held\n")
+    time.sleep(3 * wire.POLL_S)
+    assert (stream.getvalue(), reader.taken) == (shown, taken) and shown.count("\n") == 1000
+    reader.release()
+    os.close(write_fd)
+    assert reader.close()
+    assert stream.getvalue().endswith("[rank1] before\n[rank1] while held\n")
+
+
+def test_a_held_reader_still_closes():
+    read_fd, write_fd = os.pipe()
+    reader = wire.RankText(read_fd, io.StringIO(), "[rank1] ")
+    reader.hold()
+    os.close(write_fd)
+    assert reader.close(wait_s=1.0)
 
 
 # --------------------------------------------------------------------------------------------------------------
