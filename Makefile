@@ -45,11 +45,15 @@ check-device: setup
 # make test leaves out the tests marked `full` (tests/conftest.py, every_time): each attack on the judge and each
 # claim runs on every change on one face and mode, and on every other in `make test-full`.
 TEST_WORKERS ?= auto
+# The suite starts a few thousand Python processes, each importing the harness's own modules: where the environment
+# turns bytecode caching off (PYTHONDONTWRITEBYTECODE), every one compiled them again (~0.1 s each). An empty value
+# turns it back on for the suite (the caches are git-ignored; a rank cannot write them: its mounts are read-only).
+BYTECODE := PYTHONDONTWRITEBYTECODE=
 test: setup
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not full" tests
+	$(BYTECODE) $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not full" tests
 
 test-full: setup
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
+	$(BYTECODE) $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 # The GPU tests alone (world size 8 on whatever GPUs there are; ranks share them where there are fewer than 8, with an
 # NCCL for sharing obtained once, as make leaderboard does). Without a GPU every one skips, saying why. test-gpu leaves
