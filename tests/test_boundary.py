@@ -100,6 +100,15 @@ def _in_sandbox(sandbox: boundary.Sandbox, code: str) -> subprocess.CompletedPro
                               capture_output=True, text=True, timeout=60)
 
 
+def _one_pool(key: str, code: str) -> subprocess.CompletedProcess:
+    """`code` run as a rank of a pool of build key `key`, which then ends (keeping what its ranks built)."""
+    sandbox = boundary.Sandbox(build_key=key)
+    try:
+        return _in_sandbox(sandbox, code)
+    finally:
+        sandbox.close()
+
+
 def test_two_pools_have_two_uids_and_neither_reads_the_others_run_folder():
     """Two pools alive at once (two entries of run_leaderboard.py's clock): two uids, and a rank of the second
     reaches nothing of the first's run folder (covered in its view, and closed to its uid besides)."""
@@ -133,14 +142,10 @@ def test_builds_are_kept_for_the_same_source_only():
     boundary.prepare_rank_cache()
     for stale in (key, other):
         subprocess.run(["rm", "-rf", str(boundary.BUILDS / stale)], check=True)
-    builder = boundary.Sandbox(build_key=key)
-    try:
-        made = _in_sandbox(builder, "open(os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], 'ext.so'), 'w').write('built')"
-                                    "\ntry:\n    open(%r, 'w')\nexcept OSError as e:\n    print('refused', e.strerror)\n"
-                           % str(boundary.BUILDS / key / "planted"))
-        assert made.returncode == 0 and "refused" in made.stdout, made.stdout + made.stderr
-    finally:
-        builder.close()
+    made = _one_pool(key, "open(os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], 'ext.so'), 'w').write('built')"
+                          "\ntry:\n    open(%r, 'w')\nexcept OSError as e:\n    print('refused', e.strerror)\n"
+                     % str(boundary.BUILDS / key / "planted"))
+    assert made.returncode == 0 and "refused" in made.stdout, made.stdout + made.stderr
     assert (boundary.BUILDS / key / "torch_extensions" / "ext.so").read_text() == "built"
     assert not (boundary.BUILDS / key / "planted").exists()
     same, another = boundary.Sandbox(build_key=key), boundary.Sandbox(build_key=other)
@@ -189,12 +194,8 @@ def test_a_pool_leaves_no_more_than_the_caps_and_nothing_through_a_link(monkeypa
                  "import shutil\ntry:\n    shutil.rmtree(os.environ['TRITON_CACHE_DIR'])\n"
                  "    os.symlink('/etc', os.environ['TRITON_CACHE_DIR'])\nexcept OSError:\n    pass  # its parent is root's"):
         subprocess.run(["rm", "-rf", str(boundary.BUILDS / key)], check=True)
-        sandbox = boundary.Sandbox(build_key=key)
-        try:
-            done = _in_sandbox(sandbox, code)
-            assert done.returncode == 0, done.stderr
-        finally:
-            sandbox.close()
+        done = _one_pool(key, code)
+        assert done.returncode == 0, done.stderr
         kept = [str(p) for p in (boundary.BUILDS / key).rglob("*")] if (boundary.BUILDS / key).exists() else []
         assert not kept, kept
 
@@ -350,10 +351,6 @@ def test_past_the_cap_over_every_kept_build_the_least_recently_used_key_goes(tmp
     first, second, third = "a1" * 32, "b2" * 32, "c3" * 32
     build = "open(os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], 'ext.so'), 'w').write('x' * 1000)"
     for key, code in ((first, build), (second, build), (first, "pass"), (third, build)):  # `first` used again
-        sandbox = boundary.Sandbox(build_key=key)
-        try:
-            done = _in_sandbox(sandbox, code)
-            assert done.returncode == 0, done.stderr
-        finally:
-            sandbox.close()
+        done = _one_pool(key, code)
+        assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in boundary.BUILDS.iterdir()) == sorted([first, third])

@@ -1715,24 +1715,35 @@ def test_forged_figures_in_the_shared_header_change_no_time(tmp_path, face, mode
     assert shown and min(shown) >= floor, (shown, floor, str(outcome))
 
 
-# Answers cached across steps: by the input's bytes, or by its pointer. Both ranks agree on a hit (an all_reduce),
-# so that a hit never leaves a peer alone in v1's collectives. Every hit is said with the case it came in (counted per
-# process: every worker runs every case) and its call's place in the case (0: the case's checked call, untimed).
-CACHED_ANSWERS = '''
-import torch
-import torch.distributed as dist
-
-_cache = {}
+# A hostile body's count of where a call is: the case (a new harness channel in the caller's frame: per process, and
+# every worker runs every case) and the call's place in it (0: the case's checked call, untimed).
+STEP_PLACE = '''
 _where = {"channel": None, "case": -1, "call": 0}
 
 
-def custom_kernel(data):
-    cfg, rank_data, rank, world_size = data
-    channel = _sys._getframe(1).f_locals.get("channel")
+def _place():
+    channel = _sys._getframe(2).f_locals.get("channel")  # custom_kernel's caller
     if channel is not _where["channel"]:
         _where.update(channel=channel, case=_where["case"] + 1, call=0)
     else:
         _where["call"] += 1
+    return _where["case"], _where["call"]
+'''
+
+
+# Answers cached across steps: by the input's bytes, or by its pointer. Both ranks agree on a hit (an all_reduce),
+# so that a hit never leaves a peer alone in v1's collectives. Every hit is said with the case it came in (counted per
+# process: every worker runs every case) and its call's place in the case (0: the case's checked call, untimed).
+CACHED_ANSWERS = STEP_PLACE + '''
+import torch
+import torch.distributed as dist
+
+_cache = {}
+
+
+def custom_kernel(data):
+    cfg, rank_data, rank, world_size = data
+    case, call = _place()
     if "@KEY@" == "content":
         key = rank_data.x.cpu().numpy().tobytes() + rank_data.indices.cpu().numpy().tobytes()
     else:
@@ -1740,7 +1751,7 @@ def custom_kernel(data):
     agreed = torch.tensor([1 if key in _cache else 0])
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
     if int(agreed):
-        _say("hit", rank, _where["case"], _where["call"])
+        _say("hit", rank, case, call)
         return _cache[key].clone()
     out = _honest(data)
     _cache[key] = out.clone()
@@ -2312,23 +2323,17 @@ def test_the_import_time_shown_is_the_owners_clock(tmp_path):
 
 # Each call's input, hashed by content, with the case (counted by the harness's channel: the warm-up is case 0) and
 # the call's place in it (0: the case's checked call, untimed).
-INPUT_HASHES = '''
+INPUT_HASHES = STEP_PLACE + '''
 import hashlib
-
-_where = {"channel": None, "case": -1, "call": 0}
 
 
 def custom_kernel(data):
     cfg, rank_data, rank, world_size = data
-    channel = _sys._getframe(1).f_locals.get("channel")
-    if channel is not _where["channel"]:
-        _where.update(channel=channel, case=_where["case"] + 1, call=0)
-    else:
-        _where["call"] += 1
+    case, call = _place()
     digest = hashlib.blake2b(digest_size=12)
     for tensor in (rank_data.x, rank_data.indices, rank_data.weights):
         digest.update(tensor.contiguous().cpu().numpy().tobytes())
-    _say("input", _where["case"], _where["call"], rank, digest.hexdigest())
+    _say("input", case, call, rank, digest.hexdigest())
     return _v1_kernel(data)
 '''
 

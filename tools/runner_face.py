@@ -162,14 +162,12 @@ def main(argv=None) -> int:
 def verdict_line(name: str, mode: str, rows: list) -> str:
     """One line per version and mode as it finishes: each face's passes and exit code, and its geomean µs where
     timed."""
-    from a2a.rows import geomean
-
     parts = []
     for face in ("runner", "ours"):
         passed = sum(row[f"{face} status"] == "pass" for row in rows)
         means = [row[f"{face} mean µs"] for row in rows if row[f"{face} mean µs"] is not None]
         parts.append(f"{face} {passed} of {len(rows)} pass (exit {rows[0][f'{face} exit']})"
-                     + (f", geomean {geomean(means):.1f} µs" if means and len(means) == len(rows) else ""))
+                     + (f", geomean {result_rows.geomean(means):.1f} µs" if means and len(means) == len(rows) else ""))
     return f"{name} {mode}: " + "; ".join(parts)
 
 
