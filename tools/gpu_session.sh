@@ -102,6 +102,8 @@ run_steps() {
       env) { nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1; uname -r
              for cc in "$(command -v c++)" "$(command -v g++)" /opt/gcc/bin/g++; do [ -x "$cc" ] && echo "$cc: $($cc --version | head -1)"; done
              nvcc --version | tail -2; "$py" -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "triton", triton.__version__)'
+             # the host's shape: which cores are near which GPU (a rank's host work is part of every timed step)
+             lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA)'; nvidia-smi topo -m
            } > "$out/logs/env.log" 2>&1; cat "$out/logs/env.log" ;;
       trace) step "trace_$(basename "$a" .py)_${b//[:,]/-}" 400 \
                $py -m a2a.cli eval trace "$a" --cases "$b" --out "$out/traces" ;;
