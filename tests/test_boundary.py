@@ -200,14 +200,15 @@ def test_a_pool_leaves_no_more_than_the_caps_and_nothing_through_a_link(monkeypa
         assert not kept, kept
 
 
-# A rank's child in a PID namespace nested in its pool's (a user namespace first, which no_new_privs allows), whose
-# init forks a counter: a process the pool's own namespace does not list (red team, 2026-11-28: its CPU hogs ran
-# while other entries were timed, and a child of case 0 lived on in case 1).
+# A child in a PID namespace nested in the pool's, whose init forks a counter: a process the pool's own namespace
+# does not list (red team 13: a rank made one through a user namespace, its CPU hogs ran while other entries were
+# timed, and a child of case 0 lived on in case 1). A rank can make none now (no user namespace); the pause and the
+# sweep still cover one, made here by the rank's process as root, before it enters its sandbox.
 NESTED_COUNTER = '''
 import ctypes, time
-beat = os.path.join(os.environ["TMPDIR"], "beat")
-if os.fork() == 0:  # single-threaded here: unshare(CLONE_NEWUSER) needs that
-    if ctypes.CDLL(None, use_errno=True).unshare(0x10000000 | 0x20000000):
+beat = sys.argv[2]
+if os.fork() == 0:
+    if ctypes.CDLL(None, use_errno=True).unshare(0x20000000):
         os._exit(1)
     if os.fork() == 0:  # the nested namespace's init
         if os.fork() == 0:
@@ -220,8 +221,6 @@ if os.fork() == 0:  # single-threaded here: unshare(CLONE_NEWUSER) needs that
                 time.sleep(0.01)
         os.wait()
     os._exit(0)
-print("started", flush=True)
-time.sleep(600)
 '''
 
 
@@ -239,14 +238,15 @@ def test_a_nested_pid_namespace_is_paused_and_swept_with_its_pool():
     """A rank's grandchild counting in a nested PID namespace: while its pool is paused the count stands still, and
     the sweep between cases (every process but the workers) ends it."""
     sandbox = boundary.Sandbox()
-    entry = (f"import os, pickle, sys\nsys.path.insert(0, {str(ROOT)!r})\nimport boundary\n"
-             f"boundary.enter_rank_sandbox(pickle.loads(bytes.fromhex(sys.argv[1])))\n") + NESTED_COUNTER
+    beat = boundary.run_folder(sandbox.uid) / "tmp" / "beat"
+    entry = (f"import os, pickle, sys\nsys.path.insert(0, {str(ROOT)!r})\nimport boundary\n" + NESTED_COUNTER +
+             "boundary.enter_rank_sandbox(pickle.loads(bytes.fromhex(sys.argv[1])))\n"
+             "print('started', flush=True)\nimport time\ntime.sleep(600)\n")
     with sandbox.spawning():
-        rank = subprocess.Popen([sys.executable, "-c", entry, pickle.dumps(sandbox.rank_setup()).hex()],
+        rank = subprocess.Popen([sys.executable, "-c", entry, pickle.dumps(sandbox.rank_setup()).hex(), str(beat)],
                                 stdout=subprocess.PIPE, text=True)
     try:
         assert rank.stdout.readline().strip() == "started"
-        beat = boundary.run_folder(sandbox.uid) / "tmp" / "beat"
         first = _count(beat)
         sandbox.pause(True)
         try:
@@ -354,3 +354,95 @@ def test_past_the_cap_over_every_kept_build_the_least_recently_used_key_goes(tmp
         done = _one_pool(key, code)
         assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in boundary.BUILDS.iterdir()) == sorted([first, third])
+
+
+# What a rank tries beyond its pool: a TCP port and an abstract socket the test listens on, a System V segment the
+# test made, a user namespace (in which it would be root), clone3 (whose flags no filter reads); and what it must
+# still do: threads and a child process.
+REACH = '''
+import ctypes as _ctypes
+import os as _os
+import socket as _socket
+import subprocess as _subprocess
+import threading as _threading
+
+_TRIED = []
+
+
+def _reach():
+    libc = _ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = _ctypes.c_long
+    said = []
+    for name, family, address in (("tcp", _socket.AF_INET, ("127.0.0.1", @PORT@)),
+                                  ("abstract", _socket.AF_UNIX, "\\0@TOKEN@")):
+        try:
+            with _socket.socket(family, _socket.SOCK_STREAM) as sock:
+                sock.settimeout(2)
+                sock.connect(address)
+            said.append(f"{name}=reached")
+        except OSError as error:
+            said.append(f"{name}={type(error).__name__}")
+    said.append(f"sysv={libc.shmget(@KEY@, 0, 0)}")
+    queue = _ctypes.CDLL("librt.so.1").mq_open(f"/@TOKEN@-{_os.getpid()}".encode(), _os.O_CREAT | _os.O_RDWR, 0o600,
+                                                None)
+    said.append(f"queue=/@TOKEN@-{_os.getpid()}:{queue}")
+    said.append(f"key={libc.syscall(248, b'user', b'@TOKEN@', b'kept', 4, _ctypes.c_int(-4))}/{_ctypes.get_errno()}")
+    said.append(f"userns={libc.unshare(0x10000000)}/{_ctypes.get_errno()}")
+    said.append(f"clone3={libc.syscall(435, None, 0)}/{_ctypes.get_errno()}")
+    seen = []
+    thread = _threading.Thread(target=lambda: seen.append(1))
+    thread.start()
+    thread.join()
+    said.append(f"thread={len(seen)}")
+    said.append(f"child={_subprocess.run(['true']).returncode}")
+    _os.write(2, ("HOSTILE reach " + " ".join(said) + "\\n").encode())
+
+
+def custom_kernel(data):
+    if not _TRIED:
+        _TRIED.append(True)
+        _reach()
+    return _v1_kernel(data)
+'''
+
+
+def test_a_rank_reaches_no_socket_ipc_object_or_user_namespace_outside_its_pool(tmp_path, process_token):
+    """The test listens on a TCP port and an abstract socket and makes a System V segment; a rank that tries to
+    reach each, to leave a POSIX message queue and a key in its uid's keyring (red team 14: both outlived the
+    command), to make a user namespace and to call clone3: nothing of the test's is reached and no queue is left
+    (the pool's own network and IPC namespaces), the keyring and the user namespace are refused (EPERM) and clone3
+    is absent (ENOSYS), while threads and child processes still start and the run passes."""
+    import ctypes
+    import errno
+    import socket
+
+    libc, rt = ctypes.CDLL(None, use_errno=True), ctypes.CDLL("librt.so.1")
+    key = int(process_token[-7:], 16) << 3 | 5
+    segment = libc.shmget(key, ctypes.c_size_t(4096), 0o1000 | 0o666)
+    assert segment >= 0
+    try:
+        with socket.create_server(("127.0.0.1", 0)) as tcp, socket.socket(socket.AF_UNIX) as abstract:
+            abstract.bind("\0" + process_token)
+            abstract.listen()
+            path = tmp_path / "reach.py"
+            path.write_text(v1_kernel_source() + REACH.replace("@PORT@", str(tcp.getsockname()[1]))
+                            .replace("@TOKEN@", process_token).replace("@KEY@", str(key)))
+            result = run_eval("test", str(path), "--world-size", "2", "--cases", "tests:0", timeout=300)
+    finally:
+        libc.shmctl(segment, 0, None)  # IPC_RMID
+    said = [line.split("HOSTILE reach ")[1] for line in result.stderr.splitlines() if "HOSTILE reach" in line]
+    assert result.returncode == 0 and len(said) == 2, result.stdout[-2000:] + result.stderr[-3000:]
+    for line in said:
+        tried = dict(item.split("=") for item in line.split())
+        assert tried["tcp"] != "reached" and tried["abstract"] != "reached", line
+        assert tried["sysv"] == "-1", line
+        name, made = tried["queue"].split(":")
+        assert made != "-1", line  # made in the pool's IPC namespace, which ended with the pool
+        left = rt.mq_open(name.encode(), os.O_RDONLY)
+        if left >= 0:
+            rt.mq_close(left)
+            rt.mq_unlink(name.encode())
+        assert left == -1, f"{name} outlived the command"
+        assert tried["key"] == f"-1/{errno.EPERM}", line
+        assert tried["userns"] == f"-1/{errno.EPERM}" and tried["clone3"] == f"-1/{errno.ENOSYS}", line
+        assert tried["thread"] == "1" and tried["child"] == "0", line
