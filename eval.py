@@ -44,6 +44,7 @@ import os
 import re
 import select
 import signal
+import socket
 import stat
 import sys
 import threading
@@ -394,11 +395,11 @@ def validate_cases(tests: list[TestCase], pool_size: int, backend: str, gpus: in
 
 @dataclasses.dataclass(frozen=True)
 class RankSetup:
-    """How a rank joins its case's process group. With `store_port`, it joins as a client of the store the pool's
-    owner holds for the whole run (one key prefix per case); otherwise rank 0 hosts the rendezvous on
-    `master_port` (env://), as the official runner does."""
+    """How a rank joins its case's process group. With `store_folder`, through a file store of its case in that
+    folder, the pool's own (no socket, nobody else's); otherwise rank 0 hosts the rendezvous on `master_port`
+    (env://), as the official runner does."""
     backend: str
-    store_port: Optional[int] = None
+    store_folder: Optional[str] = None
     master_port: int = DEFAULT_MASTER_PORT
     nccl_version: Optional[str] = None  # ranks sharing GPUs: the NCCL each must have loaded (A2A_NCCL_VERSION)
 
@@ -645,7 +646,6 @@ def import_submission() -> Callable:
 
 def receive_fds(count: int) -> list:
     """The descriptors the owner sent right after this job's message (a judge channel's buffer and pipes)."""
-    import socket
     from multiprocessing.reduction import recvfds
 
     with socket.socket(fileno=os.dup(_owner_conn.fileno())) as sock:
@@ -825,9 +825,10 @@ def _join_group(rank: int, world_size: int, setup: RankSetup, case_id: int):
     import torch
     import torch.distributed as dist
 
-    if setup.store_port is not None:
-        client = dist.TCPStore("127.0.0.1", setup.store_port, is_master=False, timeout=timedelta(seconds=120))
-        rendezvous = {"store": dist.PrefixStore(f"case{case_id}/", client)}
+    if setup.store_folder is not None:
+        store = dist.FileStore(os.path.join(setup.store_folder, f"case{case_id}"), world_size)
+        store.set_timeout(timedelta(seconds=120))
+        rendezvous = {"store": store}
     else:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(setup.master_port)
@@ -1018,7 +1019,6 @@ def _death_message(exitcode: Optional[int]) -> str:
 
 
 def _send_fds(conn, fds: list) -> None:
-    import socket
     from multiprocessing.reduction import sendfds
 
     with socket.socket(fileno=os.dup(conn.fileno())) as sock:
@@ -1177,8 +1177,8 @@ class RankPool:
     uid, where the machine allows; `guards` says which), and between cases everything but the workers is ended
     there, so nothing a case started (a child holding the rendezvous port) reaches the next.
 
-    `master_port` None: this process holds a TCP store on a port the OS gave it for the pool's whole life and the
-    ranks of case n join it as clients under the prefix `case<n>/`, so no port is ever bound twice. A port number:
+    `master_port` None: the ranks of case n meet in a file store of their own (`case<n>` in the pool's rendezvous
+    folder, boundary.Sandbox.rendezvous_folder), so no port is ever bound and no socket is reachable. A port number:
     rank 0 of every case hosts the rendezvous there (the runner's way); after a watchdog kill the next port is
     used, since the killed rank 0 may leave it in TIME_WAIT.
 
@@ -1196,7 +1196,7 @@ class RankPool:
         self.backend, self.rank_prefix, self.env = backend, rank_prefix, dict(env or {})
         self.bundle = str(bundle) if bundle else None
         self.nccl_version = self.env.get("A2A_NCCL_VERSION", os.environ.get("A2A_NCCL_VERSION"))
-        self.store, self.master_port = None, master_port
+        self.master_port = master_port
         self.sandbox = Sandbox(enabled=os.environ.get("A2A_SANDBOX", "1") != "0",
                                reach=(self.bundle,) if self.bundle else (), env=self.env,
                                build_key=build_key or Sandbox.source_key(Path(self.bundle or ".") / "submission.py"))
@@ -1206,17 +1206,14 @@ class RankPool:
         self.cases_run = 0
         try:
             self.workers = [self._start() for _ in range(size)]
-            if master_port is None:  # made once the workers are starting: its torch import overlaps theirs
-                import torch.distributed as dist
-
-                self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         except BaseException:
             self.kill()
             raise
 
     def _setup(self) -> RankSetup:
-        if self.store is not None:
-            return RankSetup(self.backend, store_port=self.store.port, nccl_version=self.nccl_version)
+        if self.master_port is None:
+            return RankSetup(self.backend, store_folder=self.sandbox.rendezvous_folder(),
+                             nccl_version=self.nccl_version)
         return RankSetup(self.backend, master_port=self.master_port, nccl_version=self.nccl_version)
 
     def _start(self):
@@ -1256,6 +1253,10 @@ class RankPool:
             for text in texts:
                 text.release()
             self.sandbox.pause(False, pids)
+
+    def cpu_ns(self) -> int:
+        """CPU time the pool's processes have used (boundary.Sandbox.cpu_ns)."""
+        return self.sandbox.cpu_ns(tuple(worker[0].pid for worker in self.workers if worker is not None))
 
     def _close_texts(self, pid: int) -> None:
         for text in self.texts.pop(pid, ()):
@@ -1358,6 +1359,7 @@ LOG_DIR_ENV = "A2A_LOG_DIR"  # where the owner writes failed builds' logs (defau
 # A log's content, so its name, is a rank's choice: a run (this process) writes few, and none of them whole.
 BUILD_LOGS_PER_RUN = 8
 BUILD_LOG_BYTES_PER_RUN = 4 << 20
+BUILD_LOGS_KEPT = 32  # over every run: past it, the oldest logs go (no run keeps the folder growing)
 _build_logs: dict = {}  # path -> bytes, the logs this process wrote
 
 
@@ -1378,7 +1380,20 @@ def write_build_log(text: str) -> str:
     except OSError as exc:
         return f"not written: {exc.strerror}"
     _build_logs[path] = len(data)
+    _remove_old_build_logs(folder)
     return str(path)
+
+
+def _remove_old_build_logs(folder: Path) -> None:
+    """All but the BUILD_LOGS_KEPT newest logs in `folder`, never one this run wrote."""
+    logs = []
+    for log in folder.glob("build-*.log"):
+        with contextlib.suppress(OSError):
+            logs.append((log.stat().st_mtime_ns, log))
+    for _, log in sorted(logs, reverse=True)[BUILD_LOGS_KEPT:]:
+        if log not in _build_logs:
+            with contextlib.suppress(OSError):
+                log.unlink()
 
 
 def rank_failures(results: list[RankResult]) -> str:
@@ -1648,10 +1663,18 @@ WARMUP_INDEX = -1
 def run_benchmarking(run: ProtocolRun, tests: list[TestCase], mode: str) -> int:
     """The runner's order: a warm-up on the first case (0.1 s budget in benchmark mode, 0.01 s in leaderboard
     mode), then every case; leaderboard mode checks fresh inputs, logs each spec after its run and stops at the
-    first failure."""
+    first failure. A warm-up that hangs, raises or ends a rank fails the run, as on the runner, where it ends the
+    run (its result's get raises); only the warm-up's outputs go unchecked (red team 14: a hang there, killed by the
+    watchdog, passed)."""
     leaderboard = mode == "leaderboard"
-    _benchmark(run, WARMUP_INDEX, tests[0], False, 1e7 if leaderboard else 1e8, mode)
+    warmup = _benchmark(run, WARMUP_INDEX, tests[0], False, 1e7 if leaderboard else 1e8, mode)
     run.logger.log("benchmark-count", len(tests))
+    if isinstance(warmup, str):
+        run.logger.log("benchmark.0.spec", tests[0].spec)
+        run.logger.log("benchmark.0.status", "fail")
+        run.logger.log("benchmark.0.error", f"in the warm-up before the timed cases: {warmup}")
+        run.logger.log("check", "fail")
+        return EXIT_CHECK_FAILED
     passed = True
     for idx, test in enumerate(tests):
         if not leaderboard:
@@ -1795,9 +1818,8 @@ def _sharing_asked() -> bool:
 
 
 def _port_free(port: int) -> None:
-    """The fixed rendezvous port must be free before any rank binds it: another evaluator holding it would make
-    every case fail at its rendezvous."""
-    import socket
+    """The fixed rendezvous port must be free before any rank binds it, where the ranks share this machine's
+    network: another evaluator holding it would make every case fail at its rendezvous."""
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -1840,13 +1862,13 @@ def protocol_main() -> int:
         backend = os.environ.get("A2A_BACKEND") or ("nccl" if gpus else "gloo")
         validate_cases(tests, n_gpus, backend, gpus, shared=_sharing_asked())
         timeout = os.environ.get("A2A_TIMEOUT")
-        if os.environ.get("A2A_RENDEZVOUS") != "private":
-            _port_free(master_port)
         with PopcornOutput(fd) as logger:
             # The ranks start first and import torch while this process does (nothing above imported it on a CPU or
             # CUDA build); none runs submission code before its first case, which comes after the reference's import.
             pool = RankPool(n_gpus, backend, None if os.environ.get("A2A_RENDEZVOUS") == "private"
                             else master_port, prefixed or bool(os.environ.get("A2A_RANK_PREFIX")))
+            if os.environ.get("A2A_RENDEZVOUS") != "private" and not pool.guards.network_ipc:
+                _port_free(master_port)  # the ranks share this machine's network, where another run may hold it
             from utils import set_seed
 
             set_seed(seed or 42)
