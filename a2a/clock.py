@@ -50,6 +50,7 @@ DEFAULT_TARGETS = (iv.Target("held", 0.02), iv.Target("call", 0.05), iv.Target("
 SETUP_TIMEOUT_S = 300.0  # a round's start: imports, the first round's extension builds, checks, warm-up
 VISIT_TIMEOUT_S = 120.0
 THROTTLE_FRACTION = 0.75  # nvbench: a sample taken below 75% of the clock is throttled
+STOPPED_CPU_LIMIT_NS = 50_000_000  # CPU a stopped pool may use in another's visit (a signal's delivery, a tick or two)
 # MPS serves at most 48 clients per GPU: pools alive at once, when ranks share GPUs, stay below that.
 MPS_CLIENTS = 40
 
@@ -336,10 +337,22 @@ class Clock:
             sample["held"] = statistics.fmean(held) / 1e3
         self.samples.setdefault((live.entry.name, index), {})[round_index] = sample
 
+    def _ran_while_stopped(self, stopped: list, visited: _Live, index: int, round_index: int) -> None:
+        """An entry whose stopped pool used more than STOPPED_CPU_LIMIT_NS of CPU during another's visit fails, and
+        the visit it shared the machine with is not counted (boundary.Sandbox.cpu_ns says how a pool runs on)."""
+        for other, before in stopped:
+            used_ns = other.pool.cpu_ns() - before
+            if used_ns > STOPPED_CPU_LIMIT_NS:
+                other.failure = other.failure or (f"its processes used {used_ns / 1e6:.0f} ms of CPU while its pool "
+                                                  f"was stopped, during {visited.entry.name}'s timed steps")
+                other.pool.kill(clean_files=False)  # now: it would run on through the round's other visits
+                other.pool = None
+                self.samples.get((visited.entry.name, index), {}).pop(round_index, None)
+
     def _end(self, lives: list, round_index: int) -> None:
         """Ends a chunk's sessions (the steps stopped, the ranks' results read), then every pool."""
         for live in lives:
-            if live.steps is not None and live.steps.case.done is None:
+            if live.steps is not None and live.pool is not None and live.steps.case.done is None:
                 live.steps.case.extend(VISIT_TIMEOUT_S)
                 results = live.steps.finish()
                 if not live.failure and not all(r.ok for r in results):
@@ -399,7 +412,10 @@ class Clock:
             for live, index in visits:
                 if not live.failure:
                     _pause(live, False)
+                    stopped = [(other, other.pool.cpu_ns()) for other in lives
+                               if other is not live and other.pool is not None and not other.failure]
                     self._visit(live, index, round_index, bank)
+                    self._ran_while_stopped(stopped, live, index, round_index)
                     _pause(live, True)
             for live in lives:
                 _pause(live, False)

@@ -131,19 +131,10 @@ def test_the_owners_copies_come_from_a_gpu_no_rank_uses_else_the_next_ranks():
 
 
 HOG = '''
-import ctypes as _ctypes
-import os as _os
 import subprocess as _subprocess
 import sys as _sys
 
 _HOG = _subprocess.Popen([_sys.executable, "-c", "while True: pass"])  # burns a core while other entries are timed
-_NESTED = _os.fork()
-if _NESTED == 0:  # the same in a PID namespace nested in the pool's (a user namespace first)
-    if _ctypes.CDLL(None).unshare(0x10000000 | 0x20000000) == 0 and _os.fork() == 0:
-        while True:
-            pass
-    _os._exit(0)
-_os.waitpid(_NESTED, 0)
 
 
 def custom_kernel(data):
@@ -153,9 +144,9 @@ def custom_kernel(data):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="pools run in their own PID namespace only when started as root")
 def test_a_pool_waiting_its_turn_runs_nothing_while_another_is_timed(tmp_path, monkeypatch):
-    """An entry whose children burn the CPU, one in a PID namespace nested in its pool's (hostile entries ranked
-    themselves first at world size 2 by slowing the others this way): while another entry is visited, every process
-    of its pool, the children too, is stopped."""
+    """An entry whose child burns the CPU (hostile entries ranked themselves first at world size 2 by slowing the
+    others this way): while another entry is visited, every process of its pool, the child too, is stopped. (A
+    rank can no longer make a nested PID namespace: test_boundary holds the pause of one.)"""
     from tests.conftest import v1_kernel_source
 
     hog = tmp_path / "hog.py"
@@ -189,6 +180,55 @@ def test_a_pool_waiting_its_turn_runs_nothing_while_another_is_timed(tmp_path, m
     assert run.rounds == 1 and not run.failed, run.failed
     assert len(states.get("v1", [])) >= 2 * 3, states  # the hog's two ranks and their children, seen in v1's visits
     assert set(states["v1"]) == {"T"} and set(states["hog"]) == {"T"}, states
+
+
+# A thread that is always inside one long system call (madvise(MADV_POPULATE_READ) over 8 GiB of untouched memory,
+# ~1.5 s in the kernel, where only a fatal signal interrupts it): a SIGSTOP never takes hold of it (red team 14).
+KERNEL_BURNER = '''
+import ctypes as _ctypes
+import threading as _threading
+
+_libc = _ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = _ctypes.c_void_p
+_libc.mmap.argtypes = [_ctypes.c_void_p, _ctypes.c_size_t, _ctypes.c_int, _ctypes.c_int, _ctypes.c_int, _ctypes.c_long]
+_libc.madvise.argtypes = [_ctypes.c_void_p, _ctypes.c_size_t, _ctypes.c_int]
+_libc.munmap.argtypes = [_ctypes.c_void_p, _ctypes.c_size_t]
+_SIZE = 8 << 30
+_started = []
+
+
+def _burn():
+    while True:
+        address = _libc.mmap(None, _SIZE, 3, 0x22 | 0x4000, -1, 0)  # private, anonymous, no reserve
+        _libc.madvise(address, _SIZE, 15)  # MADV_NOHUGEPAGE
+        _libc.madvise(address, _SIZE, 22)  # MADV_POPULATE_READ
+        _libc.munmap(address, _SIZE)
+
+
+def custom_kernel(data):
+    if not _started:
+        _started.append(_threading.Thread(target=_burn, daemon=True))
+        _started[0].start()
+    return _v1_kernel(data)
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="pools run in their own PID namespace only when started as root")
+def test_an_entry_whose_stopped_pool_runs_on_in_the_kernel_fails(tmp_path):
+    """An entry with a thread that stays inside a long system call, which SIGSTOP does not stop, so that it runs on
+    while another entry is timed: it fails, saying how much CPU its stopped pool used, and v1 keeps its figure."""
+    from tests.conftest import v1_kernel_source
+
+    burner = tmp_path / "burner.py"
+    burner.write_text(v1_kernel_source() + KERNEL_BURNER)
+    plan = make_plan(["v1", str(burner)], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    entries = [clock.Entry("v1", "version", str(plan.versions[0])),
+               clock.Entry("burner", "version", str(plan.versions[1]))]
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=2, max_rounds=2, time_cap_s=math.inf, targets=(),
+                              order=("burner", "v1"))
+    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    assert "of CPU while its pool was stopped, during v1's timed steps" in run.failed.get("burner", ""), run.failed
+    assert "v1" not in run.failed and any(name == "v1" for name, _ in run.samples), (run.failed, run.samples)
 
 
 # Empty lines on its stdout at every call, as many as its pipe (made 1 MiB) takes, which the owner's relay takes
