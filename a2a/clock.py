@@ -50,7 +50,9 @@ DEFAULT_TARGETS = (iv.Target("held", 0.02), iv.Target("call", 0.05), iv.Target("
 SETUP_TIMEOUT_S = 300.0  # a round's start: imports, the first round's extension builds, checks, warm-up
 VISIT_TIMEOUT_S = 120.0
 THROTTLE_FRACTION = 0.75  # nvbench: a sample taken below 75% of the clock is throttled
-STOPPED_CPU_LIMIT_NS = 50_000_000  # CPU a stopped pool may use in another's visit (a signal's delivery, a tick or two)
+# CPU a stopped pool may use in another's visit: a tick or two (the kernel counts in 10 ms ticks), and past that a
+# tenth of the visit's length (an honest stopped pool uses none)
+STOPPED_CPU_FLOOR_NS, STOPPED_CPU_SHARE = 20_000_000, 0.1
 # MPS serves at most 48 clients per GPU: pools alive at once, when ranks share GPUs, stay below that.
 MPS_CLIENTS = 40
 
@@ -337,12 +339,13 @@ class Clock:
             sample["held"] = statistics.fmean(held) / 1e3
         self.samples.setdefault((live.entry.name, index), {})[round_index] = sample
 
-    def _ran_while_stopped(self, stopped: list, visited: _Live, index: int, round_index: int) -> None:
-        """An entry whose stopped pool used more than STOPPED_CPU_LIMIT_NS of CPU during another's visit fails, and
-        the visit it shared the machine with is not counted (boundary.Sandbox.cpu_ns says how a pool runs on)."""
+    def _ran_while_stopped(self, stopped: list, visit_ns: int, visited: _Live, index: int, round_index: int) -> None:
+        """An entry whose stopped pool used more CPU during another's visit than the floor and a share of the visit
+        allow fails, and the visit it shared the machine with is not counted (boundary.Sandbox.cpu_ns says how a
+        pool runs on)."""
         for other, before in stopped:
             used_ns = other.pool.cpu_ns() - before
-            if used_ns > STOPPED_CPU_LIMIT_NS:
+            if used_ns > max(STOPPED_CPU_FLOOR_NS, STOPPED_CPU_SHARE * visit_ns):
                 other.failure = other.failure or (f"its processes used {used_ns / 1e6:.0f} ms of CPU while its pool "
                                                   f"was stopped, during {visited.entry.name}'s timed steps")
                 other.pool.kill(clean_files=False)  # now: it would run on through the round's other visits
@@ -414,8 +417,9 @@ class Clock:
                     _pause(live, False)
                     stopped = [(other, other.pool.cpu_ns()) for other in lives
                                if other is not live and other.pool is not None and not other.failure]
+                    since = time.monotonic_ns()
                     self._visit(live, index, round_index, bank)
-                    self._ran_while_stopped(stopped, live, index, round_index)
+                    self._ran_while_stopped(stopped, time.monotonic_ns() - since, live, index, round_index)
                     _pause(live, True)
             for live in lives:
                 _pause(live, False)

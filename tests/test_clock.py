@@ -224,7 +224,7 @@ def test_an_entry_whose_stopped_pool_runs_on_in_the_kernel_fails(tmp_path):
     plan = make_plan(["v1", str(burner)], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
     entries = [clock.Entry("v1", "version", str(plan.versions[0])),
                clock.Entry("burner", "version", str(plan.versions[1]))]
-    settings = clock.Settings(steps=2, warmup=1, min_rounds=2, max_rounds=2, time_cap_s=math.inf, targets=(),
+    settings = clock.Settings(steps=6, warmup=1, min_rounds=2, max_rounds=2, time_cap_s=math.inf, targets=(),
                               order=("burner", "v1"))
     run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
     assert "of CPU while its pool was stopped, during v1's timed steps" in run.failed.get("burner", ""), run.failed
