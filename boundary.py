@@ -184,6 +184,11 @@ CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWNET = 0x08000000, 0x10000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
 PR_SET_NO_NEW_PRIVS = 38
+# What a pool's ranks may hold at most (hard limits, set before the uid drop): processes and threads of the pool's
+# uid together (the kernel's own pid_max was 32768 on this project's CPU machine, where a rank could make 96365: a
+# fork bomb would have starved the judge; 8 ranks of torch threads on a 128-core host need about 1200), and the
+# size of one file (a build's shared object is tens of MB).
+RANK_LIMITS = {"RLIMIT_NPROC": 4096, "RLIMIT_FSIZE": 4 << 30}
 # The ranks' uids: one per live pool, claimed by creating its record (UID_RECORDS), so two pools (two entries of
 # run_leaderboard.py's clock side by side) never share files, a uid to signal or an MPS server.
 RANK_UID_BASE, RANK_UID_SPAN = 60000, 5000
@@ -1099,6 +1104,10 @@ def enter_rank_sandbox(sandbox: Optional[RankSandbox]) -> None:
     if sandbox.uid is not None:
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0):
             _fail("no_new_privs")
+        import resource
+
+        for name, limit in RANK_LIMITS.items():
+            resource.setrlimit(getattr(resource, name), (limit, limit))
         os.setgroups([])
         os.setgid(sandbox.uid)
         os.setuid(sandbox.uid)

@@ -395,6 +395,9 @@ def _reach():
     thread.join()
     said.append(f"thread={len(seen)}")
     said.append(f"child={_subprocess.run(['true']).returncode}")
+    import resource as _resource
+    said.append("limits=" + ",".join(str(_resource.getrlimit(getattr(_resource, name))[1])
+                                     for name in ("RLIMIT_NPROC", "RLIMIT_FSIZE")))
     _os.write(2, ("HOSTILE reach " + " ".join(said) + "\\n").encode())
 
 
@@ -411,7 +414,8 @@ def test_a_rank_reaches_no_socket_ipc_object_or_user_namespace_outside_its_pool(
     reach each, to leave a POSIX message queue and a key in its uid's keyring (red team 14: both outlived the
     command), to make a user namespace and to call clone3: nothing of the test's is reached and no queue is left
     (the pool's own network and IPC namespaces), the keyring and the user namespace are refused (EPERM) and clone3
-    is absent (ENOSYS), while threads and child processes still start and the run passes."""
+    is absent (ENOSYS), while threads and child processes still start and the run passes; its processes and its
+    files' size are capped (RANK_LIMITS; red team 14: a rank could make more processes than the kernel's pid_max)."""
     import ctypes
     import errno
     import socket
@@ -446,3 +450,4 @@ def test_a_rank_reaches_no_socket_ipc_object_or_user_namespace_outside_its_pool(
         assert tried["key"] == f"-1/{errno.EPERM}", line
         assert tried["userns"] == f"-1/{errno.EPERM}" and tried["clone3"] == f"-1/{errno.ENOSYS}", line
         assert tried["thread"] == "1" and tried["child"] == "0", line
+        assert tried["limits"] == ",".join(str(boundary.RANK_LIMITS[name]) for name in ("RLIMIT_NPROC", "RLIMIT_FSIZE"))
