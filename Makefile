@@ -21,12 +21,18 @@ CASE ?= benchmarks:0
 .PHONY: setup test test-full test-gpu test-gpu-full check-device leaderboard stability sol trace diff sweep nccl clean
 
 # The .venv's packages are looked up, not imported: importing them all took 3 s before every make test.
+# pip compiles every file it installs, one at a time (81 s of install on 2 cores, 33 s without); only what the ranks
+# import is compiled here, on every core (torch, numpy, triton: 11 s), since a rank cannot write its bytecode cache;
+# the rest is cached by the first process that imports it. A file that does not compile on this Python (torch keeps
+# one for 3.12) is left to fail where it is imported, as pip leaves it.
 setup:
 ifeq ($(HAVE_DEPS),)
 	@test -x .venv/bin/python || python3 -m venv .venv
 	@.venv/bin/python -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))' \
 		torch triton ziglang pandas tabulate yaml scipy matplotlib pytest xdist || \
-		.venv/bin/python -m pip install --quiet --disable-pip-version-check $(CPU_DEPS)
+		{ .venv/bin/python -m pip install --quiet --no-compile --disable-pip-version-check $(CPU_DEPS) && \
+		  { .venv/bin/python -m compileall -q -j 0 $$(.venv/bin/python -c 'import sysconfig as s; p = s.get_paths()["purelib"]; \
+		    print(*(f"{p}/{m}" for m in ("torch", "numpy", "triton")))') > /dev/null || true; }; }
 endif
 
 # Compile-only check of every version's device code (and the probes'): nvcc sm_90, and after hipify whole gfx942
