@@ -488,17 +488,28 @@ class Steps:
         copies out). The middle two rest on the ranks' own stamps (their word)."""
         seen = [c.field(GO_SEEN_NS) for c in self.channels]
         done = [c.field(DONE_AT_NS) for c in self.channels]
-        self.anatomy.append((raised - start, max(seen) - raised, max(d - g for d, g in zip(done, seen)),
-                             end - max(done)))
+        if all(raised <= g <= d <= end for g, d in zip(seen, done)):
+            self.anatomy.append((raised - start, max(seen) - raised, max(d - g for d, g in zip(done, seen)),
+                                 end - max(done)))
+        else:  # a stamp outside the owner's window cannot be true (red team 14: forged ones were shown as phases)
+            self.anatomy.append((raised - start, math.nan, math.nan, math.nan))
 
     def anatomy_text(self) -> str:
-        """The median of each phase over the steps so far, in µs (empty when not profiled)."""
+        """The median of each phase over the steps so far, in µs (empty when not profiled); the phases that rest on
+        the ranks' stamps over the steps whose stamps fit the owner's window, and how many did not."""
         if not self.anatomy:
             return ""
         import statistics
 
-        return ", ".join(f"{name} {statistics.median(p[i] for p in self.anatomy) / 1e3:.1f}"
-                         for i, name in enumerate(ANATOMY_PHASES)) + f" µs (p50 of {len(self.anatomy)} steps)"
+        def median_us(values: list) -> str:
+            values = [v for v in values if v == v]
+            return f"{statistics.median(values) / 1e3:.1f}" if values else "n/a"
+
+        outside = sum(1 for p in self.anatomy if p[1] != p[1])
+        return (", ".join(f"{name} {median_us([p[i] for p in self.anatomy])}" for i, name in enumerate(ANATOMY_PHASES))
+                + f" µs (p50 of {len(self.anatomy)} steps" + (f"; {outside} with ranks' stamps outside the owner's "
+                                                               "window, left out of wake, rank and collect" if outside
+                                                               else "") + ")")
 
     def _synchronize(self) -> None:
         import torch

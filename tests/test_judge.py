@@ -2363,3 +2363,25 @@ def test_a_call_that_hangs_or_raises_in_the_warm_up_fails_the_run(tmp_path, proc
     Path(tempfile.gettempdir(), f"{process_token}-first-call").unlink(missing_ok=True)  # without the sandbox
     assert result.returncode == EXIT_CHECK_FAILED, result.stdout[-2000:] + result.stderr[-2000:]
     assert "in the warm-up" in result.stdout + result.stderr, result.stdout[-2000:]
+
+
+def test_the_step_anatomy_leaves_out_ranks_stamps_outside_the_owners_window():
+    """The anatomy's wake, rank and collect rest on the ranks' own stamps: a step whose stamps fall outside the owner's
+    window (red team 14: forged ones printed as wake 9223319817201918.0 µs) is left out of them and counted."""
+    import judge
+
+    class Stamped:
+        def __init__(self, seen: int, done: int):
+            self.stamps = {judge.GO_SEEN_NS: seen, judge.DONE_AT_NS: done}
+
+        def field(self, index: int) -> int:
+            return self.stamps[index]
+
+    steps = judge.Steps.__new__(judge.Steps)
+    steps.anatomy = []
+    steps.channels = [Stamped(12_000, 20_000), Stamped(13_000, 21_000)]
+    steps._dissect(0, 10_000, 30_000)
+    steps.channels = [Stamped(2**62, -2**62), Stamped(13_000, 21_000)]
+    steps._dissect(0, 10_000, 30_000)
+    text = steps.anatomy_text()
+    assert text.startswith("place 10.0, wake 3.0, rank 8.0, collect 9.0 µs (p50 of 2 steps; 1 with"), text
