@@ -224,11 +224,77 @@ def test_an_entry_whose_stopped_pool_runs_on_in_the_kernel_fails(tmp_path):
     plan = make_plan(["v1", str(burner)], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
     entries = [clock.Entry("v1", "version", str(plan.versions[0])),
                clock.Entry("burner", "version", str(plan.versions[1]))]
-    settings = clock.Settings(steps=6, warmup=1, min_rounds=2, max_rounds=2, time_cap_s=math.inf, targets=(),
+    settings = clock.Settings(steps=4, warmup=1, min_rounds=2, max_rounds=2, time_cap_s=math.inf, targets=(),
                               order=("burner", "v1"))
     run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
     assert "of CPU while its pool was stopped, during v1's timed steps" in run.failed.get("burner", ""), run.failed
     assert "v1" not in run.failed and any(name == "v1" for name, _ in run.samples), (run.failed, run.samples)
+
+
+# A process that resumes itself: a SIGCONT handler and a POSIX timer sending it SIGCONT every millisecond, so that
+# the clock's SIGSTOP holds it for a millisecond at most; it burns the CPU while its rank is stopped (another entry is
+# timed) and after 8 ms of CPU forks its successor and exits, its time then the init's, which reaped it (red team 15).
+SELF_RESUMING = r'''
+import ctypes, os, signal, sys, time
+rank = int(sys.argv[1])
+if os.fork():
+    os._exit(0)
+libc = ctypes.CDLL(None, use_errno=True)
+class SigEvent(ctypes.Structure):
+    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int), ("pad", ctypes.c_int * 12)]
+class Spec(ctypes.Structure):
+    _fields_ = [("i_s", ctypes.c_long), ("i_ns", ctypes.c_long), ("v_s", ctypes.c_long), ("v_ns", ctypes.c_long)]
+def arm():
+    timer = ctypes.c_void_p()
+    libc.timer_create(1, ctypes.byref(SigEvent(None, signal.SIGCONT, 0)), ctypes.byref(timer))
+    libc.timer_settime(timer, 0, ctypes.byref(Spec(0, 1000000, 0, 1000000)), None)
+def stopped():
+    try:
+        with open(f"/proc/{rank}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in "Tt"
+    except OSError:
+        os._exit(0)
+signal.signal(signal.SIGCONT, lambda *_: None)
+arm()
+while True:
+    if not stopped():
+        time.sleep(0.002)
+        continue
+    while time.process_time() < 0.008 and stopped():
+        pass
+    if time.process_time() >= 0.008:
+        if os.fork():
+            os._exit(0)
+        arm()
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="pools run in their own PID namespace only when started as root")
+def test_an_entry_whose_stopped_pool_resumes_itself_fails(tmp_path):
+    """An entry whose processes resume themselves within a millisecond of each SIGSTOP and burn the CPU while
+    another entry is timed, in a chain of processes that each exit after 8 ms (red team 15: 226-388 ms a round, never
+    seen, the entry ranked first by center): it fails, its reaped processes' time counted."""
+    from tests.conftest import v1_kernel_source
+
+    hostile = tmp_path / "resuming.py"
+    hostile.write_text(v1_kernel_source() + f'''
+import os as _os, subprocess as _subprocess, sys as _sys
+_started = []
+
+
+def custom_kernel(data):
+    if not _started:
+        for _ in range(2):
+            _subprocess.Popen([_sys.executable, "-c", {SELF_RESUMING!r}, str(_os.getpid())]).wait()
+        _started.append(True)
+    return _v1_kernel(data)
+''')
+    plan = make_plan(["v1", str(hostile)], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    entries = [clock.Entry("v1", "version", str(plan.versions[0])),
+               clock.Entry("resuming", "version", str(plan.versions[1]))]
+    settings = clock.Settings(steps=8, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
+    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    assert "of CPU while its pool was stopped" in run.failed.get("resuming", ""), run.failed
 
 
 # Empty lines on its stdout at every call, as many as its pipe (made 1 MiB) takes, which the owner's relay takes
