@@ -205,10 +205,11 @@ CACHE_FOLDERS = {"TORCH_EXTENSIONS_DIR": "torch_extensions", "TRITON_CACHE_DIR":
 # Folders (os.pathsep between) the operator lets the ranks write besides their run's own (a test's marks).
 RANK_WRITABLE = "A2A_RANK_WRITABLE"
 MPS_DEFAULT_PIPE = "/tmp/nvidia-mps"  # where an MPS client looks when CUDA_MPS_PIPE_DIRECTORY is unset
-# The namespace's guardian and its init. The guardian, a tiny process outside the namespace, first tries in a mount
-# namespace of its own how this kernel makes mounts read-only, forks the init into the PID namespace and says both,
-# puts itself (and so the init and the ranks) in a network namespace with loopback alone and an IPC namespace of
-# their own, then waits for its owner's pipe: a line ("end") or its close (the owner is done, or was killed: SIGKILL included).
+# The namespace's guardian and its init. The guardian, a tiny process outside the PID namespace, first tries in a
+# mount namespace of its own how this kernel makes mounts read-only, puts itself (and so the init and the ranks) in a
+# network namespace with loopback alone and an IPC namespace of their own, forks the init into the PID namespace and
+# says how each went, then waits for its owner's pipe: a line ("end") or its close (the owner is done, or was killed:
+# SIGKILL included).
 # It kills the init (the kernel ends everything in the namespace with it), answers "ended" to a line, and once the
 # pipe is closed (the owner has copied the builds back) removes the run's folders and frees the uid. Signals to the
 # run's process group leave it.
@@ -276,7 +277,7 @@ def isolate_network_and_ipc(libc) -> str:
     return ""
 
 
-# The seccomp filter a rank installs on itself (deny_user_namespaces): classic BPF over struct seccomp_data.
+# The seccomp filter a rank installs on itself (install_rank_filter): classic BPF over struct seccomp_data.
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 # per architecture the harness runs on: its audit arch, and the numbers of the calls the filter looks at
@@ -322,10 +323,10 @@ def rank_filter(machine: str) -> list:
     return assembled
 
 
-def deny_user_namespaces(libc) -> None:
+def install_rank_filter(libc) -> None:
     """This process and its children can make no user namespace (in one a rank would be root, with every namespace
-    and mount it then makes) and use no keyring (rank_filter). Needs no_new_privs. NOTES: the filter lasts for the process's life and is inherited;
-    it costs a few instructions a system call."""
+    and mount it then makes) and use no keyring (rank_filter). Needs no_new_privs. NOTES: the filter lasts for the
+    process's life and is inherited; it costs a few instructions a system call."""
     program = rank_filter(os.uname().machine)
     if not program:
         _fail(f"no seccomp filter for {os.uname().machine}")
@@ -533,13 +534,6 @@ class Sandbox:
     def spawning(self):
         """Processes this thread starts inside the block are born in the ranks' PID, network and IPC namespaces."""
         with self._entered(tuple(self._namespaces)):
-            yield
-
-    @contextlib.contextmanager
-    def network(self):
-        """Sockets this thread makes inside the block are in the ranks' network namespace (the owner's rendezvous
-        store, which the ranks reach at 127.0.0.1 and no other pool can)."""
-        with self._entered(tuple(kind for kind in self._namespaces if kind == CLONE_NEWNET)):
             yield
 
     @contextlib.contextmanager
@@ -1119,6 +1113,6 @@ def enter_rank_sandbox(sandbox: Optional[RankSandbox]) -> None:
         os.setgroups([])
         os.setgid(sandbox.uid)
         os.setuid(sandbox.uid)
-        deny_user_namespaces(libc)
+        install_rank_filter(libc)
         os.umask(0o077)  # the ranks are one uid: nobody else needs their files
         os.environ.update(sandbox.env)
