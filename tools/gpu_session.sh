@@ -40,7 +40,14 @@ for item in "${@:2}"; do  # every step known before anything runs (README's exit
 done
 out=$(realpath -m "$1"); shift
 cd "$(dirname "$0")/.."
+# A machine lent again may keep an earlier session's DIR (seen 2026-11-27: its logs and results went into the next
+# session's archive). A DIR first used more than 4 hours ago (a session is 3) is moved aside, not packed.
+if [ -e "$out/.first_used" ] && [ -n "$(find "$out/.first_used" -mmin +240)" ]; then
+  aside="$out.earlier.$(date -r "$out/.first_used" +%Y%m%d%H%M%S)"
+  mv "$out" "$aside" && echo "$out was an earlier session's (first used $(date -r "$aside/.first_used")): moved to $aside"
+fi
 mkdir -p "$out/logs" "$out/results" "$out/traces"
+[ -e "$out/.first_used" ] || touch "$out/.first_used"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # One extension cache and one Triton cache for the session, under DIR: empty on a fresh machine, so `cold` measures
 # real cold starts and everything after reuses their builds.
