@@ -4,6 +4,7 @@ of the harness issue is here; each failed before the plan validated cases once."
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,23 @@ def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
         done = subprocess.run(["bash", "tools/gpu_session.sh", *args], cwd=ROOT, capture_output=True, text=True)
         assert done.returncode == EXIT_BAD_INPUT and message in done.stderr, done.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_a_gpu_session_folder_of_an_earlier_session_is_moved_aside_not_packed(tmp_path):
+    """A session folder first used 5 hours ago, its logs in it (a machine lent again keeps its /tmp): the next
+    session's command moves it aside whole and starts an empty one; a folder used minutes ago is kept as it is."""
+    folder = tmp_path / "session"
+    (folder / "logs").mkdir(parents=True)
+    (folder / "logs" / "earlier.log").write_text("an earlier session's")
+    (folder / ".first_used").touch()
+    os.utime(folder / ".first_used", (time.time() - 5 * 3600,) * 2)
+    for _ in range(2):
+        done = subprocess.run(["bash", "tools/gpu_session.sh", str(folder), "set:A2A_PROBE=1"], cwd=ROOT,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("session.earlier.")]
+    assert len(aside) == 1 and (aside[0] / "logs" / "earlier.log").is_file(), list(tmp_path.iterdir())
+    assert not (folder / "logs" / "earlier.log").exists() and (folder / ".first_used").is_file()
 
 
 def _compilers() -> bool:
