@@ -435,6 +435,7 @@ class Sandbox:
         self.inode: Optional[int] = None
         self._namespaces: dict = {}  # CLONE_NEW* -> (the ranks' namespace, this thread's own), descriptors
         self._rendezvous: Optional[Path] = None
+        self._temporary = contextlib.ExitStack()  # the folders this pool made that go with it
         self.uid: Optional[int] = None
         self._views: dict = {}
         self._seeded: set = set()
@@ -525,8 +526,7 @@ class Sandbox:
                 folder.mkdir(mode=0o700, exist_ok=True)
                 os.chown(folder, self.uid, self.uid)
             else:
-                folder = Path(tempfile.mkdtemp(prefix="a2a-rendezvous-"))
-                Path(folder, TEMP_OWNER_MARK).write_text(_own_mark())
+                folder = self._temporary.enter_context(owned_tempdir("rendezvous"))
             self._rendezvous = folder
         return str(self._rendezvous)
 
@@ -632,8 +632,7 @@ class Sandbox:
         for fd in (fd for pair in self._namespaces.values() for fd in pair):
             os.close(fd)
         self._namespaces = {}
-        if self._rendezvous is not None and self._rendezvous.name != "a2a-rendezvous":  # the run folder's is gone
-            shutil.rmtree(self._rendezvous, ignore_errors=True)
+        self._temporary.close()
         self._rendezvous = None
         self.inode = None
 
