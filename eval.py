@@ -1660,6 +1660,11 @@ def _benchmark(run: ProtocolRun, idx: int, test: TestCase, recheck: bool, max_ti
 WARMUP_INDEX = -1
 
 
+def _log_failure(logger, idx: int, error: str) -> None:
+    logger.log(f"benchmark.{idx}.status", "fail")
+    logger.log(f"benchmark.{idx}.error", error)
+
+
 def run_benchmarking(run: ProtocolRun, tests: list[TestCase], mode: str) -> int:
     """The runner's order: a warm-up on the first case (0.1 s budget in benchmark mode, 0.01 s in leaderboard
     mode), then every case; leaderboard mode checks fresh inputs, logs each spec after its run and stops at the
@@ -1671,8 +1676,7 @@ def run_benchmarking(run: ProtocolRun, tests: list[TestCase], mode: str) -> int:
     run.logger.log("benchmark-count", len(tests))
     if isinstance(warmup, str):
         run.logger.log("benchmark.0.spec", tests[0].spec)
-        run.logger.log("benchmark.0.status", "fail")
-        run.logger.log("benchmark.0.error", f"in the warm-up before the timed cases: {warmup}")
+        _log_failure(run.logger, 0, f"in the warm-up before the timed cases: {warmup}")
         run.logger.log("check", "fail")
         return EXIT_CHECK_FAILED
     passed = True
@@ -1684,8 +1688,7 @@ def run_benchmarking(run: ProtocolRun, tests: list[TestCase], mode: str) -> int:
             run.logger.log(f"benchmark.{idx}.spec", test.spec)
         if isinstance(result, str):
             passed = False
-            run.logger.log(f"benchmark.{idx}.status", "fail")
-            run.logger.log(f"benchmark.{idx}.error", result)
+            _log_failure(run.logger, idx, result)
             if leaderboard:
                 break
             continue
@@ -1751,10 +1754,9 @@ def run_profiling(run: ProtocolRun, tests: list[TestCase]) -> int:
         unfit = [rank for rank, r in enumerate(results) if r.ok and not profile_rows_fit(r.value)]
         if unfit or not all(r.ok for r in results):
             passed = False
-            run.logger.log(f"benchmark.{idx}.status", "fail")
-            run.logger.log(f"benchmark.{idx}.error", rank_failures(results) if not unfit else
-                           f"rank {unfit[0]} - void: a profile that does not fit (a list of rows, each a str key "
-                           f"and finite numbers from 0 to {PROFILE_VALUE_LIMIT:g})")
+            _log_failure(run.logger, idx, rank_failures(results) if not unfit else
+                         f"rank {unfit[0]} - void: a profile that does not fit (a list of rows, each a str key and "
+                         f"finite numbers from 0 to {PROFILE_VALUE_LIMIT:g})")
             continue
         report = profile_table([r.value for r in results], run.backend != "gloo")
         run.logger.log(f"benchmark.{idx}.report", base64.b64encode(report.encode("utf-8"), b"+*").decode("utf-8"))

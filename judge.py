@@ -505,11 +505,10 @@ class Steps:
             values = [v for v in values if v == v]
             return f"{statistics.median(values) / 1e3:.1f}" if values else "n/a"
 
+        phases = ", ".join(f"{name} {median_us([p[i] for p in self.anatomy])}" for i, name in enumerate(ANATOMY_PHASES))
         outside = sum(1 for p in self.anatomy if p[1] != p[1])
-        return (", ".join(f"{name} {median_us([p[i] for p in self.anatomy])}" for i, name in enumerate(ANATOMY_PHASES))
-                + f" µs (p50 of {len(self.anatomy)} steps" + (f"; {outside} with ranks' stamps outside the owner's "
-                                                               "window, left out of wake, rank and collect" if outside
-                                                               else "") + ")")
+        note = f"; {outside} with ranks' stamps outside the owner's window, left out of wake, rank and collect"
+        return f"{phases} µs (p50 of {len(self.anatomy)} steps{note if outside else ''})"
 
     def _synchronize(self) -> None:
         import torch
