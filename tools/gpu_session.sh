@@ -9,7 +9,7 @@
 #          version, all ranks importing at once, as on the leaderboard; run it first on a fresh machine) |
 #          build[:FILES] (every extension not built yet, timed and trace builds, in parallel; FILES: comma-separated
 #          submission files, default every version) |
-#          tests[:K_EXPRESSION] | sol | leaderboard:VERSIONS[:OPTIONS] | trace:VERSION:CASES | sweep:VERSION |
+#          tests[:K_EXPRESSION] (the whole GPU file) | test_gpu (`make test-gpu`: the GPU file less `full`) | sol | leaderboard:VERSIONS[:OPTIONS] | trace:VERSION:CASES | sweep:VERSION |
 #          eval:MODE:VERSION[:OPTIONS] (the human face, e.g. eval:leaderboard:v9:--world-size 4 --cases benchmarks:0) |
 #          env (this machine: GPUs, driver, compilers, CUDA, torch, Triton, NCCL, into logs/env.log) |
 #          diff:A:B | anatomy:VERSION | ideas:SCRATCH[:SETS] (tools/compare_ideas.py against v5; IDEAS_BLOCK) |
@@ -28,7 +28,7 @@
 # Export A2A_COMMIT=<the commit being measured> in the device command: the tree travels with a stale .git, so
 # without it results are labelled with an older commit and '-dirty' (seen 2026-11-22: 07249e2-dirty for 630334a).
 set -uo pipefail
-KNOWN="set cold build _build _cold tests sol leaderboard eval env trace sweep diff anatomy ideas nccl sm_share runner pack wait start"
+KNOWN="set cold build _build _cold tests test_gpu sol leaderboard eval env trace sweep diff anatomy ideas nccl sm_share runner pack wait start"
 if [ $# -lt 2 ] || [ -z "$1" ]; then
   echo "usage: tools/gpu_session.sh DIR [start] STEP... (a folder for logs and a step at least)" >&2; exit 113
 fi
@@ -101,6 +101,7 @@ run_steps() {
       # the whole suite at world size 8 on one H100 at 8% takes about 27 min (2026-11-24): more than a lent machine
       # holds with its start and the build, so there it runs in two parts by K (docs/sharing.md, the GPU suite)
       tests) step "tests" 2400 $py -m pytest -q -rsP --durations=20 tests/test_gpu.py ${a:+-k "$a"} ;;
+      test_gpu) step "test_gpu" 1200 $py -m pytest -q -rsP --durations=20 -m "not full" tests/test_gpu.py ;;
       sol) step sol 300 $py -m a2a.cli sol --out "$out/results" ;;
       leaderboard) step "leaderboard_${a//,/-}" 900 $py -m a2a.cli leaderboard --versions "$a" --out "$out/results" $b ;;
       eval) IFS=: read -r _ mode version options <<< "$item"
