@@ -35,9 +35,11 @@ from torch.utils.cpp_extension import load_inline
 from triton.language.extra import cuda as tl_cuda
 
 TRACE = os.environ.get("A2A_TRACE") == "1"
-TRACE_PHASES = ("all2all", "all2all.route", "all2all.publish_counts", "all2all.send_row", "all2all.wait_counts",
-                "all2all.wait_row_flag", "all2all.row_in_and_home", "all2all.wait_combined", "all2all.reduce",
-                "all2all.raise_flags")
+# In the order each (program, warp) first enters them: the batched release first follows the sends (and again the
+# rows sent home).
+TRACE_PHASES = ("all2all", "all2all.route", "all2all.publish_counts", "all2all.send_row", "all2all.raise_flags",
+                "all2all.wait_counts", "all2all.wait_row_flag", "all2all.row_in_and_home", "all2all.wait_combined",
+                "all2all.reduce")
 TRACE_CAPACITY = 1 << 20  # records per rank between two trace_take() calls
 PH_ALL2ALL = tl.constexpr(TRACE_PHASES.index("all2all"))
 PH_ROUTE = tl.constexpr(TRACE_PHASES.index("all2all.route"))
