@@ -5,6 +5,8 @@
 #
 #   tools/gpu_session.sh DIR STEP...          run the steps now; logs under DIR/logs
 #   tools/gpu_session.sh DIR start STEP...    run them detached (they outlive this command) and return at once
+#   tools/gpu_session.sh DIR check STEP...    only check the step list (113 on a bad one), touching nothing: run it
+#                                             here before a device call (a refused list lost a call's minutes)
 #   steps: cold:VERSIONS (each version's first case on an empty extension cache, or Triton cache for a Triton
 #          version, all ranks importing at once, as on the leaderboard; run it first on a fresh machine) |
 #          build[:FILES] (every extension not built yet, timed and trace builds, in parallel; FILES: comma-separated
@@ -28,7 +30,7 @@
 # Export A2A_COMMIT=<the commit being measured> in the device command: the tree travels with a stale .git, so
 # without it results are labelled with an older commit and '-dirty' (seen 2026-11-22: 07249e2-dirty for 630334a).
 set -uo pipefail
-KNOWN="set cold build _build _cold tests test_gpu sol leaderboard eval env trace sweep diff anatomy ideas nccl sm_share runner pack wait start"
+KNOWN="set cold build _build _cold tests test_gpu sol leaderboard eval env trace sweep diff anatomy ideas nccl sm_share runner pack wait start check"
 if [ $# -lt 2 ] || [ -z "$1" ]; then
   echo "usage: tools/gpu_session.sh DIR [start] STEP... (a folder for logs and a step at least)" >&2; exit 113
 fi
@@ -38,6 +40,7 @@ for item in "${@:2}"; do  # every step known before anything runs (README's exit
     echo "tools/gpu_session.sh: '$item' sets no A2A_ variable (set:A2A_NAME=VALUE)" >&2; exit 113
   fi
 done
+if [ "$2" = check ]; then echo "tools/gpu_session.sh: ${*:3} (every step known)"; exit 0; fi
 out=$(realpath -m "$1"); shift
 cd "$(dirname "$0")/.."
 # A machine lent again may keep an earlier session's DIR (seen 2026-11-27: its logs and results went into the next
