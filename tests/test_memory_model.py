@@ -131,3 +131,19 @@ def test_the_checks_counts_are_those_of_an_assembly_compile(target, checked):
     that too."""
     for path in (V6, V7):
         assert checked[path.name, target] == compiled(path, target), path.name
+
+
+@pytest.mark.parametrize("between, drained", [
+    (["v_add_u32_e32 v1, v1, v2", "s_waitcnt lgkmcnt(0)"], True),
+    (["global_store_dword v[0:1], v2, off"], False),
+    (["global_atomic_add v[0:1], v2, off"], False),
+    ([".LBB0_3:"], False),
+    (["s_cbranch_execz .LBB0_3"], False),
+    ([".Ltmp7:", "ds_write_b32 v0, v1"], True),
+], ids=["alu-and-lds-wait", "store", "atomic", "block-start", "branch", "debug-label-and-lds"])
+def test_a_barrier_is_drained_only_past_a_store_wait_in_its_own_block(between, drained):
+    """`drain`: an s_barrier whose straight run back holds `s_waitcnt vmcnt(0)` after every vector store or atomic;
+    a block's start (a branch may enter past the wait) or a branch ends the run; a debug label does not."""
+    lines = ["\t.type\tk,@function", "k:", "\tglobal_store_dword v[0:1], v3, off", "\ts_waitcnt vmcnt(0)",
+             *[line if line.startswith(".") else "\t" + line for line in between], "\ts_barrier", ".Lfunc_end0:"]
+    assert check_device.memory_model("\n".join(lines))["drain"] == int(drained)

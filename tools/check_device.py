@@ -201,7 +201,10 @@ def amd_assembly(path: Path, target: str = "gfx942", trace: bool = False) -> str
 
 
 _INSTRUCTION = re.compile(r"^\s+([a-z][a-z0-9_]*)\b(.*)$")
+_LABEL = re.compile(r"^\.LBB\w+:")  # a basic block's (a branch's target; .Ltmp labels only mark debug lines)
 _WAITS = ("s_waitcnt", "s_nop")
+_VECTOR_WRITE = re.compile(r"(global|flat|buffer)_(store|atomic)")
+_BLOCK_END = ("s_branch", "s_cbranch", "s_setpc", "s_endpgm")
 
 
 MEMORY_MODEL_FIELDS = ("release", "acquire", "poll", "fence", "sleep", "drain")
@@ -217,20 +220,23 @@ def memory_model(assembly: str) -> dict:
     `sc0 sc1`, then `buffer_inv sc0 sc1`; poll = a load with `sc0 sc1` and no invalidate after it (a relaxed atomic
     load, which reads past the caches); fence = `buffer_inv sc0 sc1` after neither such a load nor a write-back (an
     acquire fence; a full system fence writes back first); sleep = `s_sleep` (a spin loop's back-off); drain = an
-    `s_barrier` right after `s_waitcnt vmcnt(0)` (every wave's stores complete before a barrier that orders them
-    before one thread's release)."""
-    functions, name = {}, None
+    `s_barrier` that every path into it reaches past an `s_waitcnt vmcnt(0)` with no vector store or atomic after
+    the wait (every wave's stores complete before a barrier that orders them before one thread's release; on
+    gfx942 and gfx950 vmcnt counts stores too)."""
+    functions, name, starts = {}, None, {}
     for line in assembly.splitlines():
         started = re.match(r"^\s*\.type\s+([\w.$]+),@function", line)
         if started:
             name = started[1]
-            functions[name] = []
+            functions[name], starts[name] = [], set()
         elif line.startswith(".Lfunc_end"):
             name = None
+        elif name and _LABEL.match(line):
+            starts[name].add(len(functions[name]))  # a jump may enter at the next instruction
         elif name and (instruction := _INSTRUCTION.match(line)):
             functions[name].append((instruction[1], instruction[2]))
     found = dict.fromkeys(MEMORY_MODEL_FIELDS, 0)
-    for body in functions.values():
+    for name, body in functions.items():
         for i, (op, operands) in enumerate(body):
             after = next(((o, a) for o, a in body[i + 1:i + 6] if o not in _WAITS), ("", ""))
             before = next(((o, a) for o, a in reversed(body[max(0, i - 5):i]) if o not in _WAITS), ("", ""))
@@ -246,10 +252,23 @@ def memory_model(assembly: str) -> dict:
                 found["fence"] += 1
             if op == "s_sleep":
                 found["sleep"] += 1
-            if op == "s_barrier" and i > 0 and body[i - 1][0] == "s_waitcnt" \
-                    and body[i - 1][1].strip().startswith("vmcnt(0)"):
+            if op == "s_barrier" and _drained(body, starts[name], i):
                 found["drain"] += 1
     return found
+
+
+def _drained(body: list, starts: set, barrier: int) -> bool:
+    """Whether the straight run of instructions that ends at `barrier` holds an `s_waitcnt vmcnt(0)` after its last
+    vector store or atomic (a label or branch ends the run: another path may enter past the wait)."""
+    at = barrier
+    while at not in starts and at > 0:
+        at -= 1
+        op, operands = body[at]
+        if op == "s_waitcnt" and operands.strip().startswith("vmcnt(0)"):
+            return True
+        if _VECTOR_WRITE.match(op) or op.startswith(_BLOCK_END):
+            return False
+    return False
 
 
 def print_memory_model(path: Path, found: dict, target: str) -> None:
