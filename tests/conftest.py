@@ -71,7 +71,8 @@ DEVICE_CHECK_NICE = 10  # a tenth of a busy test's weight on a core (19, a seven
 
 def run_device_check(*files) -> subprocess.CompletedProcess:
     """make check-device's tool over `files` (its default files, host C++ check included, without any; named files
-    are the tests' planted device-code errors, whose host check is left out), at a low CPU priority: its compiles
+    are the tests' planted device-code errors, whose host check is left out and whose Triton builds take the largest
+    shape alone), at a low CPU priority: its compiles
     (the whole check keeps both cores busy for a minute and a half on 2 cores) take what the tests beside it leave
     idle instead of slowing their runs, whose limits cover their ranks' start. Its own session gets it a scheduling
     group of its own where the kernel groups by session (autogroup), as the protocol faces' sessions do; a nice value
@@ -84,9 +85,10 @@ def run_device_check(*files) -> subprocess.CompletedProcess:
 
     with tempfile.TemporaryFile() as stderr:
         with _turn(alone=False):
-            process = subprocess.Popen([sys.executable, "-m", "tools.check_device",
-                                        *(["--device-only"] if files else []), *map(str, files)], cwd=ROOT,
-                                       stdout=subprocess.PIPE, stderr=stderr, bufsize=0, start_new_session=True)
+            planted = ["--device-only", "--largest-shape"] if files else []
+            process = subprocess.Popen([sys.executable, "-m", "tools.check_device", *planted, *map(str, files)],
+                                       cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, bufsize=0,
+                                       start_new_session=True)
             with contextlib.suppress(OSError):  # before its compilers start; without autogroups, the nice value
                 os.setpriority(os.PRIO_PROCESS, process.pid, DEVICE_CHECK_NICE)
                 Path(f"/proc/{process.pid}/autogroup").write_text(str(DEVICE_CHECK_NICE))
