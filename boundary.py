@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import dataclasses
 import os
 import re
@@ -189,6 +190,92 @@ PR_SET_NO_NEW_PRIVS = 38
 # fork bomb would have starved the judge; 8 ranks of torch threads on a 128-core host need about 1200), and the
 # size of one file (a build's shared object is tens of MB).
 RANK_LIMITS = {"RLIMIT_NPROC": 4096, "RLIMIT_FSIZE": 4 << 30}
+
+# A pool's ranks share one memory cap, a cgroup of the pool's own (the memory controller of cgroup v1, or v2's),
+# which every rank joins before it drops root: without it one rank that takes the host's memory starves the owner and
+# every other pool. A2A_POOL_MEMORY_GB sets it; by default half the machine's memory.
+POOL_MEMORY_ENV = "A2A_POOL_MEMORY_GB"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def pool_memory_bytes() -> int:
+    text = os.environ.get(POOL_MEMORY_ENV)
+    if text:
+        return int(float(text) * (1 << 30))
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+def _memory_controller() -> Optional[tuple]:
+    """(the folder pools' groups go under, its limit file's name, its OOM-kill count's file) or None."""
+    v1 = CGROUP_ROOT / "memory"
+    if (v1 / "memory.limit_in_bytes").exists():
+        return v1, "memory.limit_in_bytes", "memory.oom_control"
+    for root in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
+        with contextlib.suppress(OSError):
+            if "memory" in (root / "cgroup.subtree_control").read_text().split():
+                return root, "memory.max", "memory.events"
+    return None
+
+
+def memory_group(uid: int) -> Optional[Path]:
+    found = _memory_controller()
+    return found[0] / f"a2a-pool-{uid}" if found else None
+
+
+def make_memory_group(uid: int, limit: int) -> tuple:
+    """The pool's memory group, capped at `limit` bytes (an earlier pool's of this uid removed first): (its folder,
+    "") or (None, why there is none)."""
+    found = _memory_controller()
+    if found is None:
+        return None, "no memory cgroup here"
+    group = found[0] / f"a2a-pool-{uid}"
+    remove_memory_group(uid)
+    try:
+        group.mkdir()
+        (group / found[1]).write_text(str(limit))
+        _try_joining(group)
+    except OSError as error:
+        remove_memory_group(uid)
+        return None, f"no memory cgroup ({group}: {error.strerror})"
+    return group, ""
+
+
+def _try_joining(group: Path) -> None:
+    """A forked child joins the group and ends (a kernel may make the group and refuse members): OSError if it
+    could not. Only system calls in the child: the owner may have threads."""
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            fd = os.open(group / "cgroup.procs", os.O_WRONLY)
+            os.write(fd, b"0")
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise OSError(errno.EPERM, "the kernel refused a process into it")
+
+
+def remove_memory_group(uid: int) -> None:
+    """Removes the uid's memory group once no process is left in it (else leaves it for the next claim)."""
+    group = memory_group(uid)
+    if group is not None:
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
+def memory_cap_hit(uid: Optional[int]) -> bool:
+    """Whether the kernel killed a process of the pool for its memory cap."""
+    found = _memory_controller()
+    if uid is None or found is None:
+        return False
+    try:
+        text = (found[0] / f"a2a-pool-{uid}" / found[2]).read_text()
+    except OSError:
+        return False
+    counts = dict(line.split()[:2] for line in text.splitlines() if len(line.split()) >= 2)
+    return counts.get("oom_kill", "0") not in ("0", "")
 # The ranks' uids: one per live pool, claimed by creating its record (UID_RECORDS), so two pools (two entries of
 # run_leaderboard.py's clock side by side) never share files, a uid to signal or an MPS server.
 RANK_UID_BASE, RANK_UID_SPAN = 60000, 5000
@@ -354,6 +441,7 @@ class RankSandbox:
     keep: tuple = ()
     read_only: str = ""
     expose: tuple = ()
+    memory_group: str = ""
 
 
 @dataclasses.dataclass
@@ -364,12 +452,16 @@ class Guards:
     private_proc: bool = False
     read_only: bool = False
     uid: Optional[int] = None
+    memory_bytes: Optional[int] = None  # the pool's memory cap
+    memory_off: str = ""  # why it has none
     off: list = dataclasses.field(default_factory=list)
 
     def describe(self) -> str:
         if self.pid_namespace and self.network_ipc and self.private_proc and self.read_only and self.uid is not None:
+            memory = (f"at most {self.memory_bytes / (1 << 30):.1f} GiB of memory for the pool"
+                      if self.memory_bytes else f"no memory cap ({self.memory_off})")
             return (f"ranks in their own PID, network and IPC namespaces and /proc, as uid {self.uid} with "
-                    "no_new_privs and no user namespace, every mount read-only but their run's own folders")
+                    f"no_new_privs and no user namespace, every mount read-only but their run's own folders, {memory}")
         return "guards off: " + "; ".join(self.off)
 
 
@@ -470,11 +562,14 @@ class Sandbox:
         self._views = cache_views(self.uid, needed)
         self._seeded = seed_builds(self.uid, self.build_key, self._views)
         self.guards.uid = self.uid
+        limit = pool_memory_bytes()
+        group, self.guards.memory_off = make_memory_group(self.uid, limit)
+        self.guards.memory_bytes = limit if group else None
         self.setup = RankSandbox(private_proc=True, uid=self.uid, env=run_env(self.uid, self._views),
                                  covers=run_covers(self.uid),
                                  writable=_writable(self.uid, pool_env), read_only=read_only,
                                  keep=tuple(sorted({str(p) for p in needed if _below_covered(p)})),
-                                 expose=tuple(pairs))
+                                 expose=tuple(pairs), memory_group=str(group or ""))
 
     @staticmethod
     def source_key(path: Path) -> Optional[str]:
@@ -629,6 +724,8 @@ class Sandbox:
         deadline = time.monotonic() + 5
         while self.members() and time.monotonic() < deadline:
             time.sleep(0.01)
+        if self.uid is not None and self.guards.memory_bytes:
+            remove_memory_group(self.uid)
         for fd in (fd for pair in self._namespaces.values() for fd in pair):
             os.close(fd)
         self._namespaces = {}
@@ -758,6 +855,7 @@ def release_uid(uid: int, owner: Optional[str] = None) -> list[str]:
         return []
     removed = remove_run_folders(uid)
     remove_sysv_ipc(uid)
+    remove_memory_group(uid)
     with contextlib.suppress(OSError):
         (UID_RECORDS / str(uid)).unlink()
     return removed
@@ -1091,6 +1189,12 @@ def enter_rank_sandbox(sandbox: Optional[RankSandbox]) -> None:
     MPS pipe and what they must read."""
     if sandbox is None:
         return
+    if sandbox.memory_group:  # while still root: the group's files are root's, and a rank cannot leave it
+        try:
+            Path(sandbox.memory_group, "cgroup.procs").write_text("0")
+        except OSError as error:
+            raise OSError(error.errno, f"rank sandbox: joining the pool's memory group {sandbox.memory_group}: "
+                                       f"{error.strerror}") from None
     libc = _libc()
     if sandbox.private_proc:
         if libc.unshare(CLONE_NEWNS):

@@ -55,9 +55,9 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own modules, wherever it is run from
-from boundary import (RUN_OWNER, RankSandbox, Sandbox, become_subreaper, claim_run, descendants,  # noqa: E402
-                      die_with_parent, enter_rank_sandbox, hide_result_channel, kill_tree, owned_tempdir,
-                      prepare_rank_cache, release_uid)
+from boundary import (POOL_MEMORY_ENV, RUN_OWNER, RankSandbox, Sandbox, become_subreaper, claim_run,  # noqa: E402
+                      descendants, die_with_parent, enter_rank_sandbox, hide_result_channel, kill_tree,
+                      memory_cap_hit, owned_tempdir, prepare_rank_cache, release_uid)
 import judge  # noqa: E402
 from judge import HOLD_MAX_CYCLES, HOLD_START_CYCLES, cantor_combine  # noqa: E402
 import wire  # noqa: E402
@@ -1011,10 +1011,15 @@ def environ_with(extra: Optional[dict] = None) -> dict:
         return {**os.environ, **(extra or {})}
 
 
-def _death_message(exitcode: Optional[int]) -> str:
+def _death_message(exitcode: Optional[int], guards=None) -> str:
+    """What a dead rank's exit says; a SIGKILL from the kernel at its pool's memory cap says so."""
+    cap = ""
+    if exitcode == -signal.SIGKILL and guards is not None and guards.memory_bytes and memory_cap_hit(guards.uid):
+        cap = (f"; the kernel killed a process of its pool at the pool's memory cap, "
+               f"{guards.memory_bytes / (1 << 30):.1f} GiB ({POOL_MEMORY_ENV})")
     with contextlib.suppress(ValueError, TypeError):
         if exitcode < 0:
-            return f"rank process died (exit code {exitcode}, {signal.Signals(-exitcode).name})"
+            return f"rank process died (exit code {exitcode}, {signal.Signals(-exitcode).name}{cap})"
     return f"rank process died (exit code {exitcode})"
 
 
@@ -1072,11 +1077,11 @@ class CaseRun:
                                                     f"{MAX_MESSAGE_BYTES >> 20} MiB")
                 return
             process.join(timeout=5)  # the pipe closes before the dying process is reaped: wait for its code
-            self.results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode)))
+            self.results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode, self.pool.guards)))
             return
         except EOFError:
             process.join(timeout=5)
-            self.results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode)))
+            self.results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode, self.pool.guards)))
             return
         except Exception as exc:  # not plain data (a class, a forged pickle, a malformed message): never run
             self.violation = self.violation or (f"rank {rank} sent the evaluator something that is not plain data "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -451,3 +452,33 @@ def test_a_rank_reaches_no_socket_ipc_object_or_user_namespace_outside_its_pool(
         assert tried["userns"] == f"-1/{errno.EPERM}" and tried["clone3"] == f"-1/{errno.ENOSYS}", line
         assert tried["thread"] == "1" and tried["child"] == "0", line
         assert tried["limits"] == ",".join(str(boundary.RANK_LIMITS[name]) for name in ("RLIMIT_NPROC", "RLIMIT_FSIZE"))
+
+
+HOG = '''
+
+_held = []
+
+
+def custom_kernel(data):
+    _held.append(bytearray(3 << 30))  # 3 GiB, every page touched: past the pool's 2 GiB
+    for at in range(0, len(_held[-1]), 4096):
+        _held[-1][at] = 1
+    return _v1_kernel(data)
+'''
+
+
+@pytest.mark.skipif(boundary.memory_group(0) is None, reason="no memory cgroup on this machine (v1 or v2 with the "
+                                                              "memory controller)")
+def test_a_pool_past_its_memory_cap_fails_with_the_cap_named_and_leaves_no_group(tmp_path):
+    """A rank that takes 3 GiB in a pool capped at 2 GiB (A2A_POOL_MEMORY_GB): the kernel kills it, the entry fails
+    with 112 and the cap named (the owner outside the group goes on), and the pool's group goes with the pool; the
+    run's boundary line names the cap."""
+    path = tmp_path / "hog.py"
+    path.write_text(v1_kernel_source() + HOG)
+    result = run_eval("test", str(path), "--world-size", "2", "--cases", "tests:0", timeout=300,
+                      env={boundary.POOL_MEMORY_ENV: "2"})
+    assert result.returncode == 112, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "at the pool's memory cap, 2.0 GiB" in result.stdout + result.stderr, result.stdout[-2000:]
+    uid = re.search(r"as uid (\d+) with .* at most 2\.0 GiB of memory for the pool", result.stdout + result.stderr)
+    assert uid, result.stdout[-2000:]
+    assert not boundary.memory_group(int(uid[1])).exists()  # other pools' groups may be there (pytest-xdist)
