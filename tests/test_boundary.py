@@ -192,6 +192,9 @@ def test_a_pool_leaves_no_more_than_the_caps_and_nothing_through_a_link(monkeypa
     key = "ef" * 32
     monkeypatch.setattr(boundary, "KEEP_MAX_FILES", 3)
     for code in ("for i in range(5):\n    open(os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], f'f{i}'), 'w').write('x')",
+                 # empty folders count too (red team 16: 60 000 of them passed the cap of one key, then the cap over
+                 # every key removed every other source's builds)
+                 "for i in range(5):\n    os.mkdir(os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], f'd{i}'))",
                  "import shutil\ntry:\n    shutil.rmtree(os.environ['TRITON_CACHE_DIR'])\n"
                  "    os.symlink('/etc', os.environ['TRITON_CACHE_DIR'])\nexcept OSError:\n    pass  # its parent is root's"):
         subprocess.run(["rm", "-rf", str(boundary.BUILDS / key)], check=True)
@@ -398,7 +401,7 @@ def _reach():
     said.append(f"child={_subprocess.run(['true']).returncode}")
     import resource as _resource
     said.append("limits=" + ",".join(str(_resource.getrlimit(getattr(_resource, name))[1])
-                                     for name in ("RLIMIT_NPROC", "RLIMIT_FSIZE")))
+                                     for name in ("RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE")))
     _os.write(2, ("HOSTILE reach " + " ".join(said) + "\\n").encode())
 
 
@@ -451,7 +454,8 @@ def test_a_rank_reaches_no_socket_ipc_object_or_user_namespace_outside_its_pool(
         assert tried["key"] == f"-1/{errno.EPERM}", line
         assert tried["userns"] == f"-1/{errno.EPERM}" and tried["clone3"] == f"-1/{errno.ENOSYS}", line
         assert tried["thread"] == "1" and tried["child"] == "0", line
-        assert tried["limits"] == ",".join(str(boundary.RANK_LIMITS[name]) for name in ("RLIMIT_NPROC", "RLIMIT_FSIZE"))
+        assert tried["limits"] == ",".join(str(boundary.RANK_LIMITS[name])
+                                           for name in ("RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE"))
 
 
 HOG = '''
@@ -482,3 +486,40 @@ def test_a_pool_past_its_memory_cap_fails_with_the_cap_named_and_leaves_no_group
     uid = re.search(r"as uid (\d+) with .* at most 2\.0 GiB of memory for the pool", result.stdout + result.stderr)
     assert uid, result.stdout[-2000:]
     assert not boundary.memory_group(int(uid[1])).exists()  # other pools' groups may be there (pytest-xdist)
+
+
+DEEP = '''
+
+import os as _os
+
+
+def _deep(top, levels=1500):  # past Python's recursion limit (1000): os.walk and shutil.rmtree recurse
+    path = top
+    for _ in range(levels):
+        path = _os.path.join(path, "d")
+        _os.makedirs(path, exist_ok=True)  # both ranks share the run's home
+    open(_os.path.join(path, "f"), "w").close()
+    return path
+
+
+for _name in ("HOME", "TMPDIR", "TORCH_EXTENSIONS_DIR"):
+    _deep(_os.environ[_name])
+custom_kernel = _v1_kernel
+'''
+
+
+def test_a_tree_deeper_than_pythons_recursion_is_removed_and_not_kept(tmp_path):
+    """1500 nested folders in the rank's home, TMPDIR and extension cache (red team 16: the judge's clean-up raised
+    RecursionError, the human face then hung, the clock ended with 114, and every later command failed at its
+    start): the run passes, its run folder goes, nothing is kept for its source, and the next command runs."""
+    path = tmp_path / "deep.py"
+    path.write_text(v1_kernel_source() + DEEP)
+    key = boundary.Sandbox.source_key(path)
+    result = run_eval("test", str(path), "--world-size", "2", "--cases", "tests:0", timeout=120)
+    said = result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.returncode == 0 and "RecursionError" not in said, said
+    uid = re.search(r"as uid (\d+) with", result.stdout + result.stderr)
+    assert uid and not boundary.run_folder(int(uid[1])).exists(), said
+    assert not (boundary.BUILDS / key).exists()
+    after = run_eval("test", "v1", "--world-size", "2", "--cases", "tests:0", timeout=120)
+    assert after.returncode == 0, after.stderr[-2000:]
