@@ -173,7 +173,7 @@ def test_a_files_lines_are_printed_while_another_thread_hipifies(tmp_path, monke
     second.write_text("")
     hipifying = threading.Event()
 
-    def check(path, nvcc, hipcc):
+    def check(path, nvcc, hipcc, every_shape=True):
         if path == second:  # as hipify does, under its lock, for longer than the first file takes
             with check_device._HIPIFY, contextlib.redirect_stdout(io.StringIO()):
                 hipifying.set()
