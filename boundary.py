@@ -334,6 +334,8 @@ def memory_cap_hit(uid: Optional[int]) -> bool:
         return False
     counts = dict(line.split()[:2] for line in text.splitlines() if len(line.split()) >= 2)
     return counts.get("oom_kill", "0") not in ("0", "")
+
+
 # The ranks' uids: one per live pool, claimed by creating its record (UID_RECORDS), so two pools (two entries of
 # run_leaderboard.py's clock side by side) never share files, a uid to signal or an MPS server.
 RANK_UID_BASE, RANK_UID_SPAN = 60000, 5000

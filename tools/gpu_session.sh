@@ -11,7 +11,8 @@
 #          version, all ranks importing at once, as on the leaderboard; run it first on a fresh machine) |
 #          build[:FILES] (every extension not built yet, timed and trace builds, in parallel; FILES: comma-separated
 #          submission files, default every version) |
-#          tests[:K_EXPRESSION] (the whole GPU file) | test_gpu (`make test-gpu`: the GPU file less `full`) | sol | leaderboard:VERSIONS[:OPTIONS] | trace:VERSION:CASES | sweep:VERSION |
+#          tests[:K_EXPRESSION] (the whole GPU file) | test_gpu (`make test-gpu`: the GPU file less `full`) | sol |
+#          leaderboard:VERSIONS[:OPTIONS] | trace:VERSION:CASES | sweep:VERSION |
 #          eval:MODE:VERSION[:OPTIONS] (the human face, e.g. eval:leaderboard:v9:--world-size 4 --cases benchmarks:0) |
 #          env (this machine: GPUs, driver, compilers, CUDA, torch, Triton, NCCL, into logs/env.log) |
 #          diff:A:B | anatomy:VERSION | ideas:SCRATCH[:SETS] (tools/compare_ideas.py against v5; IDEAS_BLOCK) |
