@@ -522,3 +522,39 @@ def test_a_tree_deeper_than_pythons_recursion_is_removed_and_not_kept(tmp_path):
     uid = re.search(r"as uid (\d+) with", result.stdout + result.stderr)
     assert uid and not boundary.run_folder(int(uid[1])).exists(), said
     assert not (boundary.BUILDS / key).exists()
+
+
+def test_a_tree_is_removed_reading_each_folder_once_past_links_and_mounts(tmp_path, monkeypatch):
+    """boundary.remove_tree on 1500 nested folders (past Python's recursion), 2000 side by side (red team 17: a
+    parent read again after each child made 300 000 take minutes), a link out of the tree and a file system mounted
+    inside: each folder is read once (a few more for the folders moved up from deep below), the link's target and
+    the mount's files stay, and everything else goes."""
+    top = tmp_path / "tree"
+    top.mkdir()
+    folder = os.open(top, os.O_RDONLY)
+    for _ in range(1500):  # by descriptor: the path outgrows PATH_MAX
+        os.mkdir("d", dir_fd=folder)
+        inner = os.open("d", os.O_RDONLY, dir_fd=folder)
+        os.close(folder)
+        folder = inner
+    os.close(os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=folder))
+    os.close(folder)
+    for i in range(2000):
+        (top / "wide" / str(i)).mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "kept").write_text("x")
+    (top / "link").symlink_to(outside)
+    (top / "mounted").mkdir()
+    assert subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(top / "mounted")]).returncode == 0
+    try:
+        (top / "mounted" / "kept").write_text("x")
+        reads = []
+        scandir = os.scandir
+        monkeypatch.setattr(boundary.os, "scandir", lambda fd: reads.append(fd) or scandir(fd))
+        boundary.remove_tree(top)
+        assert len(reads) <= 1500 + 2000 + 2 + 1500 // boundary.REMOVE_DEPTH + 2, len(reads)
+        assert (outside / "kept").exists() and (top / "mounted" / "kept").exists()
+        assert sorted(p.name for p in top.iterdir()) == ["mounted"]
+    finally:
+        subprocess.run(["umount", str(top / "mounted")])
