@@ -871,18 +871,37 @@ def _rank_folders(uid: int) -> list[Path]:
             *(base / "cache" / sub for sub in CACHE_FOLDERS.values()), *filter(None, [shm_folder(uid)])]
 
 
+# A pool's run folder and /dev/shm folder are file systems of its own (tmpfs): what its ranks write there is capped
+# in count (RUN_INODES) and held in memory its memory group pays for, and the pool's end unmounts each in one call
+# (red team 17: 300 000 folders took 52.6 s to remove one by one). Where the kernel refuses the mount, plain
+# folders, removed one by one.
+RUN_INODES = 200_000
+MNT_DETACH = 2
+
+
+def _own_file_system(folder: Path) -> None:
+    options = f"mode=0755,nr_inodes={RUN_INODES}".encode()
+    _libc().mount(b"tmpfs", str(folder).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options)
+
+
 def make_run_folders(uid: int) -> None:
     remove_run_folders(uid)  # a folder a cut-off clean-up left
     run_folder(uid).mkdir(mode=0o755)
+    _own_file_system(run_folder(uid))
     for folder in _rank_folders(uid):
         folder.mkdir(mode=0o700)  # the pool's ranks only: another entry's cannot look in
+        if folder == shm_folder(uid):
+            _own_file_system(folder)
+            os.chmod(folder, 0o700)
         os.chown(folder, uid, uid)
 
 
 def remove_run_folders(uid: int) -> list[str]:
     removed = []
-    for folder in filter(None, [run_folder(uid), shm_folder(uid)]):
+    for folder in filter(None, [shm_folder(uid), run_folder(uid)]):
         if folder.exists():
+            if os.path.ismount(folder):
+                _libc().umount2(str(folder).encode(), MNT_DETACH)
             remove_tree(folder)
             removed.append(str(folder))
     return removed
