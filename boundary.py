@@ -299,10 +299,9 @@ def memory_group(uid: int) -> Optional[Path]:
 def make_memory_group(uid: int, limit: int) -> tuple:
     """The pool's memory group, capped at `limit` bytes (an earlier pool's of this uid removed first): (its folder,
     "") or (None, why there is none)."""
-    found = _memory_controller()
+    found, group = _memory_controller(), memory_group(uid)
     if found is None:
         return None, "no memory cgroup here"
-    group = found[0] / f"a2a-pool-{uid}"
     remove_memory_group(uid)
     try:
         group.mkdir()
@@ -350,7 +349,7 @@ def memory_cap_hit(uid: Optional[int]) -> bool:
     counts = {}
     for name in found[2]:
         with contextlib.suppress(OSError):
-            text = (found[0] / f"a2a-pool-{uid}" / name).read_text()
+            text = (memory_group(uid) / name).read_text()
             lines = [line.split() for line in text.splitlines()]
             counts.update({fields[0]: fields[1] for fields in lines if len(fields) == 2})
             counts.update({name: fields[0] for fields in lines if len(fields) == 1})
@@ -810,8 +809,8 @@ class Sandbox:
         deadline = time.monotonic() + 5
         while self.members() and time.monotonic() < deadline:
             time.sleep(0.01)
-        if self.uid is not None and self.guards.memory_bytes:
-            remove_memory_group(self.uid)
+        if self.uid is not None and self.guards.memory_bytes:  # the guardian's release may have met a rank still
+            remove_memory_group(self.uid)                       # exiting in it; none is left now
         for fd in (fd for pair in self._namespaces.values() for fd in pair):
             os.close(fd)
         self._namespaces = {}

@@ -31,17 +31,18 @@
 # Export A2A_COMMIT=<the commit being measured> in the device command: the tree travels with a stale .git, so
 # without it results are labelled with an older commit and '-dirty' (seen 2026-11-22: 07249e2-dirty for 630334a).
 set -uo pipefail
-KNOWN="set cold build _build _cold tests test_gpu sol leaderboard eval env trace sweep diff anatomy ideas nccl sm_share runner pack wait start check"
+KNOWN="set cold build _build _cold tests test_gpu sol leaderboard eval env trace sweep diff anatomy ideas nccl sm_share runner pack wait start"
 if [ $# -lt 2 ] || [ -z "$1" ]; then
-  echo "usage: tools/gpu_session.sh DIR [start] STEP... (a folder for logs and a step at least)" >&2; exit 113
+  echo "usage: tools/gpu_session.sh DIR [start|check] STEP... (a folder for logs and a step at least)" >&2; exit 113
 fi
-for item in "${@:2}"; do  # every step known before anything runs (README's exit codes: 113 for bad input)
+checking=; [ "$2" = check ] && checking=1
+for item in "${@:$((2 + ${checking:-0}))}"; do  # every step known before anything runs (README's exit codes: 113 for bad input)
   case " $KNOWN " in *" ${item%%:*} "*) ;; *) echo "tools/gpu_session.sh: unknown step '$item'" >&2; exit 113 ;; esac
   if [[ "$item" == set:* && ! "$item" =~ ^set:A2A_[A-Z0-9_]+= ]]; then
     echo "tools/gpu_session.sh: '$item' sets no A2A_ variable (set:A2A_NAME=VALUE)" >&2; exit 113
   fi
 done
-if [ "$2" = check ]; then echo "tools/gpu_session.sh: ${*:3} (every step known)"; exit 0; fi
+if [ -n "$checking" ]; then echo "tools/gpu_session.sh: ${*:3} (every step known)"; exit 0; fi
 out=$(realpath -m "$1"); shift
 cd "$(dirname "$0")/.."
 # A machine lent again may keep an earlier session's DIR (seen 2026-11-27: its logs and results went into the next
