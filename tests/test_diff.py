@@ -82,10 +82,16 @@ def test_a_version_against_itself_shows_no_difference(tmp_path):
     assert (folder / "ratios.png").is_file() and (folder / "code.diff").read_text() == ""
 
 
+PLANTED_DELAY_S = 0.2
+
+
 def test_a_planted_delay_shows_as_slower_on_every_shape(tmp_path):
+    """With 4 rounds and a Bonferroni interval, one round in which A stalled decides: a 30 ms delay hid behind one
+    stall of a loaded CI machine (A's mean call 6.3 ms against ~3 ms, "no difference", 2026-11-27). The delay must
+    dwarf such stalls, so that a stalled round still reads B several times slower; a sleep costs no CPU."""
     delayed = tmp_path / "v1_delayed.py"
     delayed.write_text(V1.read_text().replace("    cfg, rank_data, rank, world_size = data\n",
-                                              "    cfg, rank_data, rank, world_size = data\n    time.sleep(0.03)\n", 1)
+                                              f"    cfg, rank_data, rank, world_size = data\n    time.sleep({PLANTED_DELAY_S})\n", 1)
                        .replace("import torch\n", "import time\n\nimport torch\n", 1))
     timing, folder = _diff(tmp_path, "v1", str(delayed))
     verdicts = [row["verdict"] for row in timing["rows"]]
