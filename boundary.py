@@ -546,7 +546,7 @@ class Guards:
         return "guards off: " + "; ".join(self.off)
 
 
-def _ended(pid: int) -> bool:
+def has_ended(pid: int) -> bool:
     """Whether `pid` has exited: gone, or a zombie its parent has not reaped."""
     try:
         return process_stat(pid)[0] == "Z"
@@ -730,7 +730,7 @@ class Sandbox:
         """Every process in the ranks' namespace or one nested in it, but its init and the ended ones (pids as this
         process sees them). A zombie, a rank's child that the rank never reaps, has already released all it held
         (the rendezvous port too): waiting for it to go would wait out every deadline below."""
-        return [pid for pid in self._namespace_pids() if pid != self.init_pid and not _ended(pid)]
+        return [pid for pid in self._namespace_pids() if pid != self.init_pid and not has_ended(pid)]
 
     def _namespace_pids(self) -> list[int]:
         """Every process in the ranks' namespace or one nested in it, its init and the ended ones included."""
@@ -1026,10 +1026,12 @@ def prepare_rank_cache() -> dict:
 
 
 def _copy_builds(source: Path, target: Path, uid: Optional[int]) -> None:
-    """Copies the plain files of `source` into `target` (owned by `uid` when given), their times kept (ninja's
-    up-to-date check reads them). Left out: links and anything not a file of one link (a rank's hard link to a file
-    it cannot read), and a folder whose build lock is still there (torch's, of a build cut off: it would hold the
-    next build waiting)."""
+    """Copies the plain files of `source` into `target` (owned by `uid` when given, else root's), their times kept
+    (ninja's up-to-date check reads them), their mode only rwxr-xr-x or rw-r--r-- and no extended attribute: a
+    copy root keeps is never setuid, setgid or writable by others (red team 18: a rank's setuid program, kept as
+    root's, gave any local user a root shell). Left out: links and anything not a file of one link (a rank's hard
+    link to a file it cannot read), and a folder whose build lock is still there (torch's, of a build cut off: it
+    would hold the next build waiting)."""
     for dirpath, dirnames, filenames in _walk(source):
         if "lock" in filenames:
             dirnames.clear()
@@ -1039,7 +1041,9 @@ def _copy_builds(source: Path, target: Path, uid: Optional[int]) -> None:
         for name in filenames:
             info = os.lstat(os.path.join(dirpath, name))
             if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
-                shutil.copy2(os.path.join(dirpath, name), into / name, follow_symlinks=False)
+                shutil.copyfile(os.path.join(dirpath, name), into / name, follow_symlinks=False)
+                os.chmod(into / name, KEPT_EXECUTABLE if info.st_mode & 0o111 else KEPT_FILE)
+                os.utime(into / name, ns=(info.st_atime_ns, info.st_mtime_ns))
                 if uid is not None:
                     os.chown(into / name, uid, uid)
         if uid is not None:
@@ -1067,6 +1071,7 @@ def cache_views(uid: int, needed: tuple = ()) -> dict:
     return views
 
 
+KEPT_EXECUTABLE, KEPT_FILE = 0o755, 0o644  # the only modes a kept build's file has
 KEEP_MAX_DEPTH = 16  # folders below a cache folder that a kept build may go (torch's and Triton's go 2 or 3)
 
 
@@ -1133,12 +1138,18 @@ KEEP_MAX_BYTES, KEEP_MAX_FILES = 512 * 2**20, 20_000
 KEEP_TOTAL_BYTES, KEEP_TOTAL_FILES = 2 * 2**30, 50_000
 
 
+STALE_COPY_S = 3600  # a copy being made is minutes old at most; one older was left by a judge that was killed
+
+
 def _evict_builds() -> None:
     """Removes the least recently used keys of builds/ (a key's folder time: when a pool kept it or started from
     it) until what is left is within KEEP_TOTAL_BYTES and KEEP_TOTAL_FILES."""
     keys = []
     for folder in BUILDS.iterdir():
-        if folder.name.startswith("."):  # a copy being made or retired
+        if folder.name.startswith("."):  # a copy being made or retired; one a judge killed meanwhile left goes
+            with contextlib.suppress(OSError):
+                if time.time() - folder.stat().st_mtime > STALE_COPY_S:
+                    remove_tree(folder)
             continue
         files = size = 0
         with contextlib.suppress(OSError, TooDeep):  # a key another pool retires meanwhile
@@ -1175,8 +1186,12 @@ def keep_builds(uid: int, key: Optional[str], seeded: set, views: dict) -> None:
     if len(listing) > KEEP_MAX_FILES or sum(size for *_, size in listing) > KEEP_MAX_BYTES:
         return
     fresh = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=BUILDS))
-    for name, (_, host) in views.items():
-        _copy_builds(host, fresh / CACHE_FOLDERS[name], None)
+    try:
+        for name, (_, host) in views.items():
+            _copy_builds(host, fresh / CACHE_FOLDERS[name], None)
+    except (OSError, TooDeep):  # NOTES: a copy cut off goes whole (red team 18: a path too long for root's copy left
+        remove_tree(fresh)  # 400 MiB a run in a dot folder no cap counted)
+        return
     os.chmod(fresh, 0o755)
     retired = Path(tempfile.mkdtemp(prefix=f".{key}-old-", dir=BUILDS))
     with contextlib.suppress(FileNotFoundError):

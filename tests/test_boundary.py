@@ -7,6 +7,7 @@ import os
 import pickle
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -579,3 +580,52 @@ def test_a_pools_folders_are_its_own_file_systems_capped_in_entries_and_gone_at_
     finally:
         sandbox.close()
     assert not any(folder.exists() for folder in folders), folders
+
+
+def test_a_kept_build_is_never_setuid_nor_writable_by_others(tmp_path, monkeypatch):
+    """Red team 18: a rank's program made setuid in its build cache was kept as root's with the bit on (any local
+    user then ran it as root), and a 0666 file stayed writable by all. Kept files are 0755 or 0644, times kept."""
+    monkeypatch.setattr(boundary, "BUILDS", tmp_path / "builds")
+    boundary.BUILDS.mkdir(mode=0o755)
+    key = "5e" * 32
+    done = _one_pool(key, """
+folder = os.environ['TORCH_EXTENSIONS_DIR']
+for name, mode in (('tool', 0o6777), ('data', 0o666), ('plain', 0o700)):
+    path = os.path.join(folder, name)
+    open(path, 'w').write('x')
+    os.chmod(path, mode)
+    os.utime(path, ns=(10**18, 10**18))
+""")
+    assert done.returncode == 0, done.stderr
+    kept = {p.name: p.stat() for p in (boundary.BUILDS / key).rglob("*") if p.is_file()}
+    assert {name: stat.S_IMODE(info.st_mode) for name, info in kept.items()} == {"tool": 0o755, "data": 0o644,
+                                                                      "plain": 0o755}, kept
+    assert {info.st_mtime_ns for info in kept.values()} == {10**18} and {info.st_uid for info in kept.values()} == {0}
+
+
+def test_a_copy_cut_off_leaves_nothing_and_a_stale_one_goes(tmp_path, monkeypatch):
+    """Red team 18: a path that fits under the rank's view but not under root's copy (4 KiB at most) cut root's copy
+    off, and its half (400 MiB a run, a sparse file beside it) stayed in a dot folder no cap counted. A copy cut off
+    goes whole; one a killed judge left goes once it is an hour old."""
+    monkeypatch.setattr(boundary, "BUILDS", tmp_path / "builds")
+    boundary.BUILDS.mkdir(mode=0o755)
+    key = "7a" * 32
+    done = _one_pool(key, """
+path = os.environ['TORCH_EXTENSIONS_DIR']
+open(os.path.join(path, 'first.so'), 'w').write('x' * 1000)
+length = (4078 - len(path)) // 16 - 1  # 16 folders deep at most are kept
+for _ in range(16):
+    path = os.path.join(path, 'x' * length)
+os.makedirs(path)
+open(os.path.join(path, 'deep'), 'w').write('x')
+print('made', len(os.path.join(path, 'deep')))
+""")
+    assert done.returncode == 0 and "made 40" in done.stdout, done.stdout + done.stderr
+    assert list(boundary.BUILDS.iterdir()) == []
+
+    stale, fresh = boundary.BUILDS / f".{key}-stale", boundary.BUILDS / f".{key}-fresh"
+    for folder in (stale, fresh):
+        (folder / "torch_extensions").mkdir(parents=True)
+    os.utime(stale, (time.time() - 2 * boundary.STALE_COPY_S,) * 2)
+    boundary._evict_builds()
+    assert sorted(p.name for p in boundary.BUILDS.iterdir()) == [fresh.name]
