@@ -30,6 +30,7 @@ process (never a verdict).
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import ctypes
 import dataclasses
@@ -38,7 +39,9 @@ import fcntl
 import hashlib
 import importlib.util
 import math
+import mmap
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.resource_tracker
 import os
 import re
@@ -46,6 +49,7 @@ import select
 import signal
 import socket
 import stat
+import struct
 import sys
 import threading
 import time
@@ -57,7 +61,8 @@ from typing import Any, Callable, NamedTuple, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own modules, wherever it is run from
 from boundary import (POOL_MEMORY_ENV, RUN_OWNER, RankSandbox, Sandbox, become_subreaper, claim_run,  # noqa: E402
                       descendants, die_with_parent, enter_rank_sandbox, hide_result_channel, kill_tree,
-                      memory_cap_hit, owned_tempdir, prepare_rank_cache, release_uid)
+                      has_ended, memory_cap_hit, owned_tempdir, prepare_rank_cache, process_stat,
+                      release_uid)
 import judge  # noqa: E402
 from judge import HOLD_MAX_CYCLES, HOLD_START_CYCLES, cantor_combine  # noqa: E402
 import wire  # noqa: E402
@@ -644,11 +649,12 @@ def import_submission() -> Callable:
     return _kernel
 
 
-def receive_fds(count: int) -> list:
-    """The descriptors the owner sent right after this job's message (a judge channel's buffer and pipes)."""
+def receive_fds(count: int, conn=None) -> list:
+    """The descriptors sent right after the last message on `conn` (by default the owner's: a judge channel's
+    buffer and pipes)."""
     from multiprocessing.reduction import recvfds
 
-    with socket.socket(fileno=os.dup(_owner_conn.fileno())) as sock:
+    with socket.socket(fileno=os.dup((conn or _owner_conn).fileno())) as sock:
         return recvfds(sock, count)
 
 
@@ -917,10 +923,31 @@ def _set_phase(name: str) -> None:
         _phase_slot.value = PHASES.index(name)
 
 
-def _worker_loop(conn, phase_slot, parent_pid: int, sandbox: Optional[RankSandbox] = None,
-                 bundle: Optional[str] = None) -> None:
+class PhaseSlot:
+    """Where a worker stands (an index into PHASES): one int in a memfd that the owner makes and hands the worker
+    with its pipes, mapped by both, whichever way the worker was born."""
+
+    def __init__(self, fd: Optional[int] = None):
+        if fd is None:
+            fd = os.memfd_create("a2a-phase", os.MFD_CLOEXEC)
+            os.ftruncate(fd, mmap.PAGESIZE)
+        self.fd = fd
+        self._map = mmap.mmap(fd, mmap.PAGESIZE)
+
+    @property
+    def value(self) -> int:
+        return self._map[0]
+
+    @value.setter
+    def value(self, index: int) -> None:
+        self._map[0] = index
+
+
+def _worker_loop(conn, parent_pid: int, sandbox: Optional[RankSandbox] = None, bundle: Optional[str] = None,
+                 fds: Optional[list] = None) -> None:
     """A pool worker: enters its sandbox, binds the harness's primitives, then runs one rank of a case per message
-    until it gets None. Dies with the pool's owner."""
+    until it gets None. Dies with the pool's owner (or its zygote). `fds`: its stdout, stderr and phase slot, from
+    its zygote; a spawned worker reads them from `conn` first."""
     global _phase_slot, _bound, _owner_conn
     die_with_parent()
     # Ctrl-C reaches the whole process group: the pool's owner ends the run and its workers; a worker's own
@@ -930,10 +957,13 @@ def _worker_loop(conn, phase_slot, parent_pid: int, sandbox: Optional[RankSandbo
         faulthandler.register(STACK_SIGNAL, file=sys.__stderr__, all_threads=True)
     if os.getppid() not in (parent_pid, 0):  # the owner died before the line above took effect (0: born in the
         os._exit(1)  # ranks' PID namespace, whose parent is outside it)
-    _phase_slot, _owner_conn = phase_slot, conn
+    _owner_conn = conn
+    out, err, phase = fds or receive_fds(3)
+    _phase_slot = PhaseSlot(phase)
+    os.close(phase)  # the map holds its own reference
     # NOTES: what a rank prints is data: its stdout and stderr are pipes the owner reads, escapes and bounds
     # (wire.RankText), never the terminal or a file a person reads as the harness's own lines.
-    for target, fd in zip((1, 2), receive_fds(2)):
+    for target, fd in ((1, out), (2, err)):
         os.dup2(fd, target)
         os.close(fd)
     failure = None
@@ -957,6 +987,80 @@ def _worker_loop(conn, phase_slot, parent_pid: int, sandbox: Optional[RankSandbo
     # of the pool's grace, then a kill), and the pool's owner has already ended what the submission forked.
     _flush_streams()
     os._exit(0)
+
+
+# A pool's zygote and its owner speak in fixed-size records, never pickles: (what, pid, exit code) from the zygote,
+# (what, pid) to it. The fork request is followed by the new worker's four descriptors.
+_BORN, _EXITED = 1, 2
+_FORK, _REAP = 1, 2
+_ZYGOTE_SAYS, _ZYGOTE_HEARS = struct.Struct("<3i"), struct.Struct("<2i")
+ZYGOTE_PRELOAD = ("torch", "torch.distributed")  # what every rank imports first, imported once per pool
+FORK_TIMEOUT_S = 300.0  # a first fork waits for the zygote's imports (a cold torch import on a loaded machine)
+
+
+def _zygote_loop(control, parent_pid: int, sandbox: Optional[RankSandbox], bundle: Optional[str]) -> None:
+    """A pool's zygote: born like a worker (the pool's namespaces and environment, root, no sandbox of its own yet),
+    it imports torch once, without touching a GPU, then forks each of the pool's workers on its owner's request. A
+    forked worker closes every descriptor but its own before anything else runs, so no rank can reach `control`;
+    the ranks then drop to their uid, which cannot signal or trace this root process. An exit is told, its zombie
+    kept until the owner has read it (so its pid is not reused while the owner may still signal it)."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.getppid() not in (parent_pid, 0):
+        os._exit(1)
+    for name in ZYGOTE_PRELOAD:
+        importlib.import_module(name)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    told: dict = {}  # pid -> whether its exit was told
+    while True:
+        ready = multiprocessing.connection.wait([control, wake_read])
+        if wake_read in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_read, 4096)
+        for pid in [pid for pid, done in told.items() if not done]:
+            exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if exited is not None:
+                code = exited.si_status if exited.si_code == os.CLD_EXITED else -exited.si_status
+                control.send_bytes(_ZYGOTE_SAYS.pack(_EXITED, pid, code))
+                told[pid] = True
+        if control not in ready:
+            continue
+        try:
+            what, pid = _ZYGOTE_HEARS.unpack(control.recv_bytes(_ZYGOTE_HEARS.size))
+        except (EOFError, OSError, struct.error):
+            os._exit(0)  # its workers die with it (die_with_parent)
+        if what == _REAP and told.get(pid):
+            os.waitpid(pid, 0)
+            del told[pid]
+        elif what == _FORK:
+            fds = receive_fds(4, control)
+            child = os.fork()
+            if child == 0:
+                try:
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    control.close()
+                    _close_all_but((0, 1, 2, *fds))
+                    _worker_loop(multiprocessing.connection.Connection(fds[0]), parent_pid=os.getppid(),
+                                 sandbox=sandbox, bundle=bundle, fds=fds[1:])
+                finally:
+                    os._exit(1)
+            for fd in fds:
+                os.close(fd)
+            told[child] = False
+            control.send_bytes(_ZYGOTE_SAYS.pack(_BORN, child, 0))
+
+
+def _close_all_but(keep: tuple) -> None:
+    """Closes every open descriptor of this process but `keep` (listed, not counted up to RLIMIT_NOFILE)."""
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) not in keep:
+            with contextlib.suppress(OSError):
+                os.close(int(name))
 
 
 def _flush_streams() -> None:
@@ -1171,6 +1275,142 @@ def _main_not_rerun(skip: bool):
         main.__file__ = path
 
 
+RANK_BIRTH_ENV = "A2A_RANK_BIRTH"
+RANK_BIRTHS = ("zygote", "spawn")
+
+
+def rank_birth(runner_face: bool = False) -> str:
+    """How a pool's workers are born: the runner's face spawns each one (its process model); the judge's own faces
+    fork them from a zygote per pool (one torch import a pool, not one a worker), unless A2A_RANK_BIRTH=spawn."""
+    if runner_face:
+        return "spawn"
+    birth = os.environ.get(RANK_BIRTH_ENV) or "zygote"
+    if birth not in RANK_BIRTHS:
+        raise UserError(f"{RANK_BIRTH_ENV}={birth!r}: must be one of {', '.join(RANK_BIRTHS)}")
+    return birth
+
+
+def _outer_pid(parent: int, inner: int, known: set) -> int:
+    """The pid, as this process sees it, of `parent`'s child whose pid in its own namespace is `inner`."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in known:
+            continue
+        try:
+            if int(process_stat(int(entry))[1]) != parent:
+                continue
+            status = Path(f"/proc/{entry}/status").read_text()
+        except (OSError, IndexError, ValueError):
+            continue
+        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), None)
+        if nspid is None or int(nspid[-1]) == inner:
+            return int(entry)
+    raise RuntimeError(f"the pool's zygote forked a worker (pid {inner} in the ranks' namespace) that is not there")
+
+
+class Forked:
+    """A worker its pool's zygote forks, with the face RankPool uses of a multiprocessing.Process: `pid` (as this
+    process sees it; asking waits for the birth), `exitcode`, `is_alive()`, `join()`."""
+
+    def __init__(self, zygote: "Zygote"):
+        self.zygote = zygote
+        self.inner_pid: Optional[int] = None  # in the ranks' PID namespace
+        self.outer_pid: Optional[int] = None
+        self.exitcode: Optional[int] = None
+
+    @property
+    def pid(self) -> int:
+        deadline = time.monotonic() + FORK_TIMEOUT_S
+        while self.outer_pid is None and not self.zygote.ended and time.monotonic() < deadline:
+            self.zygote.hear(0.1)
+        if self.outer_pid is None:
+            raise RuntimeError(f"the pool's zygote ended (exit code {self.zygote.process.exitcode}) before it forked "
+                               "a worker" if self.zygote.ended else
+                               f"the pool's zygote did not fork a worker within {FORK_TIMEOUT_S:g} s")
+        return self.outer_pid
+
+    def is_alive(self) -> bool:
+        self.zygote.hear(0)
+        return self.exitcode is None
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        while self.exitcode is None and time.monotonic() < deadline:
+            self.zygote.hear(min(0.5, max(0.0, deadline - time.monotonic())))
+            if self.exitcode is None and self.outer_pid is not None and has_ended(self.outer_pid):
+                self.zygote.wake()  # a pool the clock stopped: its zygote tells the exit once it runs
+        if self.exitcode is not None:
+            self.zygote.reap(self)
+
+
+class Zygote:
+    """The owner's side of a pool's zygote (_zygote_loop), which forks the pool's workers in the order asked and
+    tells their exits. What it says is read as fixed-size records. A zygote that ends takes its workers with it
+    (die_with_parent): each is then read as killed."""
+
+    def __init__(self, spawn: Callable):
+        self.conn, child_end = multiprocessing.get_context("spawn").Pipe()
+        self.process = spawn(_zygote_loop, (child_end,))
+        child_end.close()
+        self.unborn: collections.deque = collections.deque()
+        self.children: dict = {}  # inner pid -> Forked
+        self.ended = False
+
+    def fork(self, fds: list) -> Forked:
+        """A worker to be born holding `fds` (its pipe's end, stdout, stderr, phase slot); the request returns at
+        once, so the owner goes on while the zygote still imports."""
+        self.conn.send_bytes(_ZYGOTE_HEARS.pack(_FORK, 0))
+        _send_fds(self.conn, fds)
+        child = Forked(self)
+        self.unborn.append(child)
+        return child
+
+    def hear(self, timeout: float) -> None:
+        """Reads what the zygote told within `timeout` (then without waiting): births and exits."""
+        while not self.ended:
+            try:
+                if not self.conn.poll(timeout):
+                    return
+                what, pid, code = _ZYGOTE_SAYS.unpack(self.conn.recv_bytes(_ZYGOTE_SAYS.size))
+            except (EOFError, OSError, struct.error):
+                self._end_all()
+                return
+            timeout = 0
+            if what == _BORN and self.unborn:
+                child = self.unborn.popleft()
+                child.inner_pid = pid
+                child.outer_pid = _outer_pid(self.process.pid, pid, {c.outer_pid for c in self.children.values()})
+                self.children[pid] = child
+            elif what == _EXITED and pid in self.children:
+                self.children[pid].exitcode = code
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):
+            os.kill(self.process.pid, signal.SIGCONT)
+
+    def reap(self, child: Forked) -> None:
+        if self.children.pop(child.inner_pid, None) is not None and not self.ended:
+            with contextlib.suppress(OSError):
+                self.conn.send_bytes(_ZYGOTE_HEARS.pack(_REAP, child.inner_pid))
+
+    def _end_all(self) -> None:
+        self.ended = True
+        for child in [*self.children.values(), *self.unborn]:
+            if child.exitcode is None:
+                child.exitcode = -signal.SIGKILL  # die_with_parent
+        self.process.join(timeout=5)
+
+    def close(self, kill: bool = False) -> None:
+        """Ends the zygote: at once (`kill`), else it exits at its pipe's end."""
+        if kill:
+            kill_tree(self.process.pid)
+        self.conn.close()
+        self.process.join(timeout=5)
+        if self.process.is_alive():
+            kill_tree(self.process.pid)
+            self.process.join()
+        self._end_all()
+
+
 class RankPool:
     """Processes reused across cases, like the official runner's spawn pool, with a watchdog.
 
@@ -1195,8 +1435,10 @@ class RankPool:
 
     def __init__(self, size: int, backend: str, master_port: Optional[int] = None, rank_prefix: bool = False,
                  env: Optional[dict] = None, bundle: Optional[Path] = None, rerun_main: bool = True,
-                 build_key: Optional[str] = None):
+                 build_key: Optional[str] = None, birth: Optional[str] = None):
         self.context = multiprocessing.get_context("spawn")
+        self.birth = birth or rank_birth()
+        self.zygote: Optional[Zygote] = None
         self.rerun_main = rerun_main
         self.backend, self.rank_prefix, self.env = backend, rank_prefix, dict(env or {})
         self.bundle = str(bundle) if bundle else None
@@ -1207,7 +1449,7 @@ class RankPool:
                                build_key=build_key or Sandbox.source_key(Path(self.bundle or ".") / "submission.py"))
         self.guards = self.sandbox.guards
         self.workers: list = []
-        self.texts: dict = {}  # worker pid -> the readers of its stdout and stderr
+        self.texts: dict = {}  # worker process -> the readers of its stdout and stderr
         self.cases_run = 0
         try:
             self.workers = [self._start() for _ in range(size)]
@@ -1221,34 +1463,52 @@ class RankPool:
                              nccl_version=self.nccl_version)
         return RankSetup(self.backend, master_port=self.master_port, nccl_version=self.nccl_version)
 
-    def _start(self):
-        parent_end, child_end = self.context.Pipe()
-        phase = self.context.RawValue("i", 0)
-        process = self.context.Process(target=_worker_loop, args=(child_end, phase, os.getpid(),
-                                                                  self.sandbox.rank_setup(), self.bundle), daemon=True)
-        (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
+    def _spawn(self, target: Callable, args: tuple):
+        """A process born in the pool's namespaces and environment, running target(*args, this pid, the ranks'
+        sandbox, the bundle)."""
+        process = self.context.Process(target=target, args=(*args, os.getpid(), self.sandbox.rank_setup(),
+                                                            self.bundle), daemon=True)
         # NOTES: multiprocessing's tracker, which the first spawn starts, is this process's helper, not a rank: it
         # starts here with this process's own environment and outside the ranks' namespace, since MPS's guardian
         # ends every process that carries the ranks' pipe folder (a2a/sharing.py).
         multiprocessing.resource_tracker.ensure_running()
         with environment_with(self.env), self.sandbox.spawning(), _main_not_rerun(not self.rerun_main):
             process.start()
-        child_end.close()
-        _send_fds(parent_end, [out_write, err_write])
-        os.close(out_write)
-        os.close(err_write)
-        self.texts[process.pid] = (wire.RankText(out_read, sys.stdout, ""), wire.RankText(err_read, sys.stderr, ""))
+        return process
+
+    def _start(self):
+        parent_end, child_end = self.context.Pipe()
+        phase = PhaseSlot()
+        (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
+        handed = [out_write, err_write, phase.fd]
+        if self.birth == "zygote":
+            if self.zygote is None or self.zygote.ended:
+                self.zygote = Zygote(self._spawn)
+            process = self.zygote.fork([child_end.fileno(), *handed])
+            child_end.close()
+        else:
+            process = self._spawn(_worker_loop, (child_end,))
+            child_end.close()
+            _send_fds(parent_end, handed)
+        for fd in handed:
+            os.close(fd)
+        self.texts[process] = (wire.RankText(out_read, sys.stdout, ""), wire.RankText(err_read, sys.stderr, ""))
         return process, parent_end, phase
 
     def label(self, slot: int, rank: int) -> None:
         """What the lines of the worker in `slot` start with while it runs `rank` (`[rankN] `, human face)."""
-        for text in self.texts.get(self.workers[slot][0].pid, ()):
+        for text in self.texts.get(self.workers[slot][0], ()):
             text.prefix = f"[rank{rank}] " if self.rank_prefix else ""
+
+    def _pids(self) -> tuple:
+        """The pool's workers and its zygote."""
+        zygote = (self.zygote.process.pid,) if self.zygote is not None and not self.zygote.ended else ()
+        return tuple(worker[0].pid for worker in self.workers if worker is not None) + zygote
 
     def pause(self, stop: bool) -> None:
         """Stops (SIGSTOP) or resumes the pool's processes (boundary.Sandbox.pause), its text relays held while it is
         stopped: they run in this process, so what they read and write would land in another pool's timed steps."""
-        pids = tuple(worker[0].pid for worker in self.workers if worker is not None)
+        pids = self._pids()
         texts = [text for pair in self.texts.values() for text in pair]
         if stop:
             self.sandbox.pause(True, pids)
@@ -1261,10 +1521,10 @@ class RankPool:
 
     def cpu_ns(self) -> int:
         """CPU time the pool's processes have used (boundary.Sandbox.cpu_ns)."""
-        return self.sandbox.cpu_ns(tuple(worker[0].pid for worker in self.workers if worker is not None))
+        return self.sandbox.cpu_ns(self._pids())
 
-    def _close_texts(self, pid: int) -> None:
-        for text in self.texts.pop(pid, ()):
+    def _close_texts(self, process) -> None:
+        for text in self.texts.pop(process, ()):
             text.close(wait_s=1.0)
 
     def _where(self, slot: int, test: TestCase) -> str:
@@ -1301,11 +1561,11 @@ class RankPool:
     def sweep(self) -> list[int]:
         """Ends what the ranks started besides themselves: everything else in the sandbox's namespace; without one,
         the workers' descendants (a double fork's orphan then waits for the end of the run, docs/judge.md)."""
-        live = {worker[0].pid for worker in self.workers if worker is not None}
+        live = set(self._pids())
         if self.sandbox.inode is not None:
             return self.sandbox.sweep(live)
         killed = []
-        for pid in live:
+        for pid in live - ({self.zygote.process.pid} if self.zygote else set()):
             killed += descendants(pid)
             kill_tree(pid, include_root=False)
         return killed
@@ -1316,10 +1576,13 @@ class RankPool:
             if self.workers[slot] is None:
                 continue
             process, conn, _ = self.workers[slot]
-            kill_tree(process.pid, include_root=process.is_alive())
+            # NOTES: a worker is signalled only while its pid is held (unreaped): a zygote that ended took its
+            # workers with it, and their pids may be anyone's now
+            if not (isinstance(process, Forked) and process.zygote.ended):
+                kill_tree(process.pid, include_root=process.is_alive())
             process.join()
             conn.close()
-            self._close_texts(process.pid)
+            self._close_texts(process)
             self.workers[slot] = None
         if slots and self.master_port is not None:
             self.master_port += 1
@@ -1339,12 +1602,17 @@ class RankPool:
                 kill_tree(process.pid)
                 process.join()
             conn.close()
-            self._close_texts(process.pid)
+            self._close_texts(process)
         self.workers = []
+        if self.zygote is not None:
+            self.zygote.close()
         self.sandbox.close(clean_files)
 
     def kill(self, clean_files: bool = True) -> None:
-        """Ends every worker and everything below it at once (a signal or an error)."""
+        """Ends every worker and everything below it at once (a signal or an error): the zygote first, and with it
+        every worker it forked, born or not."""
+        if self.zygote is not None:
+            self.zygote.close(kill=True)
         self._retire([slot for slot, worker in enumerate(self.workers) if worker is not None])
         self.workers = []
         self.sandbox.close(clean_files)
@@ -1873,7 +2141,8 @@ def protocol_main() -> int:
             # The ranks start first and import torch while this process does (nothing above imported it on a CPU or
             # CUDA build); none runs submission code before its first case, which comes after the reference's import.
             pool = RankPool(n_gpus, backend, None if os.environ.get("A2A_RENDEZVOUS") == "private"
-                            else master_port, prefixed or bool(os.environ.get("A2A_RANK_PREFIX")))
+                            else master_port, prefixed or bool(os.environ.get("A2A_RANK_PREFIX")),
+                            birth=rank_birth(runner_face=not judged))
             if os.environ.get("A2A_RENDEZVOUS") != "private" and not pool.guards.network_ipc:
                 _port_free(master_port)  # the ranks share this machine's network, where another run may hold it
             from utils import set_seed

@@ -582,6 +582,64 @@ def test_a_pools_folders_are_its_own_file_systems_capped_in_entries_and_gone_at_
     assert not any(folder.exists() for folder in folders), folders
 
 
+BORN_OF = "import os as _os, sys as _sys\nprint(f'born of pid {_os.getppid()}', file=_sys.stderr, flush=True)\n"
+
+
+def test_the_judges_faces_fork_ranks_from_one_zygote_and_the_runners_face_spawns_them(bundle, tmp_path):
+    """The human face's ranks are forked by their pool's zygote (the same parent, inside the ranks' namespace); the
+    runner's face keeps the runner's spawn: each rank's parent is the owner, outside the namespace (pid 0 there)."""
+    submission = tmp_path / "born.py"
+    submission.write_text(BORN_OF + (ROOT / "submissions" / "all2all" / "v1_torch_sort.py").read_text())
+    human = run_eval("test", str(submission), "--world-size", "2", "--backend", "gloo", "--cases", "tests:0")
+    parents = re.findall(r"\[rank\d\] born of pid (\d+)", human.stdout + human.stderr)
+    assert human.returncode == 0 and len(parents) == 2 and len(set(parents)) == 1 and parents[0] != "0", \
+        human.stdout + human.stderr
+
+    from tests.conftest import run_bundle
+
+    (bundle / "submission.py").write_text(submission.read_text())
+    (bundle / "one.txt").write_text("num_experts: 8; experts_per_token: 2; hidden_dim: 256; max_num_tokens: 12; "
+                                    "seed: 5; world_size: 2\n")
+    code, output, stderr = run_bundle(bundle, "test", "one.txt")
+    assert code == 0 and re.findall(r"born of pid (\d+)", stderr) == ["0", "0"], stderr
+
+
+def _descriptors(rank, world_size):
+    """What this rank holds open, by (device, inode), but its stdin."""
+    seen = set()
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if name != "0":
+                st = os.stat(f"/proc/self/fd/{name}")
+                seen.add((st.st_dev, st.st_ino))
+    return sorted(seen)
+
+
+def test_a_forked_rank_holds_nothing_its_zygote_holds():
+    """The zygote is root and forks every worker of its pool: a worker that kept any of its descriptors (its
+    request pipe above all) could ask it for more. Each rank's open files share none with the zygote's."""
+    import eval as core
+
+    pool = core.RankPool(2, "gloo", birth="zygote")
+    try:
+        results = pool.run("call", core.TestCase(args={"world_size": 2}, spec="descriptors"), 120,
+                           {"fn": _descriptors, "args": ()})
+        zygote = pool.zygote.process.pid
+        held = set()
+        for name in os.listdir(f"/proc/{zygote}/fd"):
+            with contextlib.suppress(OSError):
+                if name != "0":
+                    st = os.stat(f"/proc/{zygote}/fd/{name}")
+                    held.add((st.st_dev, st.st_ino))
+        parents = [int(boundary.process_stat(worker[0].pid)[1]) for worker in pool.workers]
+    finally:
+        pool.shutdown()
+    assert all(result.ok for result in results), [result.value for result in results]
+    assert parents == [zygote, zygote] and len(held) >= 2  # its request pipe and its wake-up pipe at least
+    for result in results:
+        assert not {tuple(pair) for pair in result.value} & held, (result.value, held)
+
+
 def test_a_kept_build_is_never_setuid_nor_writable_by_others(tmp_path, monkeypatch):
     """Red team 18: a rank's program made setuid in its build cache was kept as root's with the bit on (any local
     user then ran it as root), and a 0666 file stayed writable by all. Kept files are 0755 or 0644, times kept."""

@@ -648,10 +648,12 @@ REACH_RUNS = [("human", "test"), ("protocol", "leaderboard")]
 def test_a_rank_reaches_no_harness_process(tmp_path, face, mode):
     """pidfd_open/pidfd_getfd on its parent and every process it sees, /proc/<pid>/mem opened for writing,
     SIGSTOP/SIGTERM to every process of another uid, a scan of every pid it could signal unseen (#38, 3, 4, 6, 9).
-    A rank sees ppid 0, an unprivileged uid and, in its /proc, only its run's ranks and their namespace's init;
-    nothing reaches a harness process; its zeros fail."""
+    A rank sees an unprivileged uid and, in its /proc, only its run's ranks, their namespace's init and, in the
+    judge's own faces, its pool's zygote, which is its parent (the runner's face spawns it: ppid 0, the owner outside
+    the namespace); nothing reaches a harness process, the root zygote included; its zeros fail."""
     outcome = run_face(face, mode, tmp_path, hostile(REACH))
-    assert {ppid for _, ppid in outcome.said("ppid")} == {"0"}, str(outcome)
+    parents = {ppid for _, ppid in outcome.said("ppid")}
+    assert parents == {"0"} if face == "protocol" else (len(parents) == 1 and parents != {"0"}), str(outcome)
     assert all(uid != "0" for _, uid in outcome.said("uid")) and outcome.said("uid"), str(outcome)
     seen = [" ".join(words[2:]) for words in outcome.said("sees")]
     assert seen and not [c for c in seen if re.search(r"eval\.py|harness|pytest|a2a", c)], seen
@@ -678,15 +680,19 @@ SIGNAL_RUNS = [(face, name) for name in ("SIGTERM", "SIGSTOP") for face in FACES
 @pytest.mark.parametrize("face, name", every_time(SIGNAL_RUNS, ("protocol", "SIGSTOP"), ("human", "SIGTERM")),
                          ids=[f"{f}-{n}" for f, n in SIGNAL_RUNS])
 def test_a_signal_to_its_parent_never_reads_as_the_users_stop(tmp_path, face, name):
-    """`os.kill(os.getppid(), SIGTERM or SIGSTOP)` from rank 1 (#38, 6 and 9): the evaluator is out of reach (the
-    rank's parent is outside its namespace: ppid 0, so the signal goes to the rank's own process group, where it
-    can only reach ranks); the run fails (112) for the ranks it stopped or killed, within the case's limit, and never
-    ends as a user's stop (143)."""
+    """`os.kill(os.getppid(), SIGTERM or SIGSTOP)` from rank 1 (#38, 6 and 9): the evaluator is out of reach. Under
+    the runner's face the rank's parent is outside its namespace (ppid 0, so the signal goes to the rank's own
+    process group, where it can only reach ranks); under the human face it is the pool's zygote, root, and the
+    kernel refuses the signal. The run fails (112) for the ranks it stopped or killed or for the refusal, within the
+    case's limit, and never ends as a user's stop (143)."""
     started = time.monotonic()
     outcome = run_face(face, "test", tmp_path, hostile(SIGNAL_TO_THE_PARENT, signal=name), timeout_s=8)
     assert outcome.said("signal"), str(outcome)
     assert outcome.code != 128 + signal.SIGTERM and "SIGTERM received" not in outcome.err, str(outcome)
-    assert_fails(outcome, "rank process died", "did not finish in", "the harness did not send it")
+    if face == "protocol":
+        assert_fails(outcome, "rank process died", "did not finish in", "the harness did not send it")
+    else:
+        assert_fails(outcome, "PermissionError: [Errno 1] Operation not permitted")
     assert time.monotonic() - started < 120, str(outcome)
 
 
