@@ -687,3 +687,44 @@ print('made', len(os.path.join(path, 'deep')))
     os.utime(stale, (time.time() - 2 * boundary.STALE_COPY_S,) * 2)
     boundary._evict_builds()
     assert sorted(p.name for p in boundary.BUILDS.iterdir()) == [fresh.name]
+
+
+def test_cpu_time_of_children_no_one_reaps_counts_for_the_pool(tmp_path):
+    """Red team 18: a rank that ignores SIGCHLD has its children reaped by the kernel, whose CPU time then reaches
+    no process /proc shows (224 ms of burning beside another entry's visit went unseen by the clock). The pool's
+    CPU group counts it: a child's 1 s of CPU is in the pool's figure after the child is gone."""
+    sandbox = boundary.Sandbox()
+    said = tmp_path / "said"
+    said.touch()
+    said.chmod(0o666)
+    rank = None
+    try:
+        if sandbox.cpu_group is None:
+            pytest.skip(f"no CPU cgroup on this machine ({boundary.CGROUP_ROOT}: neither v1's cpuacct nor v2)")
+        entry = (f"import os, pickle, signal, sys, time\nsys.path.insert(0, {str(ROOT)!r})\nimport boundary\n"
+                 "boundary.enter_rank_sandbox(pickle.loads(bytes.fromhex(sys.argv[1])))\n"
+                 "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+                 "if os.fork() == 0:\n"
+                 "    while time.process_time() < 1.0:\n"
+                 "        pass\n"
+                 "    os._exit(0)\n"
+                 "time.sleep(0.2)\n"
+                 "while True:\n"
+                 "    try:\n"
+                 "        os.waitpid(-1, 0)\n"
+                 "    except ChildProcessError:\n"
+                 "        break\n"
+                 f"open({str(said)!r}, 'w').write('done')\n"
+                 "time.sleep(600)\n")
+        with sandbox.spawning():
+            rank = subprocess.Popen([sys.executable, "-c", entry, pickle.dumps(sandbox.rank_setup()).hex()])
+        deadline = time.monotonic() + 60
+        while said.read_text() != "done" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert said.read_text() == "done"
+        assert sandbox.cpu_ns() >= 1.0e9
+    finally:
+        if rank is not None:
+            rank.kill()
+            rank.wait()
+        sandbox.close()
