@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import dataclasses
 import errno
+import math
 import os
 import re
 import secrets
@@ -263,9 +264,17 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def pool_memory_bytes() -> int:
+    """A pool's memory cap in bytes; ValueError naming the variable when it is set to anything but a positive
+    number of GiB."""
     text = os.environ.get(POOL_MEMORY_ENV)
     if text:
-        return int(float(text) * (1 << 30))
+        try:
+            gib = float(text)
+        except ValueError:
+            gib = math.nan
+        if not (0 < gib < math.inf):
+            raise ValueError(f"{POOL_MEMORY_ENV}={text!r}: must be a positive number of GiB")
+        return int(gib * (1 << 30))
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 

@@ -59,9 +59,9 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own modules, wherever it is run from
-from boundary import (POOL_MEMORY_ENV, RUN_OWNER, RankSandbox, Sandbox, become_subreaper, claim_run,  # noqa: E402
-                      descendants, die_with_parent, enter_rank_sandbox, hide_result_channel, kill_tree,
-                      has_ended, memory_cap_hit, owned_tempdir, prepare_rank_cache, process_stat,
+from boundary import (POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox, become_subreaper, claim_run,  # noqa: E402
+                      descendants, die_with_parent, enter_rank_sandbox, has_ended, hide_result_channel, kill_tree,
+                      memory_cap_hit, owned_tempdir, pool_memory_bytes, prepare_rank_cache, process_stat,
                       release_uid)
 import judge  # noqa: E402
 from judge import HOLD_MAX_CYCLES, HOLD_START_CYCLES, cantor_combine  # noqa: E402
@@ -1290,6 +1290,15 @@ def rank_birth(runner_face: bool = False) -> str:
     return birth
 
 
+def check_environment() -> None:
+    """The variables a run reads only once its pools start, checked before any work: a bad one is bad input."""
+    rank_birth()
+    try:
+        pool_memory_bytes()
+    except ValueError as error:
+        raise UserError(str(error)) from None
+
+
 def _outer_pid(parent: int, inner: int, known: set) -> int:
     """The pid, as this process sees it, of `parent`'s child whose pid in its own namespace is `inner`."""
     for entry in os.listdir("/proc"):
@@ -2136,6 +2145,7 @@ def protocol_main() -> int:
         gpus = machine_gpus()
         backend = os.environ.get("A2A_BACKEND") or ("nccl" if gpus else "gloo")
         validate_cases(tests, n_gpus, backend, gpus, shared=_sharing_asked())
+        check_environment()
         timeout = os.environ.get("A2A_TIMEOUT")
         with PopcornOutput(fd) as logger:
             # The ranks start first and import torch while this process does (nothing above imported it on a CPU or

@@ -72,7 +72,7 @@ def run_cli(entry, argv=None) -> int:
     if sys.stdout is not None:  # a closed stdout (`>&-`) prints nowhere
         sys.stdout.reconfigure(errors="backslashreplace")
     try:
-        core.rank_birth()  # a bad A2A_RANK_BIRTH is bad input, before any work
+        core.check_environment()
         return entry(argv)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)

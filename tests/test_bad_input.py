@@ -122,6 +122,13 @@ def test_run_leaderboard_rejects_bad_version_lists(tmp_path, versions, message):
 def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
     """Each found before a rank starts: one line, 113, nothing saved."""
     a_file = Path(_file(tmp_path, "a_file", ""))
+    for variable, value in (("A2A_POOL_MEMORY_GB", "-1"), ("A2A_POOL_MEMORY_GB", "nan"), ("A2A_RANK_BIRTH", "exec")):
+        for command in (("eval.py", "test", "v1"), ("run_leaderboard.py", "--versions", "v1", "--out",
+                                                     str(tmp_path / "o0"))):
+            result = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True,
+                                    timeout=600, env={**os.environ, variable: value})
+            assert result.returncode == EXIT_BAD_INPUT and f"{variable}={value!r}" in result.stderr, result.stderr
+            assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     for command, message in [
         (("run_leaderboard.py", "--versions", "v1,v1", "--out", str(tmp_path / "o1")), "v1_torch_sort named more"),
         (("run_leaderboard.py", "--versions", f"v1,{ROOT / 'submissions/all2all/v1_torch_sort.py'}",
@@ -239,7 +246,10 @@ def test_protocol_face_rejects_a_bad_environment(bundle):
                          ({"POPCORN_FD": "1", "POPCORN_SEED": "10000000000"}, "mixed into this test's seed"),
                          ({"POPCORN_FD": "1", "A2A_MASTER_PORT": "65536"}, "A2A_MASTER_PORT must be a port number"),
                          ({"POPCORN_FD": "1", "A2A_TRANSPORT": "gpu"}, "A2A_TRANSPORT must be 'host' or 'device'"),
-                         ({"POPCORN_FD": "1", "A2A_OWNER_GPU": "first"}, "A2A_OWNER_GPU must be 'own', 'next' or a GPU index")]:
+                         ({"POPCORN_FD": "1", "A2A_OWNER_GPU": "first"}, "A2A_OWNER_GPU must be 'own', 'next' or a GPU index"),
+                         ({"POPCORN_FD": "1", "A2A_POOL_MEMORY_GB": "lots"}, "A2A_POOL_MEMORY_GB='lots': must be a"),
+                         ({"POPCORN_FD": "1", "A2A_POOL_MEMORY_GB": "0"}, "A2A_POOL_MEMORY_GB='0': must be a"),
+                         ({"POPCORN_FD": "1", "A2A_RANK_BIRTH": "fork"}, "A2A_RANK_BIRTH='fork': must be one of")]:
         done = _protocol(bundle, env, "test", "one.txt")
         assert done.returncode == EXIT_BAD_INPUT and message in done.stderr, (env, done.returncode, done.stderr)
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
