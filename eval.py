@@ -68,7 +68,8 @@ from judge import HOLD_MAX_CYCLES, HOLD_START_CYCLES, cantor_combine  # noqa: E4
 import wire  # noqa: E402
 
 __all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything else is the core's own
-    "all_ok", "bound", "calculate_extra_stats", "cantor_combine", "case_problem", "CaseSteps", "claim_run",
+    "all_ok", "bound", "calculate_extra_stats", "cantor_combine", "case_problem", "CaseSteps", "check_environment",
+    "claim_run",
     "clone_data", "die_with_parent", "environ_with", "environment_with", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED",
     "EXIT_CRASH", "EXTRA_STAT_FIELDS", "EXTRA_STATS", "get_test_cases", "HERE", "import_submission",
     "install_signal_handlers", "kill_tree", "LEADERBOARD_SEED_STEP", "LOG_DIR_ENV", "machine_gpus", "MODES",
