@@ -1429,8 +1429,10 @@ class RankPool:
     workers killed (SIGKILL, with whatever they started) and the ranks that did not return are named; a fresh worker
     takes a killed one's place when a later case needs it. Each worker talks over its own pipe, so a killed worker
     leaves no lock held. Workers are born inside the pool's Sandbox (its PID namespace, their own /proc, the ranks'
-    uid, where the machine allows; `guards` says which), and between cases everything but the workers is ended
-    there, so nothing a case started (a child holding the rendezvous port) reaches the next.
+    uid, where the machine allows; `guards` says which), and between cases everything but the workers (and their
+    zygote) is ended there, so nothing a case started (a child holding the rendezvous port) reaches the next.
+    `birth`: "zygote" (the judge's faces: one process of the pool imports torch and forks each worker, Zygote) or
+    "spawn" (the runner's face: a fresh interpreter each); rank_birth says which by default.
 
     `master_port` None: the ranks of case n meet in a file store of their own (`case<n>` in the pool's rendezvous
     folder, boundary.Sandbox.rendezvous_folder), so no port is ever bound and no socket is reachable. A port number:
