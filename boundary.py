@@ -475,8 +475,11 @@ told = sys.stdin.readline()
 os.kill(child, signal.SIGKILL)
 os.waitpid(child, 0)
 if told:
-    print("ended", flush=True)
-    sys.stdin.read()
+    try:
+        print("ended", flush=True)
+        sys.stdin.read()
+    except OSError:  # the owner is gone: its folders are released all the same
+        pass
 boundary.release_uid(uid, owner_mark)
 """
 
@@ -515,9 +518,10 @@ PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 # per architecture the harness runs on: its audit arch, and the numbers of the calls the filter looks at
 _SYSCALLS = {"x86_64": (0xC000003E, {"clone": 56, "unshare": 272, "clone3": 435, "add_key": 248,
-                                     "request_key": 249, "keyctl": 250}),
+                                     "request_key": 249, "keyctl": 250, "ptrace": 101}),
              "aarch64": (0xC00000B7, {"clone": 220, "unshare": 97, "clone3": 435, "add_key": 217,
-                                      "request_key": 218, "keyctl": 219})}
+                                      "request_key": 218, "keyctl": 219, "ptrace": 117})}
+CLONE_PARENT, PTRACE_TRACEME = 0x00008000, 0
 _X32_BIT = 0x40000000
 _LOAD, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 
@@ -531,8 +535,11 @@ class _SockFprog(ctypes.Structure):
 
 
 def rank_filter(machine: str) -> list:
-    """The filter's instructions (code, jt, jf, k): clone and unshare with CLONE_NEWUSER fail with EPERM; clone3,
-    whose flags a filter cannot read, fails with ENOSYS (glibc then falls back to clone); the kernel's keyrings
+    """The filter's instructions (code, jt, jf, k): clone and unshare with CLONE_NEWUSER fail with EPERM, and clone
+    with CLONE_PARENT (red team 19: a child of the rank's parent, the owner under spawn, which never reaps it, so the
+    namespace could not end and the owner waited on it forever); clone3, whose flags a filter cannot read, fails
+    with ENOSYS (glibc then falls back to clone); PTRACE_TRACEME fails with EPERM (red team 19: the owner became the
+    rank's tracer, and a stop it then read as its worker's exit ended the run with 114); the kernel's keyrings
     (add_key, request_key, keyctl: a uid's keys outlive its processes, red team 14) and a call of another ABI (x32,
     32-bit) fail with EPERM; everything else is allowed. Empty for an unknown architecture."""
     if machine not in _SYSCALLS:
@@ -544,8 +551,10 @@ def rank_filter(machine: str) -> list:
         (_LOAD, None, None, 4), (_JEQ, "native", "deny", arch),
         ("native", _LOAD, None, None, 0), (_JGE, "deny", None, _X32_BIT), (_JEQ, "absent", None, number["clone3"]),
         *((_JEQ, "deny", None, number[name]) for name in ("add_key", "request_key", "keyctl")),
+        (_JEQ, "request", None, number["ptrace"]),
         (_JEQ, "flags", None, number["clone"]), (_JEQ, "flags", "allow", number["unshare"]),
-        ("flags", _LOAD, None, None, 16), (_JSET, "deny", "allow", CLONE_NEWUSER),  # the first argument's low half
+        ("flags", _LOAD, None, None, 16), (_JSET, "deny", "allow", CLONE_NEWUSER | CLONE_PARENT),  # the first
+        ("request", _LOAD, None, None, 16), (_JEQ, "deny", "allow", PTRACE_TRACEME),  # argument's low half
         ("allow", _RET, None, None, SECCOMP_RET_ALLOW), ("absent", _RET, None, None, SECCOMP_RET_ERRNO | errno.ENOSYS),
         ("deny", _RET, None, None, SECCOMP_RET_ERRNO | errno.EPERM)]
     labels = {step[0]: at for at, step in enumerate(program) if isinstance(step[0], str)}
@@ -615,11 +624,20 @@ class Guards:
 
 
 def has_ended(pid: int) -> bool:
-    """Whether `pid` has exited: gone, or a zombie its parent has not reaped."""
+    """Whether `pid` has exited: gone, or a zombie its parent has not reaped, every thread of it ended. NOTES: a
+    process whose main thread ended (pthread_exit) reads as a zombie while its other threads run on (red team 19:
+    such a hog was left out of the clock's pause and of the sweep)."""
     try:
-        return process_stat(pid)[0] == "Z"
+        if process_stat(pid)[0] != "Z":
+            return False
+        threads = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return True
+    for thread in threads:
+        with contextlib.suppress(OSError, IndexError):
+            if Path(f"/proc/{pid}/task/{thread}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX":
+                return False
+    return True
 
 
 def _ns_inode(pid: int) -> Optional[int]:
@@ -859,6 +877,23 @@ class Sandbox:
             time.sleep(0.005)
         return sorted(killed)
 
+    def _ended_said(self) -> bool:
+        """Waits, up to ENDED_TIMEOUT_S, for the guardian to say the namespace ended, meanwhile reaping any child of
+        this process the namespace held: a PID namespace ends only once each of its processes is reaped, and one
+        whose parent is out here (a worker this process spawned, or a child a rank made with CLONE_PARENT before
+        the filter refused it: red team 19) would hold the guardian, and this wait, forever."""
+        import select
+
+        deadline = time.monotonic() + ENDED_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if select.select([self.parent.stdout], [], [], 0.05)[0]:
+                return self.parent.stdout.readline().strip() == "ended"
+            for pid in self._namespace_pids():
+                with contextlib.suppress(OSError, IndexError, ValueError, ChildProcessError):
+                    if process_stat(pid)[1] == str(os.getpid()) and process_stat(pid)[0] == "Z":
+                        os.waitpid(pid, os.WNOHANG)
+        return False
+
     def close(self, clean_files: bool = True) -> None:
         """Ends the namespace (the kernel kills every process in it with its init), keeps what the ranks built
         under the pool's build key, then removes the run's folders and frees the uid. `clean_files` is taken
@@ -867,7 +902,7 @@ class Sandbox:
             try:  # the guardian ends the namespace, then says so; it ends at its input's end, whatever happened
                 self.parent.stdin.write("end\n")
                 self.parent.stdin.flush()
-                if self.parent.stdout.readline().strip() == "ended" and self.guards.uid is not None:
+                if self._ended_said() and self.guards.uid is not None:
                     keep_builds(self.uid, self.build_key, self._seeded, self._views)
             except (OSError, ValueError):
                 pass
@@ -1214,6 +1249,7 @@ KEEP_MAX_BYTES, KEEP_MAX_FILES = 512 * 2**20, 20_000
 KEEP_TOTAL_BYTES, KEEP_TOTAL_FILES = 2 * 2**30, 50_000
 
 
+ENDED_TIMEOUT_S = 60.0  # a namespace's end takes well under a second; past this the pool closes without it
 STALE_COPY_S = 3600  # a copy being made is minutes old at most; one older was left by a judge that was killed
 
 

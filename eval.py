@@ -960,6 +960,10 @@ def _worker_loop(conn, parent_pid: int, sandbox: Optional[RankSandbox] = None, b
         os._exit(1)  # ranks' PID namespace, whose parent is outside it)
     _owner_conn = conn
     out, err, phase = fds or receive_fds(3)
+    # NOTES: nothing inherited stays open, the owner's helpers' pipes above all (red team 19: a spawned rank wrote to
+    # multiprocessing's resource tracker, a root process outside the pool: raw text on the judge's stderr, 2.4 GB of
+    # its memory past the pool's cap)
+    _close_all_but((0, 1, 2, conn.fileno(), out, err, phase))
     _phase_slot = PhaseSlot(phase)
     os.close(phase)  # the map holds its own reference
     # NOTES: what a rank prints is data: its stdout and stderr are pipes the owner reads, escapes and bounds
@@ -1002,7 +1006,7 @@ FORK_TIMEOUT_S = 300.0  # a first fork waits for the zygote's imports (a cold to
 def _zygote_loop(control, parent_pid: int, sandbox: Optional[RankSandbox], bundle: Optional[str]) -> None:
     """A pool's zygote: born like a worker (the pool's namespaces and environment, root, no sandbox of its own yet),
     it imports torch once, without touching a GPU, then forks each of the pool's workers on its owner's request. A
-    forked worker closes every descriptor but its own before anything else runs, so no rank can reach `control`;
+    worker closes every descriptor but its own before anything else runs, so no rank can reach `control`;
     the ranks then drop to their uid, which cannot signal or trace this root process. An exit is told, its zombie
     kept until the owner has read it (so its pid is not reused while the owner may still signal it)."""
     die_with_parent()
@@ -1044,8 +1048,7 @@ def _zygote_loop(control, parent_pid: int, sandbox: Optional[RankSandbox], bundl
                 try:
                     signal.set_wakeup_fd(-1)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    control.close()
-                    _close_all_but((0, 1, 2, *fds))
+                    control.close()  # the worker closes what else it inherited first thing
                     _worker_loop(multiprocessing.connection.Connection(fds[0]), parent_pid=os.getppid(),
                                  sandbox=sandbox, bundle=bundle, fds=fds[1:])
                 finally:
