@@ -1049,6 +1049,7 @@ def _zygote_loop(control, parent_pid: int, sandbox: Optional[RankSandbox], bundl
                     signal.set_wakeup_fd(-1)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     control.close()  # the worker closes what else it inherited first thing
+                    sys.modules["torch"].seed()  # a random state of its own, as a spawned worker's (red team 19)
                     _worker_loop(multiprocessing.connection.Connection(fds[0]), parent_pid=os.getppid(),
                                  sandbox=sandbox, bundle=bundle, fds=fds[1:])
                 finally:

@@ -793,3 +793,23 @@ def test_a_child_of_the_owner_left_in_the_namespace_does_not_hold_its_end():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "closed in" in done.stdout, done.stdout + done.stderr
     assert float(done.stdout.split()[2]) < 10, done.stdout
+
+
+def _initial_seed(rank, world_size):
+    import torch
+
+    return torch.initial_seed()
+
+
+def test_forked_ranks_do_not_share_torchs_random_state():
+    """Red team 19: both ranks of a pool forked from one zygote began with the zygote's torch generator (the same
+    initial seed, the same draws); spawned ones each draw their own. A forked worker reseeds."""
+    import eval as core
+
+    pool = core.RankPool(2, "gloo", birth="zygote")
+    try:
+        results = pool.run("call", core.TestCase(args={"world_size": 2}, spec="seeds"), 120,
+                           {"fn": _initial_seed, "args": ()})
+    finally:
+        pool.shutdown()
+    assert all(result.ok for result in results) and len({result.value for result in results}) == 2, results
