@@ -326,15 +326,17 @@ def test_close_returns_while_a_process_left_behind_keeps_the_pipe_open():
     read_fd, write_fd = os.pipe()
     stream = io.StringIO()
     reader = wire.RankText(read_fd, stream, "[rank0] ")
-    stop = threading.Event()
+    stop, wrote = threading.Event(), threading.Event()
 
     def chatter():
         with contextlib.suppress(OSError):  # the reader's end closed
             while not stop.is_set():
                 os.write(write_fd, b"still here\n")
+                wrote.set()
 
     writer = threading.Thread(target=chatter, daemon=True)
     writer.start()
+    assert wrote.wait(30)  # a loaded machine may not run the writer before the close (CI, 2026-11-27: nothing read)
     started = time.monotonic()
     assert reader.close(wait_s=0.5)
     assert time.monotonic() - started < 3
