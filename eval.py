@@ -30,7 +30,6 @@ process (never a verdict).
 from __future__ import annotations
 
 import base64
-import collections
 import contextlib
 import ctypes
 import dataclasses
@@ -39,7 +38,6 @@ import fcntl
 import hashlib
 import importlib.util
 import math
-import mmap
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.resource_tracker
@@ -49,7 +47,6 @@ import select
 import signal
 import socket
 import stat
-import struct
 import sys
 import threading
 import time
@@ -60,9 +57,11 @@ from typing import Any, Callable, NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own modules, wherever it is run from
 from boundary import (POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox, become_subreaper, claim_run,  # noqa: E402
-                      descendants, die_with_parent, enter_rank_sandbox, has_ended, hide_result_channel, kill_tree,
-                      memory_cap_hit, owned_tempdir, pool_memory_bytes, prepare_rank_cache, process_stat,
+                      descendants, die_with_parent, enter_rank_sandbox, hide_result_channel, kill_tree,
+                      memory_cap_hit, owned_tempdir, pool_memory_bytes, prepare_rank_cache,
                       release_uid)
+import births  # noqa: E402
+from births import (Forked, PhaseSlot, Zygote, close_all_but, rank_birth, send_fds)  # noqa: E402
 import judge  # noqa: E402
 from judge import HOLD_MAX_CYCLES, HOLD_START_CYCLES, cantor_combine  # noqa: E402
 import wire  # noqa: E402
@@ -650,13 +649,9 @@ def import_submission() -> Callable:
     return _kernel
 
 
-def receive_fds(count: int, conn=None) -> list:
-    """The descriptors sent right after the last message on `conn` (by default the owner's: a judge channel's
-    buffer and pipes)."""
-    from multiprocessing.reduction import recvfds
-
-    with socket.socket(fileno=os.dup((conn or _owner_conn).fileno())) as sock:
-        return recvfds(sock, count)
+def receive_fds(count: int) -> list:
+    """The descriptors the owner sent right after this job's message (a judge channel's buffer and pipes)."""
+    return births.receive_fds(_owner_conn, count)
 
 
 def _output_status(output, tokens: int, hidden: int, device) -> int:
@@ -924,26 +919,6 @@ def _set_phase(name: str) -> None:
         _phase_slot.value = PHASES.index(name)
 
 
-class PhaseSlot:
-    """Where a worker stands (an index into PHASES): one int in a memfd that the owner makes and hands the worker
-    with its pipes, mapped by both, whichever way the worker was born."""
-
-    def __init__(self, fd: Optional[int] = None):
-        if fd is None:
-            fd = os.memfd_create("a2a-phase", os.MFD_CLOEXEC)
-            os.ftruncate(fd, mmap.PAGESIZE)
-        self.fd = fd
-        self._map = mmap.mmap(fd, mmap.PAGESIZE)
-
-    @property
-    def value(self) -> int:
-        return self._map[0]
-
-    @value.setter
-    def value(self, index: int) -> None:
-        self._map[0] = index
-
-
 def _worker_loop(conn, parent_pid: int, sandbox: Optional[RankSandbox] = None, bundle: Optional[str] = None,
                  fds: Optional[list] = None) -> None:
     """A pool worker: enters its sandbox, binds the harness's primitives, then runs one rank of a case per message
@@ -963,7 +938,7 @@ def _worker_loop(conn, parent_pid: int, sandbox: Optional[RankSandbox] = None, b
     # NOTES: nothing inherited stays open, the owner's helpers' pipes above all (red team 19: a spawned rank wrote to
     # multiprocessing's resource tracker, a root process outside the pool: raw text on the judge's stderr, 2.4 GB of
     # its memory past the pool's cap)
-    _close_all_but((0, 1, 2, conn.fileno(), out, err, phase))
+    close_all_but((0, 1, 2, conn.fileno(), out, err, phase))
     _phase_slot = PhaseSlot(phase)
     os.close(phase)  # the map holds its own reference
     # NOTES: what a rank prints is data: its stdout and stderr are pipes the owner reads, escapes and bounds
@@ -992,80 +967,6 @@ def _worker_loop(conn, parent_pid: int, sandbox: Optional[RankSandbox] = None, b
     # of the pool's grace, then a kill), and the pool's owner has already ended what the submission forked.
     _flush_streams()
     os._exit(0)
-
-
-# A pool's zygote and its owner speak in fixed-size records, never pickles: (what, pid, exit code) from the zygote,
-# (what, pid) to it. The fork request is followed by the new worker's four descriptors.
-_BORN, _EXITED = 1, 2
-_FORK, _REAP = 1, 2
-_ZYGOTE_SAYS, _ZYGOTE_HEARS = struct.Struct("<3i"), struct.Struct("<2i")
-ZYGOTE_PRELOAD = ("torch", "torch.distributed")  # what every rank imports first, imported once per pool
-FORK_TIMEOUT_S = 300.0  # a first fork waits for the zygote's imports (a cold torch import on a loaded machine)
-
-
-def _zygote_loop(control, parent_pid: int, sandbox: Optional[RankSandbox], bundle: Optional[str]) -> None:
-    """A pool's zygote: born like a worker (the pool's namespaces and environment, root, no sandbox of its own yet),
-    it imports torch once, without touching a GPU, then forks each of the pool's workers on its owner's request. A
-    worker closes every descriptor but its own before anything else runs, so no rank can reach `control`;
-    the ranks then drop to their uid, which cannot signal or trace this root process. An exit is told, its zombie
-    kept until the owner has read it (so its pid is not reused while the owner may still signal it)."""
-    die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if os.getppid() not in (parent_pid, 0):
-        os._exit(1)
-    for name in ZYGOTE_PRELOAD:
-        importlib.import_module(name)
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_read, False)
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    told: dict = {}  # pid -> whether its exit was told
-    while True:
-        ready = multiprocessing.connection.wait([control, wake_read])
-        if wake_read in ready:
-            with contextlib.suppress(BlockingIOError):
-                os.read(wake_read, 4096)
-        for pid in [pid for pid, done in told.items() if not done]:
-            exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            if exited is not None:
-                code = exited.si_status if exited.si_code == os.CLD_EXITED else -exited.si_status
-                control.send_bytes(_ZYGOTE_SAYS.pack(_EXITED, pid, code))
-                told[pid] = True
-        if control not in ready:
-            continue
-        try:
-            what, pid = _ZYGOTE_HEARS.unpack(control.recv_bytes(_ZYGOTE_HEARS.size))
-        except (EOFError, OSError, struct.error):
-            os._exit(0)  # its workers die with it (die_with_parent)
-        if what == _REAP and told.get(pid):
-            os.waitpid(pid, 0)
-            del told[pid]
-        elif what == _FORK:
-            fds = receive_fds(4, control)
-            child = os.fork()
-            if child == 0:
-                try:
-                    signal.set_wakeup_fd(-1)
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    control.close()  # the worker closes what else it inherited first thing
-                    sys.modules["torch"].seed()  # a random state of its own, as a spawned worker's (red team 19)
-                    _worker_loop(multiprocessing.connection.Connection(fds[0]), parent_pid=os.getppid(),
-                                 sandbox=sandbox, bundle=bundle, fds=fds[1:])
-                finally:
-                    os._exit(1)
-            for fd in fds:
-                os.close(fd)
-            told[child] = False
-            control.send_bytes(_ZYGOTE_SAYS.pack(_BORN, child, 0))
-
-
-def _close_all_but(keep: tuple) -> None:
-    """Closes every open descriptor of this process but `keep` (listed, not counted up to RLIMIT_NOFILE)."""
-    for name in os.listdir("/proc/self/fd"):
-        if int(name) not in keep:
-            with contextlib.suppress(OSError):
-                os.close(int(name))
 
 
 def _flush_streams() -> None:
@@ -1132,13 +1033,6 @@ def _death_message(exitcode: Optional[int], guards=None) -> str:
     return f"rank process died (exit code {exitcode})"
 
 
-def _send_fds(conn, fds: list) -> None:
-    from multiprocessing.reduction import sendfds
-
-    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
-        sendfds(sock, fds)
-
-
 class CaseRun:
     """One case in flight on a pool: the owner's side of the ranks' results. `next_event()` returns the ranks'
     results when the case is over (failed, timed out, or done); every wait has the case's deadline. A rank sends
@@ -1166,7 +1060,7 @@ class CaseRun:
             pool.label(slot, rank)
             pool.workers[slot][1].send((job, sent, rank, params or {}, setup, self.case_id))
             if fds:  # right behind the job's message, where the rank's receive_fds reads them
-                _send_fds(pool.workers[slot][1], fds[rank])
+                send_fds(pool.workers[slot][1], fds[rank])
         self.results: dict = {}
         self.deadline = time.monotonic() + timeout_s
         self.timeout_s = timeout_s
@@ -1280,149 +1174,13 @@ def _main_not_rerun(skip: bool):
         main.__file__ = path
 
 
-RANK_BIRTH_ENV = "A2A_RANK_BIRTH"
-RANK_BIRTHS = ("zygote", "spawn")
-
-
-def rank_birth(runner_face: bool = False) -> str:
-    """How a pool's workers are born: the runner's face spawns each one (its process model); the judge's own faces
-    fork them from a zygote per pool (one torch import a pool, not one a worker), unless A2A_RANK_BIRTH=spawn."""
-    if runner_face:
-        return "spawn"
-    birth = os.environ.get(RANK_BIRTH_ENV) or "zygote"
-    if birth not in RANK_BIRTHS:
-        raise UserError(f"{RANK_BIRTH_ENV}={birth!r}: must be one of {', '.join(RANK_BIRTHS)}")
-    return birth
-
-
 def check_environment() -> None:
     """The variables a run reads only once its pools start, checked before any work: a bad one is bad input."""
-    rank_birth()
     try:
+        rank_birth()
         pool_memory_bytes()
     except ValueError as error:
         raise UserError(str(error)) from None
-
-
-def _outer_pid(parent: int, inner: int, known: set) -> int:
-    """The pid, as this process sees it, of `parent`'s child whose pid in its own namespace is `inner`."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in known:
-            continue
-        try:
-            if int(process_stat(int(entry))[1]) != parent:
-                continue
-            status = Path(f"/proc/{entry}/status").read_text()
-        except (OSError, IndexError, ValueError):
-            continue
-        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), None)
-        if nspid is None or int(nspid[-1]) == inner:
-            return int(entry)
-    raise RuntimeError(f"the pool's zygote forked a worker (pid {inner} in the ranks' namespace) that is not there")
-
-
-class Forked:
-    """A worker its pool's zygote forks, with the face RankPool uses of a multiprocessing.Process: `pid` (as this
-    process sees it; asking waits for the birth), `exitcode`, `is_alive()`, `join()`."""
-
-    def __init__(self, zygote: "Zygote"):
-        self.zygote = zygote
-        self.inner_pid: Optional[int] = None  # in the ranks' PID namespace
-        self.outer_pid: Optional[int] = None
-        self.exitcode: Optional[int] = None
-
-    @property
-    def pid(self) -> int:
-        deadline = time.monotonic() + FORK_TIMEOUT_S
-        while self.outer_pid is None and not self.zygote.ended and time.monotonic() < deadline:
-            self.zygote.hear(0.1)
-        if self.outer_pid is None:
-            raise RuntimeError(f"the pool's zygote ended (exit code {self.zygote.process.exitcode}) before it forked "
-                               "a worker" if self.zygote.ended else
-                               f"the pool's zygote did not fork a worker within {FORK_TIMEOUT_S:g} s")
-        return self.outer_pid
-
-    def is_alive(self) -> bool:
-        self.zygote.hear(0)
-        return self.exitcode is None
-
-    def join(self, timeout: Optional[float] = None) -> None:
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
-        while self.exitcode is None and time.monotonic() < deadline:
-            self.zygote.hear(min(0.5, max(0.0, deadline - time.monotonic())))
-            if self.exitcode is None and self.outer_pid is not None and has_ended(self.outer_pid):
-                self.zygote.wake()  # a pool the clock stopped: its zygote tells the exit once it runs
-        if self.exitcode is not None:
-            self.zygote.reap(self)
-
-
-class Zygote:
-    """The owner's side of a pool's zygote (_zygote_loop), which forks the pool's workers in the order asked and
-    tells their exits. What it says is read as fixed-size records. A zygote that ends takes its workers with it
-    (die_with_parent): each is then read as killed."""
-
-    def __init__(self, spawn: Callable):
-        self.conn, child_end = multiprocessing.get_context("spawn").Pipe()
-        self.process = spawn(_zygote_loop, (child_end,))
-        child_end.close()
-        self.unborn: collections.deque = collections.deque()
-        self.children: dict = {}  # inner pid -> Forked
-        self.ended = False
-
-    def fork(self, fds: list) -> Forked:
-        """A worker to be born holding `fds` (its pipe's end, stdout, stderr, phase slot); the request returns at
-        once, so the owner goes on while the zygote still imports."""
-        self.conn.send_bytes(_ZYGOTE_HEARS.pack(_FORK, 0))
-        _send_fds(self.conn, fds)
-        child = Forked(self)
-        self.unborn.append(child)
-        return child
-
-    def hear(self, timeout: float) -> None:
-        """Reads what the zygote told within `timeout` (then without waiting): births and exits."""
-        while not self.ended:
-            try:
-                if not self.conn.poll(timeout):
-                    return
-                what, pid, code = _ZYGOTE_SAYS.unpack(self.conn.recv_bytes(_ZYGOTE_SAYS.size))
-            except (EOFError, OSError, struct.error):
-                self._end_all()
-                return
-            timeout = 0
-            if what == _BORN and self.unborn:
-                child = self.unborn.popleft()
-                child.inner_pid = pid
-                child.outer_pid = _outer_pid(self.process.pid, pid, {c.outer_pid for c in self.children.values()})
-                self.children[pid] = child
-            elif what == _EXITED and pid in self.children:
-                self.children[pid].exitcode = code
-
-    def wake(self) -> None:
-        with contextlib.suppress(OSError):
-            os.kill(self.process.pid, signal.SIGCONT)
-
-    def reap(self, child: Forked) -> None:
-        if self.children.pop(child.inner_pid, None) is not None and not self.ended:
-            with contextlib.suppress(OSError):
-                self.conn.send_bytes(_ZYGOTE_HEARS.pack(_REAP, child.inner_pid))
-
-    def _end_all(self) -> None:
-        self.ended = True
-        for child in [*self.children.values(), *self.unborn]:
-            if child.exitcode is None:
-                child.exitcode = -signal.SIGKILL  # die_with_parent
-        self.process.join(timeout=5)
-
-    def close(self, kill: bool = False) -> None:
-        """Ends the zygote: at once (`kill`), else it exits at its pipe's end."""
-        if kill:
-            kill_tree(self.process.pid)
-        self.conn.close()
-        self.process.join(timeout=5)
-        if self.process.is_alive():
-            kill_tree(self.process.pid)
-            self.process.join()
-        self._end_all()
 
 
 class RankPool:
@@ -1499,13 +1257,13 @@ class RankPool:
         handed = [out_write, err_write, phase.fd]
         if self.birth == "zygote":
             if self.zygote is None or self.zygote.ended:
-                self.zygote = Zygote(self._spawn)
+                self.zygote = Zygote(self._spawn, _worker_loop)
             process = self.zygote.fork([child_end.fileno(), *handed])
             child_end.close()
         else:
             process = self._spawn(_worker_loop, (child_end,))
             child_end.close()
-            _send_fds(parent_end, handed)
+            send_fds(parent_end, handed)
         for fd in handed:
             os.close(fd)
         self.texts[process] = (wire.RankText(out_read, sys.stdout, ""), wire.RankText(err_read, sys.stderr, ""))
