@@ -278,20 +278,26 @@ def pool_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
+def _own_v1_group(controller: str) -> Path:
+    """This process's own group in cgroup v1's hierarchy of `controller` (its root where /proc says none or the
+    folder is not there)."""
+    root = CGROUP_ROOT / controller
+    own = ""
+    with contextlib.suppress(OSError):
+        own = next((line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                    if controller in line.split(":")[1].split(",")), "")
+    group = root / own.strip().lstrip("/") if own.strip() else root
+    return group if group.is_dir() else root
+
+
 def _memory_controller() -> Optional[tuple]:
     """(the folder pools' groups go under, its limit files, its OOM files) or None. Under cgroup v1 the groups go
     below this process's own memory group, whose limits then hold them too; v2 gives a group with processes no
     controllers for its children, so there they go below the hierarchy's root."""
-    v1 = CGROUP_ROOT / "memory"
-    if (v1 / "memory.limit_in_bytes").exists():
-        own = ""
-        with contextlib.suppress(OSError):
-            own = next((line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
-                        if line.split(":")[1:2] == ["memory"]), "")
-        parent = v1 / own.strip().lstrip("/") if own.strip() else v1
+    if (CGROUP_ROOT / "memory" / "memory.limit_in_bytes").exists():
         # NOTES: v1 charges a socket's TCP buffers only once its own limit is set (red team 17: 1.2 GiB of loopback
         # buffers in a pool capped at 1 GiB)
-        return (parent if parent.is_dir() else v1, ("memory.limit_in_bytes", "memory.kmem.tcp.limit_in_bytes"),
+        return (_own_v1_group("memory"), ("memory.limit_in_bytes", "memory.kmem.tcp.limit_in_bytes"),
                 ("memory.oom_control", "memory.failcnt"))
     for root in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
         with contextlib.suppress(OSError):
@@ -311,7 +317,7 @@ def make_memory_group(uid: int, limit: int) -> tuple:
     found, group = _memory_controller(), memory_group(uid)
     if found is None:
         return None, "no memory cgroup here"
-    remove_memory_group(uid)
+    remove_pool_groups(uid)
     try:
         group.mkdir()
         for name in found[1]:
@@ -319,7 +325,7 @@ def make_memory_group(uid: int, limit: int) -> tuple:
                 (group / name).write_text(str(limit))
         _try_joining(group)
     except OSError as error:
-        remove_memory_group(uid)
+        remove_pool_groups(uid)
         return None, f"no memory cgroup ({group}: {error.strerror})"
     return group, ""
 
@@ -341,7 +347,7 @@ def _try_joining(group: Path) -> None:
         raise OSError(errno.EPERM, "the kernel refused a process into it")
 
 
-def remove_memory_group(uid: int) -> None:
+def remove_pool_groups(uid: int) -> None:
     """Removes the uid's memory and CPU groups once no process is left in them (else leaves them for the next
     claim)."""
     for group in (memory_group(uid), cpu_group(uid)):
@@ -355,19 +361,13 @@ def remove_memory_group(uid: int) -> None:
 # SIGCHLD, added their CPU time to no process /proc shows, and 224 ms of burning beside another entry's visit went
 # unseen).
 def _cpu_controller() -> Optional[tuple]:
-    """(the folder pools' CPU groups go under, the file of a group's CPU time, its unit in ns) or None: cgroup v1's
-    cpuacct (below this process's own group), else v2, where every group has cpu.stat."""
-    v1 = CGROUP_ROOT / "cpuacct"
-    if (v1 / "cpuacct.usage").exists():
-        own = ""
-        with contextlib.suppress(OSError):
-            own = next((line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
-                        if "cpuacct" in line.split(":")[1].split(",")), "")
-        parent = v1 / own.strip().lstrip("/") if own.strip() else v1
-        return parent if parent.is_dir() else v1, "cpuacct.usage", 1
+    """(the folder pools' CPU groups go under, the file of a group's CPU time) or None: cgroup v1's cpuacct (below
+    this process's own group), else v2, where every group has cpu.stat."""
+    if (CGROUP_ROOT / "cpuacct" / "cpuacct.usage").exists():
+        return _own_v1_group("cpuacct"), "cpuacct.usage"
     for root in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
         if (root / "cgroup.subtree_control").exists():
-            return root, "cpu.stat", 1000
+            return root, "cpu.stat"
     return None
 
 
@@ -376,33 +376,34 @@ def cpu_group(uid: int) -> Optional[Path]:
     return found[0] / f"a2a-pool-{uid}" if found else None
 
 
-def make_cpu_group(uid: int) -> Optional[Path]:
-    """The pool's CPU group (under v2 the memory group's folder where that exists), or None where the kernel gives
-    none or refuses members."""
+def make_cpu_group(uid: int, memory: Optional[Path]) -> Optional[Path]:
+    """The file of the pool's CPU time in its CPU group (under v2 the pool's memory group, `memory`, where it has
+    one), or None where the kernel gives no group or refuses members."""
     group = cpu_group(uid)
     if group is None:
         return None
-    try:
-        group.mkdir(exist_ok=group == memory_group(uid))
-        _try_joining(group)
-    except OSError:
-        with contextlib.suppress(OSError):
-            if group != memory_group(uid):
+    if group != memory:
+        try:
+            group.mkdir()
+            _try_joining(group)
+        except OSError:
+            with contextlib.suppress(OSError):
                 group.rmdir()
-        return None
-    return group
+            return None
+    return group / _cpu_controller()[1]
 
 
-def group_cpu_ns(group: Path) -> Optional[int]:
-    """CPU time, user and system, of every task that ran in `group`, in ns (None when unreadable)."""
-    found = _cpu_controller()
+def group_cpu_ns(usage: Path) -> Optional[int]:
+    """CPU time, user and system, of every task that ran in a group, in ns, from its `usage` file (make_cpu_group);
+    None when unreadable."""
     try:
-        text = (group / found[1]).read_text()
-    except (OSError, TypeError):
+        text = usage.read_text()
+    except OSError:
         return None
-    fields = dict(line.split()[:2] for line in text.splitlines() if len(line.split()) >= 2)
-    value = fields.get("usage_usec") if found[1] == "cpu.stat" else text.split()[0]
-    return int(value) * found[2] if value and value.isdigit() else None
+    if usage.name == "cpu.stat":
+        value = dict(line.split()[:2] for line in text.splitlines() if len(line.split()) >= 2).get("usage_usec", "")
+        return int(value) * 1000 if value.isdigit() else None
+    return int(text.split()[0]) if text.split() and text.split()[0].isdigit() else None
 
 
 def memory_cap_hit(uid: Optional[int]) -> bool:
@@ -699,7 +700,7 @@ class Sandbox:
         self._views: dict = {}
         self._seeded: set = set()
         self.build_key = build_key if build_key and re.fullmatch(r"[0-9a-f]{16,64}", build_key) else None
-        self.cpu_group: Optional[Path] = None
+        self.cpu_usage: Optional[Path] = None  # the file of the pool's CPU time in its CPU group
         self.setup = RankSandbox(private_proc=False, uid=None)
         if not enabled:
             self.guards.off.append("the sandbox was turned off (A2A_SANDBOX=0)")
@@ -733,14 +734,14 @@ class Sandbox:
         limit = pool_memory_bytes()
         group, self.guards.memory_off = make_memory_group(self.uid, limit)
         self.guards.memory_bytes = limit if group else None
-        self.cpu_group = make_cpu_group(self.uid)
-        self.guards.cpu_group = self.cpu_group is not None
+        self.cpu_usage = make_cpu_group(self.uid, group)
+        self.guards.cpu_group = self.cpu_usage is not None
         self.setup = RankSandbox(private_proc=True, uid=self.uid, env=run_env(self.uid, self._views),
                                  covers=run_covers(self.uid),
                                  writable=_writable(self.uid, pool_env), read_only=read_only,
                                  keep=tuple(sorted({str(p) for p in needed if _below_covered(p)})),
                                  expose=tuple(pairs), memory_group=str(group or ""),
-                                 cpu_group=str(self.cpu_group or ""))
+                                 cpu_group=str(self.cpu_usage.parent if self.cpu_usage else ""))
 
     @staticmethod
     def source_key(path: Path) -> Optional[str]:
@@ -855,8 +856,8 @@ class Sandbox:
         after 8 ms, its time then the init's, which reaped it). This figure is how the clock sees both. Where the
         pool has a CPU group, the figure is the group's: every rank and every process below one, reaped by anyone
         or by no one (an ignored SIGCHLD: red team 18), and not the judge's own init and zygote."""
-        if self.cpu_group is not None and (usage := group_cpu_ns(self.cpu_group)) is not None:
-            return usage
+        if self.cpu_usage is not None and (used := group_cpu_ns(self.cpu_usage)) is not None:
+            return used
         total = 0
         for pid in self._namespace_pids() if self.inode is not None else pids:
             with contextlib.suppress(OSError, IndexError, ValueError):
@@ -890,7 +891,7 @@ class Sandbox:
                 return self.parent.stdout.readline().strip() == "ended"
             for pid in self._namespace_pids():
                 with contextlib.suppress(OSError, IndexError, ValueError, ChildProcessError):
-                    if process_stat(pid)[1] == str(os.getpid()) and process_stat(pid)[0] == "Z":
+                    if process_stat(pid)[:2] == ["Z", str(os.getpid())]:
                         os.waitpid(pid, os.WNOHANG)
         return False
 
@@ -921,7 +922,7 @@ class Sandbox:
         while self.members() and time.monotonic() < deadline:
             time.sleep(0.01)
         if self.uid is not None and self.guards.memory_bytes:  # the guardian's release may have met a rank still
-            remove_memory_group(self.uid)                       # exiting in it; none is left now
+            remove_pool_groups(self.uid)                       # exiting in it; none is left now
         for fd in (fd for pair in self._namespaces.values() for fd in pair):
             os.close(fd)
         self._namespaces = {}
@@ -1070,7 +1071,7 @@ def release_uid(uid: int, owner: Optional[str] = None) -> list[str]:
         return []
     removed = remove_run_folders(uid)
     remove_sysv_ipc(uid)
-    remove_memory_group(uid)
+    remove_pool_groups(uid)
     with contextlib.suppress(OSError):
         (UID_RECORDS / str(uid)).unlink()
     return removed

@@ -1274,10 +1274,10 @@ class RankPool:
         for text in self.texts.get(self.workers[slot][0], ()):
             text.prefix = f"[rank{rank}] " if self.rank_prefix else ""
 
-    def _pids(self) -> tuple:
-        """The pool's workers and its zygote."""
-        zygote = (self.zygote.process.pid,) if self.zygote is not None and not self.zygote.ended else ()
-        return tuple(worker[0].pid for worker in self.workers if worker is not None) + zygote
+    def _pids(self, zygote: bool = True) -> tuple:
+        """The pool's workers and (`zygote`) its zygote."""
+        own = (self.zygote.process.pid,) if zygote and self.zygote is not None and not self.zygote.ended else ()
+        return tuple(worker[0].pid for worker in self.workers if worker is not None) + own
 
     def pause(self, stop: bool) -> None:
         """Stops (SIGSTOP) or resumes the pool's processes (boundary.Sandbox.pause), its text relays held while it is
@@ -1335,11 +1335,10 @@ class RankPool:
     def sweep(self) -> list[int]:
         """Ends what the ranks started besides themselves: everything else in the sandbox's namespace; without one,
         the workers' descendants (a double fork's orphan then waits for the end of the run, docs/judge.md)."""
-        live = set(self._pids())
         if self.sandbox.inode is not None:
-            return self.sandbox.sweep(live)
+            return self.sandbox.sweep(set(self._pids()))
         killed = []
-        for pid in live - ({self.zygote.process.pid} if self.zygote else set()):
+        for pid in self._pids(zygote=False):
             killed += descendants(pid)
             kill_tree(pid, include_root=False)
         return killed

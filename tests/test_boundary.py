@@ -613,18 +613,8 @@ def test_the_judges_faces_fork_ranks_from_one_zygote_and_the_runners_face_spawns
     assert code == 0 and re.findall(r"born of pid (\d+)", stderr) == ["0", "0"], stderr
 
 
-def _descriptors(rank, world_size):
-    """What this rank holds open, by (device, inode), but its stdin."""
-    seen = set()
-    for name in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            if name != "0":
-                st = os.stat(f"/proc/self/fd/{name}")
-                seen.add((st.st_dev, st.st_ino))
-    return sorted(seen)
-
-
-def _open_files(pid: int) -> set:
+def _open_files(pid) -> set:
+    """What process `pid` ("self": this one) holds open, by (device, inode), but its stdin."""
     held = set()
     for name in os.listdir(f"/proc/{pid}/fd"):
         with contextlib.suppress(OSError):
@@ -632,6 +622,11 @@ def _open_files(pid: int) -> set:
                 st = os.stat(f"/proc/{pid}/fd/{name}")
                 held.add((st.st_dev, st.st_ino))
     return held
+
+
+def _descriptors(rank, world_size):
+    """What this rank holds open, by (device, inode), but its stdin."""
+    return sorted(_open_files("self"))
 
 
 @pytest.mark.parametrize("birth", ["zygote", "spawn"])
@@ -721,7 +716,7 @@ def test_cpu_time_of_children_no_one_reaps_counts_for_the_pool(tmp_path):
     said.chmod(0o666)
     rank = None
     try:
-        if sandbox.cpu_group is None:
+        if sandbox.cpu_usage is None:
             pytest.skip(f"no CPU cgroup on this machine ({boundary.CGROUP_ROOT}: neither v1's cpuacct nor v2)")
         entry = (f"import os, pickle, signal, sys, time\nsys.path.insert(0, {str(ROOT)!r})\nimport boundary\n"
                  "boundary.enter_rank_sandbox(pickle.loads(bytes.fromhex(sys.argv[1])))\n"
