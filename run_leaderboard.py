@@ -44,7 +44,7 @@ from a2a import sharing
 
 ROOT = planning.ROOT
 PUBLISHED = ROOT / "reference" / "published.yml"
-TIMING = ("clock: interleaved rounds, fresh processes per entry and round, order shuffled per round (seeds in "
+TIMING = ("clock: interleaved rounds, fresh processes per entry and round, pools started and visited in orders shuffled per round (seeds in "
           "results.json), a fresh input in every step; the owner's step (ranks): the judge's clock from before it "
           "places the inputs to after it holds every rank's output (place, go, call, publish, done, copy out); call "
           "time (the rank's word): max over ranks of events around custom_kernel on an idle stream; held (the rank's "
@@ -151,7 +151,7 @@ def run(plan: planning.RunPlan, settings: clock.Settings, anchors: bool = True,
     timed = clock.time_entries(plan, entries, settings, progress)
     phases = {name: statistics.median(p[name] for p in timed.phases) for name in timed.phases[0]
               if name != "ready_s"} if timed.phases else {}
-    meta.update(clock_seed=timed.seed, round_seeds=timed.round_seeds, rounds=timed.rounds, wall_s=timed.wall_s,
+    meta.update(clock_seed=timed.seed, round_seeds=timed.round_seeds, round_starts=timed.starts, rounds=timed.rounds, wall_s=timed.wall_s,
                 round_phases_median_s=phases, round_ready_s=[p.get("ready_s", {}) for p in timed.phases],
                 throttled_visits=timed.throttled, clocks=clock.clocks_locked(timed.clocks), guards=timed.guards,
                 settings={"steps": settings.steps, "warmup": settings.warmup, "min_rounds": settings.min_rounds,
@@ -315,7 +315,7 @@ def save_rows(files: cli.RunFiles, frame: pd.DataFrame, meta: dict) -> None:
     """results.csv, one entry at a time: the frame's rows with the run's meta."""
     if frame.empty:
         return
-    plain = {k: str(v) for k, v in meta.items() if k not in ("skipped", "settings", "round_seeds")}
+    plain = {k: str(v) for k, v in meta.items() if k not in ("skipped", "settings", "round_seeds", "round_starts")}
     for name, rows in frame.assign(**plain).groupby("version", sort=False):
         files.append_rows("results.csv", name, rows)
 

@@ -191,6 +191,7 @@ class Run:
     rounds: int
     phases: list  # per round, the seconds of its phases (pools started, ready, visits, ended), and each entry's ready
     visits: list  # per round, the (entry name, case index) visited, in order
+    starts: list  # per round, the entries' names in the order their pools started
     processes: list  # per round, {entry name: the pids of its rank processes}
 
     def entry_intervals(self, name: str) -> dict:
@@ -249,6 +250,7 @@ class Clock:
         self.round_seeds: list = []
         self.phases: list = []
         self.visits: list = []
+        self.starts: list = []
         self.processes: list = []
         self.devices = sorted({plan.placement.device_index(r) for r in range(plan.world_size)}) \
             if plan.backend == "nccl" else []
@@ -384,6 +386,12 @@ class Clock:
         later = drawing.submit(self._bank, round_index, range(1, 1 + self.settings.warmup + 2 * self.settings.steps))
         drawing.shutdown(wait=False)
         phases["inputs"] += time.monotonic() - mark
+        # NOTES: the pools start in an order drawn per round, as the visits are. In the listed order, the entry
+        # listed first started first in every round, and v7's held time at world size 1 came out 2-3% apart between
+        # its two listings, the same way in two sessions, while v8's agreed (WORKLOG, seventeenth session).
+        active = list(active)
+        order.shuffle(active)
+        self.starts.append([entry.name for entry in active])
         for chunk in _chunks(active, self.plan.placement):
             mark = time.monotonic()
             lives = [self._start(entry, env) for entry in chunk]
@@ -473,7 +481,7 @@ class Clock:
             core.release_uid(self.uid)
         return Run(self.entries, self.plan.case_args, self.samples, self.stopped, self.failed, self.sync_inside,
                    self.round_seeds, self.seed, self.clocks, self.throttled, self.guards,
-                   time.monotonic() - started, rounds, self.phases, self.visits, self.processes)
+                   time.monotonic() - started, rounds, self.phases, self.visits, self.starts, self.processes)
 
     def _intervals(self, entry: Entry) -> dict:
         return entry_intervals(self.samples, entry.name, len(self.plan.case_args))

@@ -76,14 +76,20 @@ def _cases_file(tmp_path):
 def test_rounds_visit_every_entry_on_every_shape_in_fresh_processes_in_a_recorded_order(tmp_path):
     plan = make_plan(["v1", "v1"], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
     entries = [clock.Entry("A", "version", str(plan.versions[0])), clock.Entry("B", "version", str(plan.versions[1]))]
-    settings = clock.Settings(steps=2, warmup=1, min_rounds=3, max_rounds=3, time_cap_s=math.inf, targets=())
+    # seed 0 draws both start orders in three rounds: listed first is not started first in every round
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=3, max_rounds=3, time_cap_s=math.inf, targets=(), seed=0)
     run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
     assert run.rounds == 3 and not run.failed
+    assert {tuple(s) for s in run.starts} == {("A", "B"), ("B", "A")}, run.starts
     for r in range(3):
         assert sorted(run.visits[r]) == [("A", 0), ("A", 1), ("B", 0), ("B", 1)]
-        replayed = [(e, i) for e in ("A", "B") for i in (0, 1)]
-        random.Random(run.round_seeds[r]).shuffle(replayed)
-        assert run.visits[r] == replayed  # the order is the recorded seed's shuffle
+        drawn = random.Random(run.round_seeds[r])
+        starts = ["A", "B"]
+        drawn.shuffle(starts)
+        assert run.starts[r] == starts  # the pools start in the recorded seed's order
+        replayed = [(e, i) for e in starts for i in (0, 1)]
+        drawn.shuffle(replayed)
+        assert run.visits[r] == replayed  # and are visited in its next shuffle
     assert len({tuple(v) for v in run.visits}) > 1  # shuffled anew each round (4! orders: equal by chance 1 in 576)
     pids = [pid for per_round in run.processes for per_entry in per_round.values() for pid in per_entry]
     assert len(pids) == len(set(pids)) == 3 * 2 * 2  # fresh processes: 3 rounds x 2 entries x 2 ranks
