@@ -386,9 +386,9 @@ class Clock:
         later = drawing.submit(self._bank, round_index, range(1, 1 + self.settings.warmup + 2 * self.settings.steps))
         drawing.shutdown(wait=False)
         phases["inputs"] += time.monotonic() - mark
-        # NOTES: the pools start in an order drawn per round, as the visits are. In the listed order, the entry
-        # listed first started first in every round, and v7's held time at world size 1 came out 2-3% apart between
-        # its two listings, the same way in two sessions, while v8's agreed (WORKLOG, seventeenth session).
+        # NOTES: the pools start in an order drawn per round, as the visits are, so that the entry listed first is
+        # not started first in every round (the order test found v7 2-3% apart between its listings in two sessions;
+        # within one run, starting first made no difference: WORKLOG, seventeenth session).
         active = list(active)
         order.shuffle(active)
         self.starts.append([entry.name for entry in active])
