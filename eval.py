@@ -753,6 +753,7 @@ def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable,
         call_ns = held_ns = math.nan
         held, failure = False, None
         _set_phase("in custom_kernel")
+        channel.stamp(judge.CALL_FROM_NS)
         try:
             if kind == judge.FLOOR:
                 output = floor_out[case][:tokens]
@@ -765,6 +766,7 @@ def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable,
                 started = time.perf_counter_ns()
                 output = call_for(case)(data)
                 call_ns = time.perf_counter_ns() - started
+            channel.stamp(judge.CALL_TO_NS)
             status = _output_status(output, tokens, args["hidden_dim"], device)
             if status and harness_row:
                 status, output = 0, floor_out[case][:tokens]

@@ -141,7 +141,9 @@ def check(output, expected) -> Optional[str]:
 
 # The header: the owner writes seq..tokens, the rank done..held_ok. Plain stores; the pipes' system calls order them.
 HEADER_BYTES = 128  # seq kind case tokens hold_cycles | done status call_ns held_ns held_ok done_at_ns go_seen_ns
-SEQ, KIND, CASE, TOKENS, HOLD_CYCLES, DONE, STATUS, CALL_NS, HELD_NS, HELD_OK, DONE_AT_NS, GO_SEEN_NS = range(12)
+#                    call_from_ns call_to_ns (the last four: a rank's stamps, read only by the step anatomy)
+(SEQ, KIND, CASE, TOKENS, HOLD_CYCLES, DONE, STATUS, CALL_NS, HELD_NS, HELD_OK, DONE_AT_NS, GO_SEEN_NS, CALL_FROM_NS,
+ CALL_TO_NS) = range(14)
 # A held step's sleep before the call (eval.Hold), in GPU cycles: set by the owner for every rank alike, so that no
 # rank's kernel waits on a peer still asleep (ranks adapting their own can drift apart; held intervals reached ±400%
 # at world size 4 before); eight times longer after a step in which any rank's stream was not held.
@@ -149,6 +151,7 @@ HOLD_START_CYCLES = 200_000  # about 100 µs at 2 GHz
 HOLD_MAX_CYCLES = 64_000_000  # about 32 ms
 ANATOMY_ENV = "A2A_STEP_ANATOMY"  # "1": the owner prints where its steps' µs went, per case (Steps.anatomy)
 ANATOMY_PHASES = ("place", "wake", "rank", "collect")
+RANK_PARTS = ("before its call", "its call", "after it")  # of the slowest rank's go-to-done
 _FIELD = struct.Struct("<q")
 _REAL = struct.Struct("<d")
 ALIGN = 256
@@ -484,17 +487,17 @@ class Steps:
 
     def _dissect(self, start: int, placed: int, end: int) -> None:
         """Where a step's window went (profiling, ANATOMY_ENV): placing the inputs; from raising the first go until
-        the last rank saw its go; the longest a rank took from its go to its done; from the last done to the end (the
-        copies out). The middle two rest on the ranks' own stamps (their word)."""
-        seen = [c.field(GO_SEEN_NS) for c in self.channels]
-        done = [c.field(DONE_AT_NS) for c in self.channels]
+        the last rank saw its go; the longest a rank took from its go to its done, and its parts (RANK_PARTS); from
+        the last done to the end (the copies out). All but the first and the last rest on the ranks' stamps."""
+        stamps = [[c.field(f) for f in (GO_SEEN_NS, CALL_FROM_NS, CALL_TO_NS, DONE_AT_NS)] for c in self.channels]
         # NOTES: a spinning rank sees its go while the owner still raises the others' (at world size 4 on H200s, 110
         # of 111 steps had rank 0's stamp before the last go was raised): the window of a go opens at the first.
-        if all(placed <= g <= d <= end for g, d in zip(seen, done)):
-            self.anatomy.append((placed - start, max(seen) - placed, max(d - g for d, g in zip(done, seen)),
-                                 end - max(done)))
+        if all(placed <= g <= f <= t <= d <= end for g, f, t, d in stamps):
+            g, f, t, d = max(stamps, key=lambda s: s[3] - s[0])
+            self.anatomy.append((placed - start, max(s[0] for s in stamps) - placed, d - g,
+                                 end - max(s[3] for s in stamps), f - g, t - f, d - t))
         else:  # a stamp outside the owner's window cannot be true (red team 14: forged ones were shown as phases)
-            self.anatomy.append((placed - start, math.nan, math.nan, math.nan))
+            self.anatomy.append((placed - start,) + (math.nan,) * 6)
 
     def anatomy_text(self) -> str:
         """The median of each phase over the steps so far, in µs (empty when not profiled); the phases that rest on
@@ -507,7 +510,12 @@ class Steps:
             values = [v for v in values if v == v]
             return f"{statistics.median(values) / 1e3:.1f}" if values else "n/a"
 
-        phases = ", ".join(f"{name} {median_us([p[i] for p in self.anatomy])}" for i, name in enumerate(ANATOMY_PHASES))
+        def part(i: int, name: str) -> str:
+            return f"{name} {median_us([p[i] for p in self.anatomy])}"
+
+        parts = ", ".join(part(len(ANATOMY_PHASES) + i, name) for i, name in enumerate(RANK_PARTS))
+        phases = ", ".join(part(i, name) + (f" ({parts})" if name == "rank" else "")
+                           for i, name in enumerate(ANATOMY_PHASES))
         outside = sum(1 for p in self.anatomy if p[1] != p[1])
         note = f"; {outside} with ranks' stamps outside the owner's window, left out of wake, rank and collect"
         return f"{phases} µs (p50 of {len(self.anatomy)} steps{note if outside else ''})"
@@ -590,6 +598,10 @@ class RankChannel(_Header):
         self.seq = self.field(SEQ)
         _FIELD.pack_into(self.memory, _offset(GO_SEEN_NS), time.perf_counter_ns())
         return self.field(KIND), self.field(CASE), self.field(TOKENS)
+
+    def stamp(self, field: int) -> None:
+        """Now, into one of the rank's stamps (CALL_FROM_NS, CALL_TO_NS)."""
+        _FIELD.pack_into(self.memory, _offset(field), time.perf_counter_ns())
 
     def done(self, status: int, call_ns: float, held_ns: float, held_ok: bool) -> None:
         _FIELD.pack_into(self.memory, _offset(STATUS), status)

@@ -2381,7 +2381,7 @@ def test_the_step_anatomy_counts_a_spinning_ranks_early_go_inside_the_window(tmp
                       env={"A2A_STEP_ANATOMY": "1", "A2A_RANK_SPIN_US": "100000"})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if ": place " in line]
-    assert lines and all("outside the owner's window" not in line for line in lines), lines
+    assert lines and all("outside the owner's window" not in line and "its call " in line for line in lines), lines
 
 
 def test_the_step_anatomy_leaves_out_ranks_stamps_outside_the_owners_window():
@@ -2390,17 +2390,21 @@ def test_the_step_anatomy_leaves_out_ranks_stamps_outside_the_owners_window():
     import judge
 
     class Stamped:
-        def __init__(self, seen: int, done: int):
-            self.stamps = {judge.GO_SEEN_NS: seen, judge.DONE_AT_NS: done}
+        def __init__(self, seen: int, call_from: int, call_to: int, done: int):
+            self.stamps = {judge.GO_SEEN_NS: seen, judge.CALL_FROM_NS: call_from, judge.CALL_TO_NS: call_to,
+                           judge.DONE_AT_NS: done}
 
         def field(self, index: int) -> int:
             return self.stamps[index]
 
     steps = judge.Steps.__new__(judge.Steps)
     steps.anatomy = []
-    steps.channels = [Stamped(12_000, 20_000), Stamped(13_000, 21_000)]
+    # rank 1's go-to-done (9 µs) is the longest: the rank's parts are its own
+    steps.channels = [Stamped(12_000, 13_000, 18_000, 20_000), Stamped(13_000, 15_000, 16_000, 22_000)]
     steps._dissect(0, 10_000, 30_000)
-    steps.channels = [Stamped(2**62, -2**62), Stamped(13_000, 21_000)]
-    steps._dissect(0, 10_000, 30_000)
+    for forged in (Stamped(2**62, 0, 0, -2**62), Stamped(12_000, 19_000, 18_000, 20_000)):  # the call's ends reversed
+        steps.channels = [forged, Stamped(13_000, 15_000, 16_000, 21_000)]
+        steps._dissect(0, 10_000, 30_000)
     text = steps.anatomy_text()
-    assert text.startswith("place 10.0, wake 3.0, rank 8.0, collect 9.0 µs (p50 of 2 steps; 1 with"), text
+    assert text.startswith("place 10.0, wake 3.0, rank 9.0 (before its call 2.0, its call 1.0, after it 6.0), "
+                           "collect 8.0 µs (p50 of 3 steps; 2 with"), text
