@@ -348,9 +348,10 @@ def _try_joining(group: Path) -> None:
 
 
 def remove_pool_groups(uid: int) -> None:
-    """Removes the uid's memory and CPU groups once no process is left in them (else leaves them for the next
-    claim)."""
-    for group in (memory_group(uid), cpu_group(uid)):
+    """Removes the uid's memory, CPU and freezer groups once no process is left in them (else leaves them for the
+    next claim)."""
+    thaw_pool(uid)
+    for group in (memory_group(uid), cpu_group(uid), freezer_group(uid)):
         if group is not None:
             with contextlib.suppress(OSError):
                 group.rmdir()
@@ -404,6 +405,91 @@ def group_cpu_ns(usage: Path) -> Optional[int]:
         value = dict(line.split()[:2] for line in text.splitlines() if len(line.split()) >= 2).get("usage_usec", "")
         return int(value) * 1000 if value.isdigit() else None
     return int(text.split()[0]) if text.split() and text.split()[0].isdigit() else None
+
+
+# A pool is paused by a freezer cgroup of its own where the kernel gives one (v1's freezer, v2's cgroup.freeze):
+# a frozen task runs nothing until it is thawed, whatever it does with signals (red team 15: a process whose own
+# timer sent it SIGCONT undid the clock's SIGSTOP within a millisecond). A2A_POOL_FREEZER=0 leaves SIGSTOP alone.
+FREEZER_ENV = "A2A_POOL_FREEZER"
+FREEZE_WAIT_S = 0.5  # a task inside a long system call freezes only when it leaves it: the clock's CPU check says so
+
+
+def freezer_wanted() -> bool:
+    """Whether pools are paused by a freezer group where there is one; ValueError naming the variable when it is set
+    to anything but 0 or 1."""
+    text = os.environ.get(FREEZER_ENV, "1")
+    if text not in ("0", "1"):
+        raise ValueError(f"{FREEZER_ENV}={text!r}: must be 0 or 1")
+    return text == "1"
+
+
+def _freezer_controller() -> Optional[tuple]:
+    """(the folder pools' freezer groups go under, the file that freezes a group, its frozen and thawed values) or
+    None: cgroup v1's freezer (below this process's own group), else v2, where every group but the root has one."""
+    if (CGROUP_ROOT / "freezer" / "cgroup.procs").exists():
+        return _own_v1_group("freezer"), "freezer.state", "FROZEN", "THAWED"
+    for root in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
+        if (root / "cgroup.subtree_control").exists():
+            return root, "cgroup.freeze", "1", "0"
+    return None
+
+
+def freezer_group(uid: int) -> Optional[Path]:
+    found = _freezer_controller()
+    return found[0] / f"a2a-pool-{uid}" if found else None
+
+
+def make_freezer_group(uid: int, groups: tuple) -> Optional[Path]:
+    """The pool's freezer group (under v2 the pool's one group, among `groups`, where it has one), or None where the
+    kernel gives no group, refuses members, or does not freeze it."""
+    group = freezer_group(uid)
+    if group is None or not freezer_wanted():
+        return None
+    made = group not in groups
+    try:
+        if made:
+            group.mkdir()
+            _try_joining(group)
+        if freeze(group, True) and freeze(group, False):
+            return group
+    except OSError:
+        pass
+    if made:
+        with contextlib.suppress(OSError):
+            group.rmdir()
+    return None
+
+
+def thaw_pool(uid: int) -> None:
+    """Thaws the uid's freezer group where there is one, without waiting: its tasks can then die."""
+    found, group = _freezer_controller(), freezer_group(uid)
+    if found is not None and group.is_dir():
+        with contextlib.suppress(OSError):
+            (group / found[1]).write_text(found[3])
+
+
+def _frozen(group: Path) -> Optional[bool]:
+    """True once every task of the group is frozen, False once it is thawed, None in between (or unreadable)."""
+    with contextlib.suppress(OSError):
+        if (group / "freezer.state").exists():
+            return {"FROZEN": True, "THAWED": False}.get((group / "freezer.state").read_text().strip())
+        events = dict(line.split()[:2] for line in (group / "cgroup.events").read_text().splitlines()
+                      if len(line.split()) >= 2)
+        return {"1": True, "0": False}.get(events.get("frozen", ""))
+    return None
+
+
+def freeze(group: Path, frozen: bool) -> bool:
+    """Freezes or thaws a freezer group; whether the kernel said so within FREEZE_WAIT_S. OSError where the group
+    cannot be written."""
+    _, name, on, off = _freezer_controller()
+    (group / name).write_text(on if frozen else off)
+    deadline = time.monotonic() + FREEZE_WAIT_S
+    while _frozen(group) is not frozen:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0002)
+    return True
 
 
 def memory_cap_hit(uid: Optional[int]) -> bool:
@@ -473,6 +559,7 @@ if child == 0:  # the init: reaps every orphan as it ends, so that its time is c
         signal.sigwait({signal.SIGCHLD})
 print(child, read_only or "-", apart.replace(" ", "_") or "apart", flush=True)
 told = sys.stdin.readline()
+boundary.thaw_pool(uid)  # a frozen task dies only once thawed (cgroup v1): the owner may be gone mid-pause
 os.kill(child, signal.SIGKILL)
 os.waitpid(child, 0)
 if told:
@@ -599,6 +686,7 @@ class RankSandbox:
     expose: tuple = ()
     memory_group: str = ""
     cpu_group: str = ""
+    freezer_group: str = ""
 
 
 @dataclasses.dataclass
@@ -612,6 +700,7 @@ class Guards:
     memory_bytes: Optional[int] = None  # the pool's memory cap
     memory_off: str = ""  # why it has none
     cpu_group: bool = False  # the pool's CPU time read from a cgroup of its own (else from /proc)
+    freezer: bool = False  # the pool paused by a freezer cgroup of its own as well as by SIGSTOP
     off: list = dataclasses.field(default_factory=list)
 
     def describe(self) -> str:
@@ -620,7 +709,8 @@ class Guards:
                       if self.memory_bytes else f"no memory cap ({self.memory_off})")
             return (f"ranks in their own PID, network and IPC namespaces and /proc, as uid {self.uid} with "
                     f"no_new_privs and no user namespace, every mount read-only but their run's own folders, {memory}, "
-                    f"its CPU time {'from a cgroup of its own' if self.cpu_group else 'from /proc (no CPU cgroup)'}")
+                    f"its CPU time {'from a cgroup of its own' if self.cpu_group else 'from /proc (no CPU cgroup)'}, "
+                    f"paused {'by a freezer cgroup' if self.freezer else 'by SIGSTOP only (no freezer cgroup)'}")
         return "guards off: " + "; ".join(self.off)
 
 
@@ -701,6 +791,7 @@ class Sandbox:
         self._seeded: set = set()
         self.build_key = build_key if build_key and re.fullmatch(r"[0-9a-f]{16,64}", build_key) else None
         self.cpu_usage: Optional[Path] = None  # the file of the pool's CPU time in its CPU group
+        self.freezer: Optional[Path] = None  # the pool's freezer group
         self.setup = RankSandbox(private_proc=False, uid=None)
         if not enabled:
             self.guards.off.append("the sandbox was turned off (A2A_SANDBOX=0)")
@@ -736,12 +827,15 @@ class Sandbox:
         self.guards.memory_bytes = limit if group else None
         self.cpu_usage = make_cpu_group(self.uid, group)
         self.guards.cpu_group = self.cpu_usage is not None
+        self.freezer = make_freezer_group(self.uid, (group, self.cpu_usage and self.cpu_usage.parent))
+        self.guards.freezer = self.freezer is not None
         self.setup = RankSandbox(private_proc=True, uid=self.uid, env=run_env(self.uid, self._views),
                                  covers=run_covers(self.uid),
                                  writable=_writable(self.uid, pool_env), read_only=read_only,
                                  keep=tuple(sorted({str(p) for p in needed if _below_covered(p)})),
                                  expose=tuple(pairs), memory_group=str(group or ""),
-                                 cpu_group=str(self.cpu_usage.parent if self.cpu_usage else ""))
+                                 cpu_group=str(self.cpu_usage.parent if self.cpu_usage else ""),
+                                 freezer_group=str(self.freezer or ""))
 
     @staticmethod
     def source_key(path: Path) -> Optional[str]:
@@ -837,6 +931,8 @@ class Sandbox:
         while it waits its turn (CPU hogs, its own children) reaches another entry's figure. Returns how many
         processes were signalled."""
         signal_number = signal.SIGSTOP if stop else signal.SIGCONT
+        if not stop:
+            self.thaw()
         done: set = set()
         todo = set(pids if self.inode is None else self.members())
         while todo:
@@ -845,7 +941,17 @@ class Sandbox:
                     os.kill(pid, signal_number)
             done |= todo
             todo = set() if self.inode is None else set(self.members()) - done
+        if self.freezer is not None and stop:  # after the signals, which hold most at once
+            with contextlib.suppress(OSError):
+                freeze(self.freezer, True)
         return len(done)
+
+    def thaw(self) -> None:
+        """Thaws the pool's freezer group, if it has one: before its processes run again, and before any of them is
+        killed (under cgroup v1 a frozen task dies only once thawed)."""
+        if self.freezer is not None:
+            with contextlib.suppress(OSError):
+                freeze(self.freezer, False)
 
     def cpu_ns(self, pids: tuple = ()) -> int:
         """CPU time, user and system, of the pool's processes, in ns: every process of its namespaces, the init and
@@ -868,6 +974,7 @@ class Sandbox:
         """SIGKILLs what the submission started in the namespace (everything but `keep`, the live workers): between
         cases, so nothing a case left (a child holding the rendezvous port, a daemon) reaches the next. Listed and
         killed again until none is left: a process may fork between the listing and its kill."""
+        self.thaw()
         killed: set = set()
         deadline = time.monotonic() + 5  # gone, not only signalled: a dying child may still hold the port
         while (left := set(self.members()) - set(keep)) and time.monotonic() < deadline:
@@ -899,6 +1006,7 @@ class Sandbox:
         """Ends the namespace (the kernel kills every process in it with its init), keeps what the ranks built
         under the pool's build key, then removes the run's folders and frees the uid. `clean_files` is taken
         and not needed: every pool's folders go with it."""
+        self.thaw()
         if self.parent is not None:
             try:  # the guardian ends the namespace, then says so; it ends at its input's end, whatever happened
                 self.parent.stdin.write("end\n")
@@ -1458,8 +1566,11 @@ def enter_rank_sandbox(sandbox: Optional[RankSandbox]) -> None:
     if sandbox is None:
         return
     # while still root: the groups' files are root's, and a rank cannot leave them
-    for kind, group in {"memory": sandbox.memory_group, "CPU": sandbox.cpu_group}.items():
-        if group and not (kind == "CPU" and group == sandbox.memory_group):
+    joined: set = set()
+    for kind, group in {"memory": sandbox.memory_group, "CPU": sandbox.cpu_group,
+                        "freezer": sandbox.freezer_group}.items():
+        if group and group not in joined:
+            joined.add(group)
             try:
                 Path(group, "cgroup.procs").write_text("0")
             except OSError as error:

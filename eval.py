@@ -58,7 +58,7 @@ from typing import Any, Callable, NamedTuple, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own modules, wherever it is run from
 from boundary import (POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox, become_subreaper, claim_run,  # noqa: E402
                       descendants, die_with_parent, enter_rank_sandbox, hide_result_channel, kill_tree,
-                      memory_cap_hit, owned_tempdir, pool_memory_bytes, prepare_rank_cache,
+                      freezer_wanted, memory_cap_hit, owned_tempdir, pool_memory_bytes, prepare_rank_cache,
                       release_uid)
 import births  # noqa: E402
 from births import (Forked, PhaseSlot, Zygote, close_all_but, rank_birth, send_fds)  # noqa: E402
@@ -1181,6 +1181,7 @@ def check_environment() -> None:
     try:
         rank_birth()
         pool_memory_bytes()
+        freezer_wanted()
     except ValueError as error:
         raise UserError(str(error)) from None
 
@@ -1347,6 +1348,7 @@ class RankPool:
 
     def _retire(self, slots: list[int]) -> None:
         """Kills the workers in `slots` with everything below them; run() starts fresh ones when needed."""
+        self.sandbox.thaw()
         for slot in slots:
             if self.workers[slot] is None:
                 continue
@@ -1365,6 +1367,7 @@ class RankPool:
     def shutdown(self, clean_files: bool = True) -> None:
         """Ends what the submission started in each worker, then lets the workers exit (SIGKILL after 10 s)."""
         live = [worker for worker in self.workers if worker is not None]
+        self.sandbox.thaw()
         self.sweep()
         for process, conn, _ in live:
             kill_tree(process.pid, include_root=False)
@@ -1386,6 +1389,7 @@ class RankPool:
     def kill(self, clean_files: bool = True) -> None:
         """Ends every worker and everything below it at once (a signal or an error): the zygote first, and with it
         every worker it forked, born or not."""
+        self.sandbox.thaw()
         if self.zygote is not None:
             self.zygote.close(kill=True)
         self._retire([slot for slot, worker in enumerate(self.workers) if worker is not None])

@@ -495,7 +495,8 @@ def test_a_pool_past_its_memory_cap_fails_with_the_cap_named_and_leaves_no_group
     assert "at the pool's memory cap, 2.0 GiB" in result.stdout + result.stderr, result.stdout[-2000:]
     uid = re.search(r"as uid (\d+) with .* at most 2\.0 GiB of memory for the pool", result.stdout + result.stderr)
     assert uid, result.stdout[-2000:]
-    assert not boundary.memory_group(int(uid[1])).exists()  # other pools' groups may be there (pytest-xdist)
+    for group in (boundary.memory_group(int(uid[1])), boundary.freezer_group(int(uid[1]))):
+        assert group is None or not group.exists(), group  # other pools' groups may be there (pytest-xdist)
 
 
 DEEP = '''
@@ -745,6 +746,77 @@ def test_cpu_time_of_children_no_one_reaps_counts_for_the_pool(tmp_path):
             rank.kill()
             rank.wait()
         sandbox.close()
+
+
+def test_a_frozen_pool_runs_nothing_and_still_ends_at_once(tmp_path):
+    """A pool paused by its freezer group: a spinning rank that sends itself SIGCONT gains no CPU time while the
+    pool is paused, gains it once resumed, and a close of the paused pool ends it at once with its group gone (under
+    cgroup v1 a frozen task dies only once thawed)."""
+    sandbox = boundary.Sandbox()
+    rank = None
+    try:
+        if sandbox.freezer is None:
+            pytest.skip(f"no freezer cgroup on this machine ({boundary.CGROUP_ROOT}: neither v1's freezer nor v2)")
+        entry = (f"import os, pickle, signal, sys\nsys.path.insert(0, {str(ROOT)!r})\nimport boundary\n"
+                 "boundary.enter_rank_sandbox(pickle.loads(bytes.fromhex(sys.argv[1])))\n"
+                 "while True:\n"
+                 "    os.kill(os.getpid(), signal.SIGCONT)\n")
+        with sandbox.spawning():
+            rank = subprocess.Popen([sys.executable, "-c", entry, pickle.dumps(sandbox.rank_setup()).hex()])
+        deadline = time.monotonic() + 60
+        while sandbox.cpu_ns() < 0.2e9 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sandbox.pause(True)
+        paused = sandbox.cpu_ns()
+        time.sleep(0.5)
+        assert sandbox.cpu_ns() - paused < 0.02e9, sandbox.cpu_ns() - paused
+        sandbox.pause(False)
+        time.sleep(0.3)
+        assert sandbox.cpu_ns() - paused > 0.05e9
+        sandbox.pause(True)
+        group = sandbox.freezer
+        started = time.monotonic()
+        sandbox.close()
+        assert time.monotonic() - started < 20 and not group.exists()
+        assert rank.wait(timeout=5) is not None
+    finally:
+        if rank is not None and rank.poll() is None:
+            rank.kill()
+            rank.wait()
+        sandbox.close()
+
+
+def test_a_pool_frozen_when_its_owner_is_killed_ends_with_its_group(tmp_path):
+    """SIGKILL to a pool's owner while the pool is paused by its freezer group: the guardian thaws the group before it
+    ends the namespace, so the frozen rank dies (under cgroup v1 a frozen task dies only once thawed) and the group
+    goes with the uid."""
+    if boundary._freezer_controller() is None:
+        pytest.skip(f"no freezer cgroup on this machine ({boundary.CGROUP_ROOT}: neither v1's freezer nor v2)")
+    owner_code = (f"import pickle, subprocess, sys, time\nsys.path.insert(0, {str(ROOT)!r})\nimport boundary\n"
+                  "sandbox = boundary.Sandbox()\n"
+                  "entry = ('import pickle, sys\\nsys.path.insert(0, ' + repr(sys.path[0]) + ')\\nimport boundary\\n'\n"
+                  "         'boundary.enter_rank_sandbox(pickle.loads(bytes.fromhex(sys.argv[1])))\\nwhile True:\\n    pass\\n')\n"
+                  "with sandbox.spawning():\n"
+                  "    rank = subprocess.Popen([sys.executable, '-c', entry, pickle.dumps(sandbox.rank_setup()).hex()])\n"
+                  "while sandbox.cpu_ns() < 0.1e9:\n"
+                  "    time.sleep(0.02)\n"
+                  "sandbox.pause(True)\n"
+                  "print(rank.pid, sandbox.uid, sandbox.freezer, flush=True)\n"
+                  "time.sleep(600)\n")
+    owner = subprocess.Popen([sys.executable, "-c", owner_code], stdout=subprocess.PIPE, text=True)
+    try:
+        rank, uid, group = owner.stdout.readline().split()
+        if group == "None":
+            pytest.skip("the kernel made no freezer group for the pool")
+        assert boundary.process_stat(int(rank))  # frozen, not gone
+    finally:
+        owner.kill()
+        owner.wait()
+        owner.stdout.close()
+    deadline = time.monotonic() + 20
+    while (not boundary.has_ended(int(rank)) or Path(group).exists()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert boundary.has_ended(int(rank)) and not Path(group).exists(), (rank, group)
 
 
 def test_a_process_whose_main_thread_ended_while_others_run_has_not_ended(tmp_path):
