@@ -6,6 +6,7 @@ import contextlib
 import os
 import pickle
 import re
+import signal
 import shutil
 import stat
 import subprocess
@@ -786,10 +787,32 @@ def test_a_frozen_pool_runs_nothing_and_still_ends_at_once(tmp_path):
         sandbox.close()
 
 
-def test_a_pool_frozen_when_its_owner_is_killed_ends_with_its_group(tmp_path):
+def test_a_pool_that_does_not_freeze_in_time_costs_one_wait_only(tmp_path, monkeypatch):
+    """Red team 20: threads in O_DIRECT reads (uninterruptible, never frozen) cost the judge the freeze's whole wait
+    at every pause. A pool whose freeze once ran out of time is frozen from then on without a wait."""
+    group = tmp_path / "group"
+    group.mkdir()
+    monkeypatch.setattr(boundary, "_freezer_controller", lambda: (tmp_path, "freezer.state", "FROZEN", "THAWED"))
+    monkeypatch.setattr(boundary, "_frozen", lambda _group: None)  # FREEZING, for ever
+    sandbox = boundary.Sandbox(enabled=False)
+    sandbox.freezer = group
+    took = []
+    for _ in range(3):
+        started = time.monotonic()
+        sandbox.pause(True)
+        took.append(time.monotonic() - started)
+        sandbox.pause(False)
+    assert took[0] >= boundary.FREEZE_WAIT_S and max(took[1:]) < boundary.FREEZE_WAIT_S / 5, took
+    assert (group / "freezer.state").read_text() == "THAWED"
+
+
+@pytest.mark.parametrize("killed", ["the owner", "the owner, its guardian and the init"])
+def test_a_pool_frozen_when_its_owner_is_killed_ends_with_its_group(tmp_path, killed):
     """SIGKILL to a pool's owner while the pool is paused by its freezer group: the guardian thaws the group before it
     ends the namespace, so the frozen rank dies (under cgroup v1 a frozen task dies only once thawed) and the group
-    goes with the uid."""
+    goes with the uid. With the guardian and the init killed too (red team 20: the groups stayed and the uid's
+    record went, so no later command tried again), the next command's sweep ends the rank and removes the groups and
+    the record."""
     if boundary._freezer_controller() is None:
         pytest.skip(f"no freezer cgroup on this machine ({boundary.CGROUP_ROOT}: neither v1's freezer nor v2)")
     owner_code = (f"import pickle, subprocess, sys, time\nsys.path.insert(0, {str(ROOT)!r})\nimport boundary\n"
@@ -801,18 +824,26 @@ def test_a_pool_frozen_when_its_owner_is_killed_ends_with_its_group(tmp_path):
                   "while sandbox.cpu_ns() < 0.1e9:\n"
                   "    time.sleep(0.02)\n"
                   "sandbox.pause(True)\n"
-                  "print(rank.pid, sandbox.uid, sandbox.freezer, flush=True)\n"
+                  "print(rank.pid, sandbox.uid, sandbox.freezer, sandbox.parent.pid, sandbox.init_pid, flush=True)\n"
                   "time.sleep(600)\n")
     owner = subprocess.Popen([sys.executable, "-c", owner_code], stdout=subprocess.PIPE, text=True)
     try:
-        rank, uid, group = owner.stdout.readline().split()
+        rank, uid, group, guardian, init = owner.stdout.readline().split()
         if group == "None":
             pytest.skip("the kernel made no freezer group for the pool")
         assert boundary.process_stat(int(rank))  # frozen, not gone
+        if killed != "the owner":
+            for pid in (guardian, init):
+                os.kill(int(pid), signal.SIGKILL)
     finally:
         owner.kill()
         owner.wait()
         owner.stdout.close()
+    if killed != "the owner":
+        time.sleep(1)
+        assert not boundary.has_ended(int(rank))  # frozen, with no one left to end it
+        boundary.sweep_orphans()  # the next command's first act
+        assert not (boundary.UID_RECORDS / uid).exists()
     deadline = time.monotonic() + 20
     while (not boundary.has_ended(int(rank)) or Path(group).exists()) and time.monotonic() < deadline:
         time.sleep(0.1)
