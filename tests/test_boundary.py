@@ -708,6 +708,13 @@ print('made', len(os.path.join(path, 'deep')))
     assert sorted(p.name for p in boundary.BUILDS.iterdir()) == [fresh.name]
 
 
+def _in_rank_sandbox(body: str) -> str:
+    """A rank's program: it enters the sandbox its first argument describes (Sandbox.rank_setup, pickled, in hex),
+    then runs `body`."""
+    return (f"import os, pickle, signal, sys, time\nsys.path.insert(0, {str(ROOT)!r})\nimport boundary\n"
+            "boundary.enter_rank_sandbox(pickle.loads(bytes.fromhex(sys.argv[1])))\n" + body)
+
+
 def test_cpu_time_of_children_no_one_reaps_counts_for_the_pool(tmp_path):
     """Red team 18: a rank that ignores SIGCHLD has its children reaped by the kernel, whose CPU time then reaches
     no process /proc shows (224 ms of burning beside another entry's visit went unseen by the clock). The pool's
@@ -720,21 +727,19 @@ def test_cpu_time_of_children_no_one_reaps_counts_for_the_pool(tmp_path):
     try:
         if sandbox.cpu_usage is None:
             pytest.skip(f"no CPU cgroup on this machine ({boundary.CGROUP_ROOT}: neither v1's cpuacct nor v2)")
-        entry = (f"import os, pickle, signal, sys, time\nsys.path.insert(0, {str(ROOT)!r})\nimport boundary\n"
-                 "boundary.enter_rank_sandbox(pickle.loads(bytes.fromhex(sys.argv[1])))\n"
-                 "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
-                 "if os.fork() == 0:\n"
-                 "    while time.process_time() < 1.0:\n"
-                 "        pass\n"
-                 "    os._exit(0)\n"
-                 "time.sleep(0.2)\n"
-                 "while True:\n"
-                 "    try:\n"
-                 "        os.waitpid(-1, 0)\n"
-                 "    except ChildProcessError:\n"
-                 "        break\n"
-                 f"open({str(said)!r}, 'w').write('done')\n"
-                 "time.sleep(600)\n")
+        entry = _in_rank_sandbox("signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+                                 "if os.fork() == 0:\n"
+                                 "    while time.process_time() < 1.0:\n"
+                                 "        pass\n"
+                                 "    os._exit(0)\n"
+                                 "time.sleep(0.2)\n"
+                                 "while True:\n"
+                                 "    try:\n"
+                                 "        os.waitpid(-1, 0)\n"
+                                 "    except ChildProcessError:\n"
+                                 "        break\n"
+                                 f"open({str(said)!r}, 'w').write('done')\n"
+                                 "time.sleep(600)\n")
         with sandbox.spawning():
             rank = subprocess.Popen([sys.executable, "-c", entry, pickle.dumps(sandbox.rank_setup()).hex()])
         deadline = time.monotonic() + 60
@@ -758,10 +763,8 @@ def test_a_frozen_pool_runs_nothing_and_still_ends_at_once(tmp_path):
     try:
         if sandbox.freezer is None:
             pytest.skip(f"no freezer cgroup on this machine ({boundary.CGROUP_ROOT}: neither v1's freezer nor v2)")
-        entry = (f"import os, pickle, signal, sys\nsys.path.insert(0, {str(ROOT)!r})\nimport boundary\n"
-                 "boundary.enter_rank_sandbox(pickle.loads(bytes.fromhex(sys.argv[1])))\n"
-                 "while True:\n"
-                 "    os.kill(os.getpid(), signal.SIGCONT)\n")
+        entry = _in_rank_sandbox("while True:\n"
+                                 "    os.kill(os.getpid(), signal.SIGCONT)\n")
         with sandbox.spawning():
             rank = subprocess.Popen([sys.executable, "-c", entry, pickle.dumps(sandbox.rank_setup()).hex()])
         deadline = time.monotonic() + 60
