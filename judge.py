@@ -141,7 +141,7 @@ def check(output, expected) -> Optional[str]:
 
 # The header: the owner writes seq..tokens, the rank done..held_ok. Plain stores; the pipes' system calls order them.
 HEADER_BYTES = 128  # seq kind case tokens hold_cycles | done status call_ns held_ns held_ok done_at_ns go_seen_ns
-#                    call_from_ns call_to_ns (the last four: a rank's stamps, read only by the step anatomy)
+#                    call_from_ns call_to_ns (the rank's stamps around its call, read only by the step anatomy)
 (SEQ, KIND, CASE, TOKENS, HOLD_CYCLES, DONE, STATUS, CALL_NS, HELD_NS, HELD_OK, DONE_AT_NS, GO_SEEN_NS, CALL_FROM_NS,
  CALL_TO_NS) = range(14)
 # A held step's sleep before the call (eval.Hold), in GPU cycles: set by the owner for every rank alike, so that no
