@@ -942,9 +942,9 @@ class Sandbox:
     def pause(self, stop: bool, pids: tuple = ()) -> int:
         """SIGSTOP (stop) or SIGCONT to every process of the ranks' namespace and those nested in it (members), else
         to `pids` (no namespace: its workers only); the namespace listed again until it shows no process not yet
-        signalled (a fork racing the signals). The clock stops every pool but the one it times: nothing an entry runs
-        while it waits its turn (CPU hogs, its own children) reaches another entry's figure. Returns how many
-        processes were signalled."""
+        signalled (a fork racing the signals); with a freezer group, the pool is also frozen after the signals and
+        thawed before them. The clock stops every pool but the one it times: nothing an entry runs while it waits its
+        turn (CPU hogs, its own children) reaches another entry's figure. Returns how many processes were signalled."""
         signal_number = signal.SIGSTOP if stop else signal.SIGCONT
         if not stop:
             self.thaw()
