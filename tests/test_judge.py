@@ -1749,7 +1749,8 @@ def test_answers_cached_across_steps_never_hit_fresh_inputs(tmp_path, key, face,
     if key == "content":
         assert not timed, (f"{len(timed)} timed calls found their answer cached", str(outcome))
         assert_time_is_real(outcome)
-    elif timed:
+    elif timed or outcome.code != 0:  # an untimed checked call may hit an address another case's input had (CI)
+        assert hits, str(outcome)
         assert_fails(outcome, "Output values mismatch", "returned an output of the wrong shape")
     else:
         assert_time_is_real(outcome)
