@@ -1367,8 +1367,7 @@ class RankPool:
     def shutdown(self, clean_files: bool = True) -> None:
         """Ends what the submission started in each worker, then lets the workers exit (SIGKILL after 10 s)."""
         live = [worker for worker in self.workers if worker is not None]
-        self.sandbox.thaw()
-        self.sweep()
+        self.sweep()  # thaws the pool first (Sandbox.sweep)
         for process, conn, _ in live:
             kill_tree(process.pid, include_root=False)
             with contextlib.suppress(OSError):

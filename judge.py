@@ -596,11 +596,11 @@ class RankChannel(_Header):
         if not os.read(self.go_read, 1):
             return STOP, 0, 0
         self.seq = self.field(SEQ)
-        _FIELD.pack_into(self.memory, _offset(GO_SEEN_NS), time.perf_counter_ns())
+        self.stamp(GO_SEEN_NS)
         return self.field(KIND), self.field(CASE), self.field(TOKENS)
 
     def stamp(self, field: int) -> None:
-        """Now, into one of the rank's stamps (CALL_FROM_NS, CALL_TO_NS)."""
+        """Now, into one of the rank's stamps (GO_SEEN_NS, CALL_FROM_NS, CALL_TO_NS, DONE_AT_NS)."""
         _FIELD.pack_into(self.memory, _offset(field), time.perf_counter_ns())
 
     def done(self, status: int, call_ns: float, held_ns: float, held_ok: bool) -> None:
@@ -608,6 +608,6 @@ class RankChannel(_Header):
         _REAL.pack_into(self.memory, _offset(CALL_NS), call_ns)
         _REAL.pack_into(self.memory, _offset(HELD_NS), held_ns)
         _FIELD.pack_into(self.memory, _offset(HELD_OK), int(held_ok))
-        _FIELD.pack_into(self.memory, _offset(DONE_AT_NS), time.perf_counter_ns())
+        self.stamp(DONE_AT_NS)
         _FIELD.pack_into(self.memory, _offset(DONE), self.seq)
         os.write(self.done_write, b"d")

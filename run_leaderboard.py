@@ -44,15 +44,14 @@ from a2a import sharing
 
 ROOT = planning.ROOT
 PUBLISHED = ROOT / "reference" / "published.yml"
-TIMING = ("clock: interleaved rounds, fresh processes per entry and round, pools started and visited in orders shuffled per round (seeds in "
-          "results.json), a fresh input in every step; the owner's step (ranks): the judge's clock from before it "
-          "places the inputs to after it holds every rank's output (place, go, call, publish, done, copy out); call "
-          "time (the rank's word): max over ranks of events around custom_kernel on an idle stream; held (the rank's "
-          "word): the same events with the stream held by a sleep kernel until the call has queued its work; each "
-          "figure the "
-          "geometric mean over rounds of the round's step mean, 95% Student-t interval on logs over rounds; "
-          "geomeans over shapes per round; SOL here: a2a/sol.py's model; mark: SOL here (dedup) + the handshake's "
-          "call time")
+TIMING = ("clock: interleaved rounds, fresh processes per entry and round, pools started and visited in orders "
+          "shuffled per round (seeds in results.json), a fresh input in every step; the owner's step (ranks): the "
+          "judge's clock from before it places the inputs to after it holds every rank's output (place, go, call, "
+          "publish, done, copy out); call time (the rank's word): max over ranks of events around custom_kernel on an "
+          "idle stream; held (the rank's word): the same events with the stream held by a sleep kernel until the call "
+          "has queued its work; each figure the geometric mean over rounds of the round's step mean, 95% Student-t "
+          "interval on logs over rounds; geomeans over shapes per round; SOL here: a2a/sol.py's model; mark: SOL here "
+          "(dedup) + the handshake's call time")
 # A version whose held device time is no more than the empty submission's plus this did no GPU work at all (one
 # kernel of nothing adds 2.3-2.5 µs on an H100, issue #39): its time is void, whatever its origin.
 KERNEL_FLOOR_US = 1.0
@@ -151,7 +150,8 @@ def run(plan: planning.RunPlan, settings: clock.Settings, anchors: bool = True,
     timed = clock.time_entries(plan, entries, settings, progress)
     phases = {name: statistics.median(p[name] for p in timed.phases) for name in timed.phases[0]
               if name != "ready_s"} if timed.phases else {}
-    meta.update(clock_seed=timed.seed, round_seeds=timed.round_seeds, round_starts=timed.starts, rounds=timed.rounds, wall_s=timed.wall_s,
+    meta.update(clock_seed=timed.seed, round_seeds=timed.round_seeds, round_starts=timed.starts, rounds=timed.rounds,
+                wall_s=timed.wall_s,
                 round_phases_median_s=phases, round_ready_s=[p.get("ready_s", {}) for p in timed.phases],
                 throttled_visits=timed.throttled, clocks=clock.clocks_locked(timed.clocks), guards=timed.guards,
                 settings={"steps": settings.steps, "warmup": settings.warmup, "min_rounds": settings.min_rounds,
