@@ -141,9 +141,10 @@ def check(output, expected) -> Optional[str]:
 
 # The header: the owner writes seq..tokens, the rank done..held_ok. Plain stores; the pipes' system calls order them.
 HEADER_BYTES = 128  # seq kind case tokens hold_cycles | done status call_ns held_ns held_ok done_at_ns go_seen_ns
-#                    call_from_ns call_to_ns (the rank's stamps around its call, read only by the step anatomy)
+#                    call_from_ns call_to_ns cpu_before_ns (the rank's stamps around its call, and its thread's CPU
+#                    time from its go to its call: read only by the step anatomy)
 (SEQ, KIND, CASE, TOKENS, HOLD_CYCLES, DONE, STATUS, CALL_NS, HELD_NS, HELD_OK, DONE_AT_NS, GO_SEEN_NS, CALL_FROM_NS,
- CALL_TO_NS) = range(14)
+ CALL_TO_NS, CPU_BEFORE_NS) = range(15)
 # A held step's sleep before the call (eval.Hold), in GPU cycles: set by the owner for every rank alike, so that no
 # rank's kernel waits on a peer still asleep (ranks adapting their own can drift apart; held intervals reached ±400%
 # at world size 4 before); eight times longer after a step in which any rank's stream was not held.
@@ -152,6 +153,7 @@ HOLD_MAX_CYCLES = 64_000_000  # about 32 ms
 ANATOMY_ENV = "A2A_STEP_ANATOMY"  # "1": the owner prints where its steps' µs went, per case (Steps.anatomy)
 ANATOMY_PHASES = ("place", "wake", "rank", "collect")
 RANK_PARTS = ("before its call", "its call", "after it")  # of the slowest rank's go-to-done
+CPU_PART = "on its CPU"  # of the part before the call: the rank thread's own CPU time in it
 _FIELD = struct.Struct("<q")
 _REAL = struct.Struct("<d")
 ALIGN = 256
@@ -489,15 +491,17 @@ class Steps:
         """Where a step's window went (profiling, ANATOMY_ENV): placing the inputs; from raising the first go until
         the last rank saw its go; the longest a rank took from its go to its done, and its parts (RANK_PARTS); from
         the last done to the end (the copies out). All but the first and the last rest on the ranks' stamps."""
-        stamps = [[c.field(f) for f in (GO_SEEN_NS, CALL_FROM_NS, CALL_TO_NS, DONE_AT_NS)] for c in self.channels]
+        stamps = [[c.field(f) for f in (GO_SEEN_NS, CALL_FROM_NS, CALL_TO_NS, DONE_AT_NS, CPU_BEFORE_NS)]
+                  for c in self.channels]
         # NOTES: a spinning rank sees its go while the owner still raises the others' (at world size 4 on H200s, 110
         # of 111 steps had rank 0's stamp before the last go was raised): the window of a go opens at the first.
-        if all(placed <= g <= f <= t <= d <= end for g, f, t, d in stamps):
-            g, f, t, d = max(stamps, key=lambda s: s[3] - s[0])
+        if all(placed <= g <= f <= t <= d <= end for g, f, t, d, _ in stamps):
+            g, f, t, d, cpu = max(stamps, key=lambda s: s[3] - s[0])
             self.anatomy.append((placed - start, max(s[0] for s in stamps) - placed, d - g,
-                                 end - max(s[3] for s in stamps), f - g, t - f, d - t))
+                                 end - max(s[3] for s in stamps), f - g, t - f, d - t,
+                                 cpu if 0 <= cpu <= f - g else math.nan))  # more CPU than wall time cannot be true
         else:  # a stamp outside the owner's window cannot be true (red team 14: forged ones were shown as phases)
-            self.anatomy.append((placed - start,) + (math.nan,) * 6)
+            self.anatomy.append((placed - start,) + (math.nan,) * 7)
 
     def anatomy_text(self) -> str:
         """The median of each phase over the steps so far, in µs (empty when not profiled); the phases that rest on
@@ -514,6 +518,7 @@ class Steps:
             return f"{name} {median_us([p[i] for p in self.anatomy])}"
 
         parts = ", ".join(part(len(ANATOMY_PHASES) + i, name) for i, name in enumerate(RANK_PARTS))
+        parts = parts.replace(", ", f" ({part(len(ANATOMY_PHASES) + len(RANK_PARTS), CPU_PART)}), ", 1)
         phases = ", ".join(part(i, name) + (f" ({parts})" if name == "rank" else "")
                            for i, name in enumerate(ANATOMY_PHASES))
         outside = sum(1 for p in self.anatomy if p[1] != p[1])
@@ -582,6 +587,7 @@ class RankChannel(_Header):
             self.views = Views(_host_bytes(self.memory), regions)
         self.seq = 0
         self.spin_ns = 0
+        self.go_cpu_ns = 0
 
     def close(self) -> None:
         if self.shared is not None:
@@ -597,11 +603,15 @@ class RankChannel(_Header):
             return STOP, 0, 0
         self.seq = self.field(SEQ)
         self.stamp(GO_SEEN_NS)
+        self.go_cpu_ns = time.thread_time_ns()
         return self.field(KIND), self.field(CASE), self.field(TOKENS)
 
     def stamp(self, field: int) -> None:
-        """Now, into one of the rank's stamps (GO_SEEN_NS, CALL_FROM_NS, CALL_TO_NS, DONE_AT_NS)."""
+        """Now, into one of the rank's stamps (GO_SEEN_NS, CALL_FROM_NS, CALL_TO_NS, DONE_AT_NS); with CALL_FROM_NS,
+        also the thread's CPU time since its go (CPU_BEFORE_NS: wall time well past it is time not on a CPU)."""
         _FIELD.pack_into(self.memory, _offset(field), time.perf_counter_ns())
+        if field == CALL_FROM_NS:
+            _FIELD.pack_into(self.memory, _offset(CPU_BEFORE_NS), time.thread_time_ns() - self.go_cpu_ns)
 
     def done(self, status: int, call_ns: float, held_ns: float, held_ok: bool) -> None:
         _FIELD.pack_into(self.memory, _offset(STATUS), status)

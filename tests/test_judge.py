@@ -2391,9 +2391,9 @@ def test_the_step_anatomy_leaves_out_ranks_stamps_outside_the_owners_window():
     import judge
 
     class Stamped:
-        def __init__(self, seen: int, call_from: int, call_to: int, done: int):
+        def __init__(self, seen: int, call_from: int, call_to: int, done: int, cpu: int = 500):
             self.stamps = {judge.GO_SEEN_NS: seen, judge.CALL_FROM_NS: call_from, judge.CALL_TO_NS: call_to,
-                           judge.DONE_AT_NS: done}
+                           judge.DONE_AT_NS: done, judge.CPU_BEFORE_NS: cpu}
 
         def field(self, index: int) -> int:
             return self.stamps[index]
@@ -2401,11 +2401,14 @@ def test_the_step_anatomy_leaves_out_ranks_stamps_outside_the_owners_window():
     steps = judge.Steps.__new__(judge.Steps)
     steps.anatomy = []
     # rank 1's go-to-done (9 µs) is the longest: the rank's parts are its own
-    steps.channels = [Stamped(12_000, 13_000, 18_000, 20_000), Stamped(13_000, 15_000, 16_000, 22_000)]
+    steps.channels = [Stamped(12_000, 13_000, 18_000, 20_000), Stamped(13_000, 15_000, 16_000, 22_000, 1_500)]
+    steps._dissect(0, 10_000, 30_000)
+    # its CPU time before the call more than the wall time: left out of that part alone
+    steps.channels = [Stamped(12_000, 13_000, 18_000, 20_000), Stamped(13_000, 15_000, 16_000, 22_000, 2_001)]
     steps._dissect(0, 10_000, 30_000)
     for forged in (Stamped(2**62, 0, 0, -2**62), Stamped(12_000, 19_000, 18_000, 20_000)):  # the call's ends reversed
         steps.channels = [forged, Stamped(13_000, 15_000, 16_000, 21_000)]
         steps._dissect(0, 10_000, 30_000)
     text = steps.anatomy_text()
-    assert text.startswith("place 10.0, wake 3.0, rank 9.0 (before its call 2.0, its call 1.0, after it 6.0), "
-                           "collect 8.0 µs (p50 of 3 steps; 2 with"), text
+    assert text.startswith("place 10.0, wake 3.0, rank 9.0 (before its call 2.0 (on its CPU 1.5), its call 1.0, "
+                           "after it 6.0), collect 8.0 µs (p50 of 4 steps; 2 with"), text
