@@ -290,19 +290,23 @@ def _own_v1_group(controller: str) -> Path:
     return group if group.is_dir() else root
 
 
+TCP_SHARE = 0.125  # of a pool's memory cap, its TCP buffers' (cgroup v1 only, which counts them apart)
+
+
 def _memory_controller() -> Optional[tuple]:
-    """(the folder pools' groups go under, its limit files, its OOM files) or None. Under cgroup v1 the groups go
-    below this process's own memory group, whose limits then hold them too; v2 gives a group with processes no
-    controllers for its children, so there they go below the hierarchy's root."""
+    """(the folder pools' groups go under, {its limit files: their share of the cap}, its OOM files) or None. Under
+    cgroup v1 the groups go below this process's own memory group, whose limits then hold them too; v2 gives a group
+    with processes no controllers for its children, so there they go below the hierarchy's root."""
     if (CGROUP_ROOT / "memory" / "memory.limit_in_bytes").exists():
-        # NOTES: v1 charges a socket's TCP buffers only once its own limit is set (red team 17: 1.2 GiB of loopback
-        # buffers in a pool capped at 1 GiB)
-        return (_own_v1_group("memory"), ("memory.limit_in_bytes", "memory.kmem.tcp.limit_in_bytes"),
-                ("memory.oom_control", "memory.failcnt"))
+        # NOTES: v1 counts a socket's TCP buffers apart from the group's memory, and only once their own limit is
+        # set (red team 17: 1.2 GiB of loopback buffers passed a 1 GiB cap without it; red team 21, with it: 0.8 GiB
+        # of memory and 1.0 GiB of buffers both within their own limits): the cap is split between the two
+        return (_own_v1_group("memory"), {"memory.limit_in_bytes": 1 - TCP_SHARE, "memory.kmem.tcp.limit_in_bytes":
+                                          TCP_SHARE}, ("memory.oom_control", "memory.failcnt"))
     for root in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
         with contextlib.suppress(OSError):
             if "memory" in (root / "cgroup.subtree_control").read_text().split():
-                return root, ("memory.max",), ("memory.events",)
+                return root, {"memory.max": 1.0}, ("memory.events",)
     return None
 
 
@@ -320,9 +324,9 @@ def make_memory_group(uid: int, limit: int) -> tuple:
     remove_pool_groups(uid)
     try:
         group.mkdir()
-        for name in found[1]:
+        for name, share in found[1].items():
             if (group / name).exists():
-                (group / name).write_text(str(limit))
+                (group / name).write_text(str(int(limit * share)))
         _try_joining(group)
     except OSError as error:
         remove_pool_groups(uid)
@@ -351,11 +355,10 @@ GROUP_EMPTY_WAIT_S = 5.0  # for a released pool's last tasks to exit before its 
 
 
 def remove_pool_groups(uid: int) -> bool:
-    """Removes the uid's memory, CPU and freezer groups: thawed, every task still in them killed, and each removed
-    once empty (waiting up to GROUP_EMPTY_WAIT_S). Whether none is left (red team 20: a group removed at once, while
-    its thawed tasks were still exiting, stayed, and no later command tried again)."""
-    thaw_pool(uid)
-    groups = [g for g in dict.fromkeys((memory_group(uid), cpu_group(uid), freezer_group(uid))) if g is not None]
+    """Removes the uid's memory group: every task still in it killed, and removed once empty (waiting up to
+    GROUP_EMPTY_WAIT_S). Whether it is gone (red team 20: a group removed at once, while its tasks were still
+    exiting, stayed, and no later command tried again)."""
+    groups = [group for group in (memory_group(uid),) if group is not None]
     deadline = time.monotonic() + GROUP_EMPTY_WAIT_S
     while True:
         for group in groups:
@@ -369,141 +372,6 @@ def remove_pool_groups(uid: int) -> bool:
         if not groups or time.monotonic() > deadline:
             return not groups
         time.sleep(0.02)
-
-
-# A pool's CPU time is read from a cgroup of its own where the kernel gives one: every task that ran in it counts,
-# a child whose parent never reaps it too (red team 18: children that the kernel reaps itself, under an ignored
-# SIGCHLD, added their CPU time to no process /proc shows, and 224 ms of burning beside another entry's visit went
-# unseen).
-def _cpu_controller() -> Optional[tuple]:
-    """(the folder pools' CPU groups go under, the file of a group's CPU time) or None: cgroup v1's cpuacct (below
-    this process's own group), else v2, where every group has cpu.stat."""
-    if (CGROUP_ROOT / "cpuacct" / "cpuacct.usage").exists():
-        return _own_v1_group("cpuacct"), "cpuacct.usage"
-    for root in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
-        if (root / "cgroup.subtree_control").exists():
-            return root, "cpu.stat"
-    return None
-
-
-def cpu_group(uid: int) -> Optional[Path]:
-    found = _cpu_controller()
-    return found[0] / f"a2a-pool-{uid}" if found else None
-
-
-def make_cpu_group(uid: int, memory: Optional[Path]) -> Optional[Path]:
-    """The file of the pool's CPU time in its CPU group (under v2 the pool's memory group, `memory`, where it has
-    one), or None where the kernel gives no group or refuses members."""
-    group = cpu_group(uid)
-    if group is None:
-        return None
-    if group != memory:
-        try:
-            group.mkdir()
-            _try_joining(group)
-        except OSError:
-            with contextlib.suppress(OSError):
-                group.rmdir()
-            return None
-    return group / _cpu_controller()[1]
-
-
-def group_cpu_ns(usage: Path) -> Optional[int]:
-    """CPU time, user and system, of every task that ran in a group, in ns, from its `usage` file (make_cpu_group);
-    None when unreadable."""
-    try:
-        text = usage.read_text()
-    except OSError:
-        return None
-    if usage.name == "cpu.stat":
-        value = dict(line.split()[:2] for line in text.splitlines() if len(line.split()) >= 2).get("usage_usec", "")
-        return int(value) * 1000 if value.isdigit() else None
-    return int(text.split()[0]) if text.split() and text.split()[0].isdigit() else None
-
-
-# A pool is paused by a freezer cgroup of its own where the kernel gives one (v1's freezer, v2's cgroup.freeze):
-# a frozen task runs nothing until it is thawed, whatever it does with signals (red team 15: a process whose own
-# timer sent it SIGCONT undid the clock's SIGSTOP within a millisecond). A2A_POOL_FREEZER=0 leaves SIGSTOP alone.
-FREEZER_ENV = "A2A_POOL_FREEZER"
-FREEZE_WAIT_S = 0.5  # a task inside a long system call freezes only when it leaves it: the clock's CPU check says so
-
-
-def freezer_wanted() -> bool:
-    """Whether pools are paused by a freezer group where there is one; ValueError naming the variable when it is set
-    to anything but 0 or 1."""
-    text = os.environ.get(FREEZER_ENV, "1")
-    if text not in ("0", "1"):
-        raise ValueError(f"{FREEZER_ENV}={text!r}: must be 0 or 1")
-    return text == "1"
-
-
-def _freezer_controller() -> Optional[tuple]:
-    """(the folder pools' freezer groups go under, the file that freezes a group, its frozen and thawed values) or
-    None: cgroup v1's freezer (below this process's own group), else v2, where every group but the root has one."""
-    if (CGROUP_ROOT / "freezer" / "cgroup.procs").exists():
-        return _own_v1_group("freezer"), "freezer.state", "FROZEN", "THAWED"
-    for root in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
-        if (root / "cgroup.subtree_control").exists():
-            return root, "cgroup.freeze", "1", "0"
-    return None
-
-
-def freezer_group(uid: int) -> Optional[Path]:
-    found = _freezer_controller()
-    return found[0] / f"a2a-pool-{uid}" if found else None
-
-
-def make_freezer_group(uid: int, groups: tuple) -> Optional[Path]:
-    """The pool's freezer group (under v2 the pool's one group, among `groups`, where it has one), or None where the
-    kernel gives no group, refuses members, or does not freeze it."""
-    group = freezer_group(uid)
-    if group is None or not freezer_wanted():
-        return None
-    made = group not in groups
-    try:
-        if made:
-            group.mkdir()
-            _try_joining(group)
-        if freeze(group, True) and freeze(group, False):
-            return group
-    except OSError:
-        pass
-    if made:
-        with contextlib.suppress(OSError):
-            group.rmdir()
-    return None
-
-
-def thaw_pool(uid: int) -> None:
-    """Thaws the uid's freezer group where there is one, without waiting: its tasks can then die."""
-    found, group = _freezer_controller(), freezer_group(uid)
-    if found is not None and group.is_dir():
-        with contextlib.suppress(OSError):
-            (group / found[1]).write_text(found[3])
-
-
-def _frozen(group: Path) -> Optional[bool]:
-    """True once every task of the group is frozen, False once it is thawed, None in between (or unreadable)."""
-    with contextlib.suppress(OSError):
-        if (group / "freezer.state").exists():
-            return {"FROZEN": True, "THAWED": False}.get((group / "freezer.state").read_text().strip())
-        events = dict(line.split()[:2] for line in (group / "cgroup.events").read_text().splitlines()
-                      if len(line.split()) >= 2)
-        return {"1": True, "0": False}.get(events.get("frozen", ""))
-    return None
-
-
-def freeze(group: Path, frozen: bool, wait_s: float = FREEZE_WAIT_S) -> bool:
-    """Freezes or thaws a freezer group; whether the kernel said so within `wait_s`. OSError where the group cannot
-    be written."""
-    _, name, on, off = _freezer_controller()
-    (group / name).write_text(on if frozen else off)
-    deadline = time.monotonic() + wait_s
-    while _frozen(group) is not frozen:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.0002)
-    return True
 
 
 def memory_cap_hit(uid: Optional[int]) -> bool:
@@ -561,7 +429,7 @@ if os.getppid() != owner or libc.unshare(0x20000000):
     print("error", os.strerror(ctypes.get_errno()), flush=True)
     sys.exit(1)
 child = os.fork()
-if child == 0:  # the init: reaps every orphan as it ends, so that its time is counted at once (Sandbox.cpu_ns)
+if child == 0:  # the init: reaps every orphan as it ends
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     while True:
@@ -573,7 +441,6 @@ if child == 0:  # the init: reaps every orphan as it ends, so that its time is c
         signal.sigwait({signal.SIGCHLD})
 print(child, read_only or "-", apart.replace(" ", "_") or "apart", flush=True)
 told = sys.stdin.readline()
-boundary.thaw_pool(uid)  # a frozen task dies only once thawed (cgroup v1): the owner may be gone mid-pause
 os.kill(child, signal.SIGKILL)
 os.waitpid(child, 0)
 if told:
@@ -699,8 +566,6 @@ class RankSandbox:
     read_only: str = ""
     expose: tuple = ()
     memory_group: str = ""
-    cpu_group: str = ""
-    freezer_group: str = ""
 
 
 @dataclasses.dataclass
@@ -713,8 +578,6 @@ class Guards:
     uid: Optional[int] = None
     memory_bytes: Optional[int] = None  # the pool's memory cap
     memory_off: str = ""  # why it has none
-    cpu_group: bool = False  # the pool's CPU time read from a cgroup of its own (else from /proc)
-    freezer: bool = False  # the pool paused by a freezer cgroup of its own as well as by SIGSTOP
     off: list = dataclasses.field(default_factory=list)
 
     def describe(self) -> str:
@@ -722,16 +585,14 @@ class Guards:
             memory = (f"at most {self.memory_bytes / (1 << 30):.1f} GiB of memory for the pool"
                       if self.memory_bytes else f"no memory cap ({self.memory_off})")
             return (f"ranks in their own PID, network and IPC namespaces and /proc, as uid {self.uid} with "
-                    f"no_new_privs and no user namespace, every mount read-only but their run's own folders, {memory}, "
-                    f"its CPU time {'from a cgroup of its own' if self.cpu_group else 'from /proc (no CPU cgroup)'}, "
-                    f"paused {'by a freezer cgroup' if self.freezer else 'by SIGSTOP only (no freezer cgroup)'}")
+                    f"no_new_privs and no user namespace, every mount read-only but their run's own folders, {memory}")
         return "guards off: " + "; ".join(self.off)
 
 
 def has_ended(pid: int) -> bool:
     """Whether `pid` has exited: gone, or a zombie its parent has not reaped, every thread of it ended. NOTES: a
     process whose main thread ended (pthread_exit) reads as a zombie while its other threads run on (red team 19:
-    such a hog was left out of the clock's pause and of the sweep)."""
+    such a hog was left out of the sweep)."""
     try:
         if process_stat(pid)[0] != "Z":
             return False
@@ -804,9 +665,6 @@ class Sandbox:
         self._views: dict = {}
         self._seeded: set = set()
         self.build_key = build_key if build_key and re.fullmatch(r"[0-9a-f]{16,64}", build_key) else None
-        self.cpu_usage: Optional[Path] = None  # the file of the pool's CPU time in its CPU group
-        self.freezer: Optional[Path] = None  # the pool's freezer group
-        self.freezes_in_time = True  # whether each pause so far froze the pool within FREEZE_WAIT_S
         self.setup = RankSandbox(private_proc=False, uid=None)
         if not enabled:
             self.guards.off.append("the sandbox was turned off (A2A_SANDBOX=0)")
@@ -840,17 +698,11 @@ class Sandbox:
         limit = pool_memory_bytes()
         group, self.guards.memory_off = make_memory_group(self.uid, limit)
         self.guards.memory_bytes = limit if group else None
-        self.cpu_usage = make_cpu_group(self.uid, group)
-        self.guards.cpu_group = self.cpu_usage is not None
-        self.freezer = make_freezer_group(self.uid, (group, self.cpu_usage and self.cpu_usage.parent))
-        self.guards.freezer = self.freezer is not None
         self.setup = RankSandbox(private_proc=True, uid=self.uid, env=run_env(self.uid, self._views),
                                  covers=run_covers(self.uid),
                                  writable=_writable(self.uid, pool_env), read_only=read_only,
                                  keep=tuple(sorted({str(p) for p in needed if _below_covered(p)})),
-                                 expose=tuple(pairs), memory_group=str(group or ""),
-                                 cpu_group=str(self.cpu_usage.parent if self.cpu_usage else ""),
-                                 freezer_group=str(self.freezer or ""))
+                                 expose=tuple(pairs), memory_group=str(group or ""))
 
     @staticmethod
     def source_key(path: Path) -> Optional[str]:
@@ -939,60 +791,10 @@ class Sandbox:
         known = {self.inode: True}
         return [int(e) for e in os.listdir("/proc") if e.isdigit() and _within(int(e), self.inode, known)]
 
-    def pause(self, stop: bool, pids: tuple = ()) -> int:
-        """SIGSTOP (stop) or SIGCONT to every process of the ranks' namespace and those nested in it (members), else
-        to `pids` (no namespace: its workers only); the namespace listed again until it shows no process not yet
-        signalled (a fork racing the signals); with a freezer group, the pool is also frozen after the signals and
-        thawed before them. The clock stops every pool but the one it times: nothing an entry runs while it waits its
-        turn (CPU hogs, its own children) reaches another entry's figure. Returns how many processes were signalled."""
-        signal_number = signal.SIGSTOP if stop else signal.SIGCONT
-        if not stop:
-            self.thaw()
-        done: set = set()
-        todo = set(pids if self.inode is None else self.members())
-        while todo:
-            for pid in todo:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal_number)
-            done |= todo
-            todo = set() if self.inode is None else set(self.members()) - done
-        if self.freezer is not None and stop:  # after the signals, which hold most at once
-            # NOTES: a task in uninterruptible I/O is never frozen (red team 20: O_DIRECT reads cost the judge 0.5 s
-            # at every pause); a pool that did not freeze in time is frozen from then on without a wait
-            with contextlib.suppress(OSError):
-                if not freeze(self.freezer, True, FREEZE_WAIT_S if self.freezes_in_time else 0.0):
-                    self.freezes_in_time = False
-        return len(done)
-
-    def thaw(self) -> None:
-        """Thaws the pool's freezer group, if it has one: before its processes run again, and before any of them is
-        killed (under cgroup v1 a frozen task dies only once thawed)."""
-        if self.freezer is not None:
-            with contextlib.suppress(OSError):
-                freeze(self.freezer, False)
-
-    def cpu_ns(self, pids: tuple = ()) -> int:
-        """CPU time, user and system, of the pool's processes, in ns: every process of its namespaces, the init and
-        the ended ones included, each with its reaped children's (what `pause` signals, without a namespace). NOTES:
-        a SIGSTOP does not hold every process until the SIGCONT the clock sends: a thread inside a long system call
-        runs on (red team 14: madvise(MADV_POPULATE_READ) over 8 GiB, 1.5 s in the kernel), and a process whose own
-        timer sends it SIGCONT runs again within a millisecond (red team 15: a chain of such processes, each exiting
-        after 8 ms, its time then the init's, which reaped it). This figure is how the clock sees both. Where the
-        pool has a CPU group, the figure is the group's: every rank and every process below one, reaped by anyone
-        or by no one (an ignored SIGCHLD: red team 18), and not the judge's own init and zygote."""
-        if self.cpu_usage is not None and (used := group_cpu_ns(self.cpu_usage)) is not None:
-            return used
-        total = 0
-        for pid in self._namespace_pids() if self.inode is not None else pids:
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                total += sum(int(value) for value in process_stat(pid)[11:15])
-        return total * 10**9 // os.sysconf("SC_CLK_TCK")
-
     def sweep(self, keep: set) -> list[int]:
         """SIGKILLs what the submission started in the namespace (everything but `keep`, the live workers): between
         cases, so nothing a case left (a child holding the rendezvous port, a daemon) reaches the next. Listed and
         killed again until none is left: a process may fork between the listing and its kill."""
-        self.thaw()
         killed: set = set()
         deadline = time.monotonic() + 5  # gone, not only signalled: a dying child may still hold the port
         while (left := set(self.members()) - set(keep)) and time.monotonic() < deadline:
@@ -1020,16 +822,18 @@ class Sandbox:
                         os.waitpid(pid, os.WNOHANG)
         return False
 
-    def close(self, clean_files: bool = True) -> None:
+    def close(self, clean_files: bool = True) -> bool:
         """Ends the namespace (the kernel kills every process in it with its init), keeps what the ranks built
         under the pool's build key, then removes the run's folders and frees the uid. `clean_files` is taken
-        and not needed: every pool's folders go with it."""
-        self.thaw()
+        and not needed: every pool's folders go with it. Whether the pool is gone: its namespace ended, no process of
+        it left and its memory group removed (True where it had neither)."""
+        ended = self.parent is None
         if self.parent is not None:
             try:  # the guardian ends the namespace, then says so; it ends at its input's end, whatever happened
                 self.parent.stdin.write("end\n")
                 self.parent.stdin.flush()
-                if self._ended_said() and self.guards.uid is not None:
+                ended = self._ended_said()
+                if ended and self.guards.uid is not None:
                     keep_builds(self.uid, self.build_key, self._seeded, self._views)
             except (OSError, ValueError):
                 pass
@@ -1047,14 +851,16 @@ class Sandbox:
         deadline = time.monotonic() + 5
         while self.members() and time.monotonic() < deadline:
             time.sleep(0.01)
+        ended = ended and not self.members()
         if self.uid is not None and self.guards.memory_bytes:  # the guardian's release may have met a rank still
-            remove_pool_groups(self.uid)                       # exiting in it; none is left now
+            ended = remove_pool_groups(self.uid) and ended     # exiting in it; none is left now
         for fd in (fd for pair in self._namespaces.values() for fd in pair):
             os.close(fd)
         self._namespaces = {}
         self._temporary.close()
         self._rendezvous = None
         self.inode = None
+        return ended
 
 
 def _below_covered(path: Path) -> bool:
@@ -1583,17 +1389,12 @@ def enter_rank_sandbox(sandbox: Optional[RankSandbox]) -> None:
     MPS pipe and what they must read."""
     if sandbox is None:
         return
-    # while still root: the groups' files are root's, and a rank cannot leave them
-    joined: set = set()
-    for kind, group in {"memory": sandbox.memory_group, "CPU": sandbox.cpu_group,
-                        "freezer": sandbox.freezer_group}.items():
-        if group and group not in joined:
-            joined.add(group)
-            try:
-                Path(group, "cgroup.procs").write_text("0")
-            except OSError as error:
-                raise OSError(error.errno, f"rank sandbox: joining the pool's {kind} group {group}: "
-                                           f"{error.strerror}") from None
+    if sandbox.memory_group:  # while still root: the group's files are root's, and a rank cannot leave it
+        try:
+            Path(sandbox.memory_group, "cgroup.procs").write_text("0")
+        except OSError as error:
+            raise OSError(error.errno, f"rank sandbox: joining the pool's memory group {sandbox.memory_group}: "
+                                       f"{error.strerror}") from None
     libc = _libc()
     if sandbox.private_proc:
         if libc.unshare(CLONE_NEWNS):

@@ -43,9 +43,10 @@ def main(argv=None) -> int:
     print(f"code: {path_a.stem} -> {path_b.stem}\n{diffing.code_summary(diffs)}\n")
     meta = {**plan.meta_for(f"diff_{path_a.stem}_vs_{path_b.stem}"), "a": path_a.stem, "b": path_b.stem,
             "commit_a": diffing.last_commit(path_a), "commit_b": diffing.last_commit(path_b),
-            "timing": f"the judge's clock: {args.rounds} rounds of fresh processes, A's and B's visits interleaved in a "
-                      f"shuffled order, {args.steps} idle-stream and {args.steps} held steps per visit on the same "
-                      "inputs; B/A = geometric mean over rounds of the per-round ratio, Student-t interval over rounds"}
+            "timing": f"the judge's clock: {args.rounds} rounds of fresh processes, A and B in an order shuffled "
+                      f"per round, one pool alive at a time, {args.steps} idle-stream and {args.steps} held steps per "
+                      "visit on the same inputs; B/A = geometric mean over rounds of the per-round ratio, Student-t "
+                      "interval over rounds"}
     rows, skipped = [], ""
     if plan.backend == "gloo" and any(planning.builds_device_code(p) for p in plan.versions):
         skipped = f"timing skipped: {path_a.stem} or {path_b.stem} builds GPU code and this machine runs CPU/gloo"

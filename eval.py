@@ -58,7 +58,7 @@ from typing import Any, Callable, NamedTuple, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own modules, wherever it is run from
 from boundary import (POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox, become_subreaper, claim_run,  # noqa: E402
                       descendants, die_with_parent, enter_rank_sandbox, hide_result_channel, kill_tree,
-                      freezer_wanted, memory_cap_hit, owned_tempdir, pool_memory_bytes, prepare_rank_cache,
+                      memory_cap_hit, owned_tempdir, pool_memory_bytes, prepare_rank_cache,
                       release_uid)
 import births  # noqa: E402
 from births import (Forked, PhaseSlot, Zygote, close_all_but, rank_birth, send_fds)  # noqa: E402
@@ -1181,7 +1181,6 @@ def check_environment() -> None:
     try:
         rank_birth()
         pool_memory_bytes()
-        freezer_wanted()
     except ValueError as error:
         raise UserError(str(error)) from None
 
@@ -1282,24 +1281,6 @@ class RankPool:
         own = (self.zygote.process.pid,) if zygote and self.zygote is not None and not self.zygote.ended else ()
         return tuple(worker[0].pid for worker in self.workers if worker is not None) + own
 
-    def pause(self, stop: bool) -> None:
-        """Stops (SIGSTOP) or resumes the pool's processes (boundary.Sandbox.pause), its text relays held while it is
-        stopped: they run in this process, so what they read and write would land in another pool's timed steps."""
-        pids = self._pids()
-        texts = [text for pair in self.texts.values() for text in pair]
-        if stop:
-            self.sandbox.pause(True, pids)
-            for text in texts:
-                text.hold()
-        else:
-            for text in texts:
-                text.release()
-            self.sandbox.pause(False, pids)
-
-    def cpu_ns(self) -> int:
-        """CPU time the pool's processes have used (boundary.Sandbox.cpu_ns)."""
-        return self.sandbox.cpu_ns(self._pids())
-
     def _close_texts(self, process) -> None:
         for text in self.texts.pop(process, ()):
             text.close(wait_s=1.0)
@@ -1348,7 +1329,6 @@ class RankPool:
 
     def _retire(self, slots: list[int]) -> None:
         """Kills the workers in `slots` with everything below them; run() starts fresh ones when needed."""
-        self.sandbox.thaw()
         for slot in slots:
             if self.workers[slot] is None:
                 continue
@@ -1364,10 +1344,11 @@ class RankPool:
         if slots and self.master_port is not None:
             self.master_port += 1
 
-    def shutdown(self, clean_files: bool = True) -> None:
-        """Ends what the submission started in each worker, then lets the workers exit (SIGKILL after 10 s)."""
+    def shutdown(self, clean_files: bool = True) -> bool:
+        """Ends what the submission started in each worker, then lets the workers exit (SIGKILL after 10 s); whether
+        nothing of the pool is left (boundary.Sandbox.close)."""
         live = [worker for worker in self.workers if worker is not None]
-        self.sweep()  # thaws the pool first (Sandbox.sweep)
+        self.sweep()
         for process, conn, _ in live:
             kill_tree(process.pid, include_root=False)
             with contextlib.suppress(OSError):
@@ -1383,17 +1364,16 @@ class RankPool:
         self.workers = []
         if self.zygote is not None:
             self.zygote.close()
-        self.sandbox.close(clean_files)
+        return self.sandbox.close(clean_files)
 
-    def kill(self, clean_files: bool = True) -> None:
+    def kill(self, clean_files: bool = True) -> bool:
         """Ends every worker and everything below it at once (a signal or an error): the zygote first, and with it
-        every worker it forked, born or not."""
-        self.sandbox.thaw()
+        every worker it forked, born or not; whether nothing of the pool is left (boundary.Sandbox.close)."""
         if self.zygote is not None:
             self.zygote.close(kill=True)
         self._retire([slot for slot, worker in enumerate(self.workers) if worker is not None])
         self.workers = []
-        self.sandbox.close(clean_files)
+        return self.sandbox.close(clean_files)
 
 
 # --------------------------------------------------------------------------------------------------------------

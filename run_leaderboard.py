@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Versions x benchmark shapes, judged by the clock: interleaved rounds of fresh processes, every figure with its 95%
-interval, a ranking that names its ties; with anchors and this machine's speed of light where peers exist.
+"""Versions x benchmark shapes, judged by the clock: rounds of fresh processes, one entry's pool at a time, every
+figure with its 95% interval, a ranking that names its ties; with anchors and this machine's speed of light where
+peers exist.
 
 Timing is a2a/clock.py's: each round runs every entry (the versions; on GPUs the two floors, the empty submission
 and the handshake; with peers on their own GPUs the NCCL and NVSHMEM anchors) in fresh rank processes on every
@@ -44,10 +45,10 @@ from a2a import sharing
 
 ROOT = planning.ROOT
 PUBLISHED = ROOT / "reference" / "published.yml"
-TIMING = ("clock: interleaved rounds, fresh processes per entry and round, pools started and visited in orders "
-          "shuffled per round (seeds in results.json), a fresh input in every step; the owner's step (ranks): the "
-          "judge's clock from before it places the inputs to after it holds every rank's output (place, go, call, "
-          "publish, done, copy out); call time (the rank's word): max over ranks of events around custom_kernel on an "
+TIMING = ("clock: rounds of fresh processes per entry, one entry's pool alive at a time, entries and their shapes "
+          "taken in orders shuffled per round (seeds in results.json), a fresh input in every step; the owner's step "
+          "(ranks): the judge's clock from before it places the inputs to after it holds every rank's output (place, "
+          "go, call, publish, done, copy out); call time (the rank's word): max over ranks of events around custom_kernel on an "
           "idle stream; held (the rank's word): the same events with the stream held by a sleep kernel until the call "
           "has queued its work; each figure the geometric mean over rounds of the round's step mean, 95% Student-t "
           "interval on logs over rounds; geomeans over shapes per round; SOL here: a2a/sol.py's model; mark: SOL here "

@@ -25,7 +25,6 @@ import re
 import select
 import struct
 import threading
-import time
 import types as _types
 import typing
 import unicodedata
@@ -406,8 +405,7 @@ class RankText:
     """Reads a rank's stdout or stderr (`fd`, the read end of its pipe; this object closes it) in a thread and
     writes each line to `stream` as `prefix` + as_text(line, line_chars): a line too long keeps its first
     `line_chars` bytes and says how many more it had. Past `budget` bytes nothing more is shown, and the last line
-    says how many bytes were dropped. The pipe is read to its end either way, so a rank never blocks on it, except
-    while held: `hold()` (the rank's pool is paused) stops the reading until `release()`."""
+    says how many bytes were dropped. The pipe is read to its end either way, so a rank never blocks on it."""
 
     _write_lock = threading.Lock()  # one write at a time on a stream the ranks share
 
@@ -419,34 +417,15 @@ class RankText:
         self.line_cut = 0  # and how many bytes of it did not fit
         self._closing = threading.Event()
         self._stop = threading.Event()
-        self._reading = threading.Event()  # cleared while held
-        self._reading.set()
-        self._parked = threading.Event()  # set while the thread waits out a hold
-        self._wake_read, self._wake_write = os.pipe()  # ends the thread's wait on the pipe when held or closed
+        self._wake_read, self._wake_write = os.pipe()  # ends the thread's wait on the pipe when closed
         os.set_blocking(self._wake_write, False)
         self._thread = threading.Thread(target=self._pump, name=f"rank text {prefix.strip()}", daemon=True)
         self._thread.start()
-
-    def hold(self, wait_s: float = 5.0) -> None:
-        """Stops reading: returns once the thread has written what it had read and waits (at most `wait_s`, for a
-        stream that blocks). NOTES: the thread runs in the owner's process, the clock's, and a paused pool's pipes
-        hold up to a MiB of lines a rank chose; read there, they cost another entry's timed steps (red team 13:
-        2.6x)."""
-        self._parked.clear()
-        self._reading.clear()
-        self._wake()
-        deadline = time.monotonic() + wait_s
-        while not self._parked.wait(0.01) and self._thread.is_alive() and time.monotonic() < deadline:
-            pass
-
-    def release(self) -> None:
-        self._reading.set()
 
     def close(self, wait_s: float = 5.0) -> bool:
         """Reads what the pipe still holds (at most `wait_s`), writes the last lines and closes the pipe; False when
         the thread did not end (its stream blocks)."""
         self._closing.set()
-        self._reading.set()
         self._wake()
         self._thread.join(wait_s)
         self._stop.set()  # a writer that never stops (a process the rank left behind) is cut off here
@@ -464,16 +443,11 @@ class RankText:
     def _pump(self) -> None:
         try:
             while not self._stop.is_set():
-                if not self._reading.is_set():
-                    self._parked.set()
-                    self._reading.wait()
-                    self._parked.clear()
-                    continue
                 closing = self._closing.is_set()
                 ready, _, _ = select.select([self.fd, self._wake_read], [], [], 0 if closing else POLL_S)
                 if self._wake_read in ready:
                     os.read(self._wake_read, 4096)
-                    continue  # held or closing: seen at the top
+                    continue  # closing: seen at the top
                 if not ready:
                     if closing:
                         break

@@ -1,6 +1,6 @@
 """Anchors and floors: what a user could run instead of a custom kernel, and the least a call can cost, timed by the
-judge's clock exactly as the versions are (a2a/clock.py: fresh processes per round, interleaved with the
-versions, the same steps).
+judge's clock exactly as the versions are (a2a/clock.py: fresh processes per round, in turn with the versions,
+the same steps).
 
 Each anchor moves the case's actual routed volume (one row per (token, k) whose expert lives on another rank, from
 the case's own seed) twice, dispatch then combine, and does nothing else: no permutation, no expert, no weighted

@@ -1,12 +1,14 @@
-"""The judge's clock: every entry timed in interleaved rounds of fresh processes, with intervals and a stopping rule.
+"""The judge's clock: every entry timed in rounds of fresh processes, one entry's pool alive at a time, with intervals
+and a stopping rule.
 
-A round starts every entry still running in fresh rank processes of its own (a pool each, born in the sandbox, as
-on the runner's fresh machine: nothing one entry or one round leaves in a process reaches another), lets each import
-the submission and checks its first call on every shape, then visits every (entry, shape) pair once in an order
-shuffled with the round's seed (recorded). Every step is the owner's (judge.Steps): the owner places a fresh input,
-raises the ranks' `go`, waits for every `done`, copies the outputs out and stops its clock; the ranks never see an
-input before its step starts, an expected output, a check or the clock that ranks. A visit is `warmup` untimed
-steps, then `steps` steps of each kind, taking turns:
+A round takes every entry still running in an order shuffled with the round's seed (recorded). Each in turn gets
+fresh rank processes of its own (a pool, born in the sandbox, as on the runner's fresh machine), imports the
+submission, has its first call on every shape checked, is visited once on every shape (in a shuffled order) and is
+ended, its namespace gone, before the next entry's pool is born: no process of one entry, nor anything the kernel does
+on one's behalf, exists while another is timed, and nothing one entry or one round leaves reaches another. Every step
+is the owner's (judge.Steps): the owner places a fresh input, raises the ranks' `go`, waits for every `done`, copies
+the outputs out and stops its clock; the ranks never see an input before its step starts, an expected output, a check
+or the clock that ranks. A visit is `warmup` untimed steps, then `steps` steps of each kind, taking turns:
 - idle-stream steps: the owner's step time (the ranking figure) and, as the rank's own word, the call time (its
   events around the call on an idle stream);
 - held steps: the rank's held-stream device time (its stream held by a sleep kernel until the call has queued its
@@ -50,11 +52,6 @@ DEFAULT_TARGETS = (iv.Target("held", 0.02), iv.Target("call", 0.05), iv.Target("
 SETUP_TIMEOUT_S = 300.0  # a round's start: imports, the first round's extension builds, checks, warm-up
 VISIT_TIMEOUT_S = 120.0
 THROTTLE_FRACTION = 0.75  # nvbench: a sample taken below 75% of the clock is throttled
-# CPU a stopped pool may use in another's visit: a tick or two (the kernel counts in 10 ms ticks), and past that a
-# tenth of the visit's length (an honest stopped pool uses none)
-STOPPED_CPU_FLOOR_NS, STOPPED_CPU_SHARE = 20_000_000, 0.1
-# MPS serves at most 48 clients per GPU: pools alive at once, when ranks share GPUs, stay below that.
-MPS_CLIENTS = 40
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,20 +212,8 @@ def entry_intervals(samples: dict, name: str, n_cases: int) -> dict:
     return out
 
 
-def _chunks(entries: list, placement) -> list:
-    if not placement.shared:
-        return [entries]
-    size = max(1, MPS_CLIENTS // placement.ranks_per_gpu)
-    return [entries[i:i + size] for i in range(0, len(entries), size)]
-
-
 def _pids(live: _Live) -> list:
     return [w[0].pid for w in live.pool.workers if w is not None]
-
-
-def _pause(live: _Live, stop: bool) -> None:
-    if live.pool is not None:
-        live.pool.pause(stop)
 
 
 class Clock:
@@ -341,37 +326,24 @@ class Clock:
             sample["held"] = statistics.fmean(held) / 1e3
         self.samples.setdefault((live.entry.name, index), {})[round_index] = sample
 
-    def _ran_while_stopped(self, stopped: list, visit_ns: int, visited: _Live, index: int, round_index: int) -> None:
-        """An entry whose stopped pool used more CPU during another's visit than the floor and a share of the visit
-        allow fails, and the visit it shared the machine with is not counted (boundary.Sandbox.cpu_ns says how a
-        pool runs on)."""
-        for other, before in stopped:
-            used_ns = other.pool.cpu_ns() - before
-            if used_ns > max(STOPPED_CPU_FLOOR_NS, STOPPED_CPU_SHARE * visit_ns):
-                other.failure = other.failure or (f"its processes used {used_ns / 1e6:.0f} ms of CPU while its pool "
-                                                  f"was stopped, during {visited.entry.name}'s timed steps")
-                other.pool.kill(clean_files=False)  # now: it would run on through the round's other visits
-                other.pool = None
-                self.samples.get((visited.entry.name, index), {}).pop(round_index, None)
-
-    def _end(self, lives: list, round_index: int) -> None:
-        """Ends a chunk's sessions (the steps stopped, the ranks' results read), then every pool."""
-        for live in lives:
-            if live.steps is not None and live.pool is not None and live.steps.case.done is None:
-                live.steps.case.extend(VISIT_TIMEOUT_S)
-                results = live.steps.finish()
-                if not live.failure and not all(r.ok for r in results):
-                    live.failure = core.rank_failures(results)
-        for live in lives:
-            if live.pool is not None:
-                (live.pool.kill if live.failure else live.pool.shutdown)(clean_files=False)
-            if live.failure:
-                self.failed.setdefault(live.entry.name, live.failure)
-                for index in range(len(self.plan.case_args)):
-                    self.samples.get((live.entry.name, index), {}).pop(round_index, None)
+    def _end(self, live: _Live, round_index: int) -> None:
+        """Ends an entry's session (the steps stopped, the ranks' results read), then its pool, and waits until no
+        process of it is left (RankPool.shutdown, kill)."""
+        if live.steps is not None and live.pool is not None and live.steps.case.done is None:
+            live.steps.case.extend(VISIT_TIMEOUT_S)
+            results = live.steps.finish()
+            if not live.failure and not all(r.ok for r in results):
+                live.failure = core.rank_failures(results)
+        if live.pool is not None and not (live.pool.kill if live.failure else live.pool.shutdown)(clean_files=False):
+            live.failure = live.failure or ("something of its pool outlived its end (a process of it, or its memory "
+                                            "group): it would have run beside the next entry's visits")
+        if live.failure:
+            self.failed.setdefault(live.entry.name, live.failure)
+            for index in range(len(self.plan.case_args)):
+                self.samples.get((live.entry.name, index), {}).pop(round_index, None)
 
     def _round(self, round_index: int, active: list, env: dict) -> dict:
-        """One round; returns the seconds its phases took (start, ready, visits, end)."""
+        """One round; returns the seconds its phases took (inputs, start, ready, visits, end; each entry's ready)."""
         seed = random.Random(self.seed + round_index).randrange(2 ** 32)
         self.round_seeds.append(seed)
         self.visits.append([])
@@ -380,29 +352,28 @@ class Clock:
         phases = dict.fromkeys(("inputs", "start", "ready", "visits", "end"), 0.0)
         mark = time.monotonic()
         bank = self._bank(round_index, range(1))
-        # The visits' sets (most of the owner's CPU work) are drawn while the first pools start and import; joined
+        # The visits' sets (most of the owner's CPU work) are drawn while the first pool starts and imports; joined
         # before any visit, so no draw shares the CPU with a timed step.
         drawing = concurrent.futures.ThreadPoolExecutor(1)
         later = drawing.submit(self._bank, round_index, range(1, 1 + self.settings.warmup + 2 * self.settings.steps))
         drawing.shutdown(wait=False)
         phases["inputs"] += time.monotonic() - mark
-        # NOTES: the pools start in an order drawn per round, as the visits are, so that the entry listed first is
-        # not started first in every round (the order test found v7 2-3% apart between its listings in two sessions;
-        # within one run, starting first made no difference: WORKLOG, seventeenth session).
+        # NOTES: one entry's pool exists at a time: born, readied, visited on every shape, ended (its namespace
+        # gone, every process in it reaped) before the next is born. Nothing an entry leaves running, in a process or
+        # in the kernel on a process's behalf (timers and wake-ups armed before a pause: red team 20), can then reach
+        # another entry's visits, and no two entries can talk. The entries go in an order drawn per round, as their
+        # visits' shapes do, so that the entry listed first is not first in every round (the order test found v7
+        # 2-3% apart between its listings in two sessions: WORKLOG, seventeenth session).
         active = list(active)
         order.shuffle(active)
         self.starts.append([entry.name for entry in active])
-        for chunk in _chunks(active, self.plan.placement):
+        for entry in active:
             mark = time.monotonic()
-            lives = [self._start(entry, env) for entry in chunk]
+            live = self._start(entry, env)
             phases["start"] += time.monotonic() - mark
             mark = time.monotonic()
-            ready = []
-            for live in lives:  # each entry's wait, in the order started: where a round's setup goes
-                since = time.monotonic()
-                if not live.failure and self._ready(live, bank):
-                    ready.append(live)
-                phases.setdefault("ready_s", {})[live.entry.name] = round(time.monotonic() - since, 2)
+            ready = not live.failure and self._ready(live, bank)
+            phases.setdefault("ready_s", {})[entry.name] = round(time.monotonic() - mark, 2)
             phases["ready"] += time.monotonic() - mark
             if later is not None:
                 mark = time.monotonic()
@@ -410,31 +381,22 @@ class Clock:
                     case += more
                 later = None
                 phases["inputs"] += time.monotonic() - mark
-            mark = time.monotonic()
-            visits = [(live, index) for live in ready for index in range(len(self.plan.case_args))]
-            order.shuffle(visits)
-            self.visits[-1] += [(live.entry.name, index) for live, index in visits]
-            self.processes[-1].update({live.entry.name: _pids(live) for live in ready})
-            # NOTES: every pool but the one visited is stopped (SIGSTOP): an entry's processes run only in its own
-            # visits, so none can load the machine while another is timed (CPU hogs gave one entry 4x at world
-            # size 2 on CPU). Kernels a stopped pool queued before still run on its GPU: docs/judge.md.
-            for live in lives:
-                _pause(live, True)
-            for live, index in visits:
-                if not live.failure:
-                    _pause(live, False)
-                    stopped = [(other, other.pool.cpu_ns()) for other in lives
-                               if other is not live and other.pool is not None and not other.failure]
-                    since = time.monotonic_ns()
+            if ready:
+                mark = time.monotonic()
+                shapes = list(range(len(self.plan.case_args)))
+                order.shuffle(shapes)
+                self.processes[-1][entry.name] = _pids(live)
+                for index in shapes:
+                    if live.failure:
+                        break
+                    self.visits[-1].append((entry.name, index))
                     self._visit(live, index, round_index, bank)
-                    self._ran_while_stopped(stopped, time.monotonic_ns() - since, live, index, round_index)
-                    _pause(live, True)
-            for live in lives:
-                _pause(live, False)
-            phases["visits"] += time.monotonic() - mark
+                phases["visits"] += time.monotonic() - mark
             mark = time.monotonic()
-            self._end(lives, round_index)
+            self._end(live, round_index)
             phases["end"] += time.monotonic() - mark
+        if later is not None:  # no entry was ready: the draw still ends with the round
+            later.result()
         return phases
 
     def run(self) -> Run:

@@ -7,7 +7,8 @@ more, names aside) appears in B is reported as a rename.
 
 Time: the judge's clock (a2a/clock.py), the same method as the leaderboard's: in every round each version runs in
 fresh processes of its own, makes its inputs (the same seeds for both), passes its check and is visited once per
-shape, the visits of A and B interleaved in a shuffled order; a visit is `steps` idle-stream and `steps` held steps.
+shape, A and B in an order shuffled per round, one pool alive at a time; a visit is `steps` idle-stream and `steps`
+held steps.
 Why rounds of fresh processes: the process is where the variance lives (two processes of the same code differ by
 up to ±15% in call time on one H100, by 20% on a CPU; steps within one process do not show it). Per shape and
 timing, B/A is the geometric mean over rounds of the ratio of the two versions' values in the same round, with a
@@ -200,7 +201,7 @@ def compare(run, cases: list, alpha: float = FAMILY_ALPHA) -> list:
 
 def time_versions(plan, rounds: int, steps: int, alpha: float = FAMILY_ALPHA, progress=print) -> list:
     """Times the plan's two versions (A, B) on its cases by the judge's clock (a2a/clock.py: fresh processes for
-    each in every round, visits interleaved in a shuffled order, `rounds` rounds of `steps` steps of each kind per
+    each in every round, in an order shuffled per round, `rounds` rounds of `steps` steps of each kind per
     visit); one row per (case, timing)."""
     from a2a import clock
 

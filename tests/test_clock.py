@@ -86,11 +86,14 @@ def test_rounds_visit_every_entry_on_every_shape_in_fresh_processes_in_a_recorde
         drawn = random.Random(run.round_seeds[r])
         starts = ["A", "B"]
         drawn.shuffle(starts)
-        assert run.starts[r] == starts  # the pools start in the recorded seed's order
-        replayed = [(e, i) for e in starts for i in (0, 1)]
-        drawn.shuffle(replayed)
-        assert run.visits[r] == replayed  # and are visited in its next shuffle
-    assert len({tuple(v) for v in run.visits}) > 1  # shuffled anew each round (4! orders: equal by chance 1 in 576)
+        assert run.starts[r] == starts  # the entries go in the recorded seed's order
+        replayed = []
+        for entry in starts:  # each visited on its shapes in the seed's next shuffles
+            shapes = [0, 1]
+            drawn.shuffle(shapes)
+            replayed += [(entry, i) for i in shapes]
+        assert run.visits[r] == replayed
+    assert len({tuple(v) for v in run.visits}) > 1  # shuffled anew each round
     pids = [pid for per_round in run.processes for per_entry in per_round.values() for pid in per_entry]
     assert len(pids) == len(set(pids)) == 3 * 2 * 2  # fresh processes: 3 rounds x 2 entries x 2 ranks
     for key in (("A", 0), ("A", 1), ("B", 0), ("B", 1)):
@@ -136,64 +139,16 @@ def test_the_owners_copies_come_from_a_gpu_no_rank_uses_else_the_next_ranks():
     assert judge.copiers([0, 1, 2, 3], 4, None, lambda copier, gpu: (copier, gpu) != (3, 2)) == [1, 2, None, 0]
 
 
-HOG = '''
+# A hostile entry that leaves work behind after every call: a child burning a core, a daemon of its own session
+# (double fork), a thread inside a long system call (madvise(MADV_POPULATE_READ) over untouched memory, which only a
+# fatal signal ends: SIGSTOP never held it, red team 14), timers armed on many timerfds to fire later (red team 20's
+# storm, charged to whoever runs when they fire), and a flood of empty lines on its stdout (red team 13: relayed
+# by the owner's threads during the next entry's visit).
+LEFT_BEHIND = r"""
+import ctypes as _ctypes
+import os as _os
 import subprocess as _subprocess
 import sys as _sys
-
-_HOG = _subprocess.Popen([_sys.executable, "-c", "while True: pass"])  # burns a core while other entries are timed
-
-
-def custom_kernel(data):
-    return _v1_kernel(data)
-'''
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="pools run in their own PID namespace only when started as root")
-def test_a_pool_waiting_its_turn_runs_nothing_while_another_is_timed(tmp_path, monkeypatch):
-    """An entry whose child burns the CPU (hostile entries ranked themselves first at world size 2 by slowing the
-    others this way): while another entry is visited, every process of its pool, the child too, is stopped or
-    frozen. (A rank can no longer make a nested PID namespace: test_boundary holds the pause of one.)"""
-    from tests.conftest import v1_kernel_source
-
-    hog = tmp_path / "hog.py"
-    hog.write_text(v1_kernel_source() + HOG)
-    plan = make_plan(["v1", str(hog)], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
-    entries = [clock.Entry("v1", "version", str(plan.versions[0])), clock.Entry("hog", "version", str(plan.versions[1]))]
-    states: dict = {}
-    ours: set = set()  # this run's pools' uids (other commands' ranks may run beside)
-    visit, start = clock.Clock._visit, clock.Clock._start
-
-    def started(self, entry, env):
-        live = start(self, entry, env)
-        ours.add(live.pool.guards.uid)
-        return live
-
-    def watched(self, live, index, round_index, bank):
-        for pid in filter(str.isdigit, os.listdir("/proc")):  # every other pool's processes, as the visit starts
-            try:
-                status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
-            except (OSError, ValueError):
-                continue
-            uid = int(status["Uid"].split()[0])
-            if uid != live.pool.guards.uid and uid in ours:
-                states.setdefault(live.entry.name, []).append(status["State"][0])
-        return visit(self, live, index, round_index, bank)
-
-    monkeypatch.setattr(clock.Clock, "_visit", watched)
-    monkeypatch.setattr(clock.Clock, "_start", started)
-    settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
-    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
-    assert run.rounds == 1 and not run.failed, run.failed
-    assert len(states.get("v1", [])) >= 2 * 3, states  # the hog's two ranks and their children, seen in v1's visits
-    # stopped (T), or frozen, which /proc shows as D, where the pools have a freezer group
-    held = "D" if "paused by a freezer cgroup" in run.guards else "T"
-    assert set(states["v1"]) == {held} and set(states["hog"]) == {held}, (run.guards, states)
-
-
-# A thread that is always inside one long system call (madvise(MADV_POPULATE_READ) over 8 GiB of untouched memory,
-# ~1.5 s in the kernel, where only a fatal signal interrupts it): a SIGSTOP never takes hold of it (red team 14).
-KERNEL_BURNER = '''
-import ctypes as _ctypes
 import threading as _threading
 
 _libc = _ctypes.CDLL(None, use_errno=True)
@@ -201,11 +156,15 @@ _libc.mmap.restype = _ctypes.c_void_p
 _libc.mmap.argtypes = [_ctypes.c_void_p, _ctypes.c_size_t, _ctypes.c_int, _ctypes.c_int, _ctypes.c_int, _ctypes.c_long]
 _libc.madvise.argtypes = [_ctypes.c_void_p, _ctypes.c_size_t, _ctypes.c_int]
 _libc.munmap.argtypes = [_ctypes.c_void_p, _ctypes.c_size_t]
-_SIZE = 8 << 30
+_SIZE = 1 << 30
 _started = []
 
 
-def _burn():
+class _Spec(_ctypes.Structure):
+    _fields_ = [("i_s", _ctypes.c_long), ("i_ns", _ctypes.c_long), ("v_s", _ctypes.c_long), ("v_ns", _ctypes.c_long)]
+
+
+def _burn_in_the_kernel():
     while True:
         address = _libc.mmap(None, _SIZE, 3, 0x22 | 0x4000, -1, 0)  # private, anonymous, no reserve
         _libc.madvise(address, _SIZE, 15)  # MADV_NOHUGEPAGE
@@ -213,140 +172,38 @@ def _burn():
         _libc.munmap(address, _SIZE)
 
 
-def custom_kernel(data):
-    if not _started:
-        _started.append(_threading.Thread(target=_burn, daemon=True))
-        _started[0].start()
-    return _v1_kernel(data)
-'''
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="pools run in their own PID namespace only when started as root")
-def test_an_entry_whose_stopped_pool_runs_on_in_the_kernel_fails(tmp_path):
-    """An entry with a thread that stays inside a long system call, which SIGSTOP does not stop, so that it runs on
-    while another entry is timed: it fails, saying how much CPU its stopped pool used, and v1 keeps its figure."""
-    from tests.conftest import v1_kernel_source
-
-    burner = tmp_path / "burner.py"
-    burner.write_text(v1_kernel_source() + KERNEL_BURNER)
-    plan = make_plan(["v1", str(burner)], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
-    entries = [clock.Entry("v1", "version", str(plan.versions[0])),
-               clock.Entry("burner", "version", str(plan.versions[1]))]
-    settings = clock.Settings(steps=4, warmup=1, min_rounds=2, max_rounds=2, time_cap_s=math.inf, targets=(),
-                              order=("burner", "v1"))
-    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
-    assert "of CPU while its pool was stopped, during v1's timed steps" in run.failed.get("burner", ""), run.failed
-    assert "v1" not in run.failed and any(name == "v1" for name, _ in run.samples), (run.failed, run.samples)
-
-
-# A process that resumes itself: a SIGCONT handler and a POSIX timer sending it SIGCONT every millisecond, so that
-# the clock's SIGSTOP holds it for a millisecond at most; it burns the CPU while its rank is stopped (another entry is
-# timed) and after 8 ms of CPU forks its successor and exits, its time then the init's, which reaped it (red team 15).
-SELF_RESUMING = r'''
-import ctypes, os, signal, sys, time
-rank = int(sys.argv[1])
-if os.fork():
-    os._exit(0)
-libc = ctypes.CDLL(None, use_errno=True)
-class SigEvent(ctypes.Structure):
-    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int), ("pad", ctypes.c_int * 12)]
-class Spec(ctypes.Structure):
-    _fields_ = [("i_s", ctypes.c_long), ("i_ns", ctypes.c_long), ("v_s", ctypes.c_long), ("v_ns", ctypes.c_long)]
-def arm():
-    timer = ctypes.c_void_p()
-    libc.timer_create(1, ctypes.byref(SigEvent(None, signal.SIGCONT, 0)), ctypes.byref(timer))
-    libc.timer_settime(timer, 0, ctypes.byref(Spec(0, 1000000, 0, 1000000)), None)
-def stopped():
-    try:
-        with open(f"/proc/{rank}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] in "Tt"
-    except OSError:
-        os._exit(0)
-signal.signal(signal.SIGCONT, lambda *_: None)
-arm()
-while True:
-    if not stopped():
-        time.sleep(0.002)
-        continue
-    while time.process_time() < 0.008 and stopped():
-        pass
-    if time.process_time() >= 0.008:
-        if os.fork():
-            os._exit(0)
-        arm()
-'''
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="pools run in their own PID namespace only when started as root")
-@pytest.mark.parametrize("pause", ["SIGSTOP", "freezer"])
-def test_an_entry_whose_stopped_pool_resumes_itself_is_held_or_fails(tmp_path, monkeypatch, pause):
-    """An entry whose processes resume themselves within a millisecond of each SIGSTOP and burn the CPU while
-    another entry is timed, in a chain of processes that each exit after 8 ms (red team 15: 226-388 ms a round, never
-    seen, the entry ranked first by center). Paused by SIGSTOP alone, it fails, its reaped processes' time counted;
-    paused by a freezer group as well, it runs nothing while another entry is timed, and both entries are timed."""
-    import boundary
-    from tests.conftest import v1_kernel_source
-
-    if pause == "SIGSTOP":
-        monkeypatch.setenv(boundary.FREEZER_ENV, "0")
-    elif boundary._freezer_controller() is None:
-        pytest.skip("this kernel gives no freezer cgroup")
-
-    hostile = tmp_path / "resuming.py"
-    hostile.write_text(v1_kernel_source() + f'''
-import os as _os, subprocess as _subprocess, sys as _sys
-_started = []
+def _arm_timers(count=200):
+    for k in range(count):  # CLOCK_MONOTONIC, each to fire 20-220 ms from now, then every ms
+        fd = _libc.timerfd_create(1, 0)
+        if fd >= 0:
+            _libc.timerfd_settime(fd, 0, _ctypes.byref(_Spec(0, 1000000, 0, 20000000 + k * 1000000)), None)
 
 
 def custom_kernel(data):
     if not _started:
-        for _ in range(2):
-            _subprocess.Popen([_sys.executable, "-c", {SELF_RESUMING!r}, str(_os.getpid())]).wait()
-        _started.append(True)
-    return _v1_kernel(data)
-''')
-    plan = make_plan(["v1", str(hostile)], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
-    entries = [clock.Entry("v1", "version", str(plan.versions[0])),
-               clock.Entry("resuming", "version", str(plan.versions[1]))]
-    settings = clock.Settings(steps=8, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
-    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
-    assert ("paused by a freezer cgroup" in run.guards) == (pause == "freezer"), run.guards
-    if pause == "SIGSTOP":
-        assert "of CPU while its pool was stopped" in run.failed.get("resuming", ""), run.failed
-    else:
-        assert not run.failed and {name for name, _ in run.samples} == {"v1", "resuming"}, run.failed
-
-
-# Empty lines on its stdout at every call, as many as its pipe (made 1 MiB) takes, which the owner's relay takes
-# seconds to write out (red team 13: relayed while the next entry was timed, that entry read 2.6x slower).
-FLOOD = """
-
-import fcntl
-import os
-
-
-def custom_kernel(data):
+        _started.append(_subprocess.Popen([_sys.executable, "-c", "while True: pass"]))
+        _subprocess.Popen([_sys.executable, "-c", "import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+                           "    while True: time.sleep(0.01)\n"]).wait()
+        _threading.Thread(target=_burn_in_the_kernel, daemon=True).start()
+    _arm_timers()
     try:
+        import fcntl
         fcntl.fcntl(1, 1031, 1 << 20)  # F_SETPIPE_SZ
-        os.set_blocking(1, False)
+        _os.set_blocking(1, False)
         for _ in range(16):
-            os.write(1, b"\\n" * (1 << 16))
+            _os.write(1, b"\n" * (1 << 16))
     except OSError:  # the pipe is full
         pass
     return _v1_kernel(data)
 """
 
 
-def _seed_visiting_first(entry: int, entries: int, cases: int) -> int:
-    """A clock seed whose first round visits entry `entry` first (clock.Clock._round's shuffles: the pools' start
-    order, then the visits, listed in that order)."""
+def _seed_starting_first(entry: int, entries: int) -> int:
+    """A clock seed whose first round takes entry `entry` first (clock.Clock._round's first shuffle)."""
     for seed in range(1000):
-        drawn = random.Random(random.Random(seed).randrange(2 ** 32))
         starts = list(range(entries))
-        drawn.shuffle(starts)
-        visits = [(e, i) for e in starts for i in range(cases)]
-        drawn.shuffle(visits)
-        if visits[0][0] == entry:
+        random.Random(random.Random(seed).randrange(2 ** 32)).shuffle(starts)
+        if starts[0] == entry:
             return seed
     raise AssertionError("no seed found")
 
@@ -366,45 +223,89 @@ class _Written:
         pass
 
 
-def test_a_paused_pools_text_is_not_read_while_another_is_timed(tmp_path, monkeypatch):
-    """An entry that floods its stdout with empty lines, visited right before v1: while v1 is visited, the flooding
-    pool's relays (threads of the clock's own process) neither read its pipes nor write a line."""
+@pytest.mark.skipif(os.geteuid() != 0, reason="pools run in their own PID namespace only when started as root")
+def test_no_process_or_relay_of_another_entry_exists_while_an_entry_is_timed(tmp_path, monkeypatch):
+    """An entry that leaves work behind after every call (LEFT_BEHIND: children, a daemon, a thread in a long system
+    call, armed timers, a flood of lines), timed right before v1: in every one of v1's visits no process of the
+    hostile entry's pool exists (none with its uid, none of its pids), its memory group is gone and no thread of the
+    owner relays its text. Both entries are timed."""
+    import boundary
     from tests.conftest import v1_kernel_source
 
-    flood = tmp_path / "flood.py"
-    flood.write_text(v1_kernel_source() + FLOOD)
-    plan = make_plan(["v1", str(flood)], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    hostile = tmp_path / "left_behind.py"
+    hostile.write_text(v1_kernel_source() + LEFT_BEHIND)
+    plan = make_plan(["v1", str(hostile)], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
     entries = [clock.Entry("v1", "version", str(plan.versions[0])),
-               clock.Entry("flood", "version", str(plan.versions[1]))]
+               clock.Entry("left", "version", str(plan.versions[1]))]
     written = _Written()
     monkeypatch.setattr(sys, "stdout", written)  # where the pools' relays write the ranks' stdout
-    lives: dict = {}
-    in_v1s_visits: list = []
-    flood_relayed: list = []
+    pools: dict = {}  # entry -> (its uid, its relays, the pids seen in it)
+    seen: list = []  # per v1 visit: the hostile pool's processes, groups and relays still there
     visit, start = clock.Clock._visit, clock.Clock._start
 
-    def started(self, entry, env):
-        lives[entry.name] = start(self, entry, env)
-        return lives[entry.name]
+    def in_pool(uid: int) -> set:
+        found = set()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+            except (OSError, ValueError):
+                continue
+            if int(status["Uid"].split()[0]) == uid:
+                found.add(int(pid))
+        return found
 
-    def relayed() -> int:
-        """Bytes the flooding pool's relays have read and characters they have written so far."""
-        texts = [text for pair in lives["flood"].pool.texts.values() for text in pair]
-        return sum(text.taken + text.dropped + written.by_thread.get(text._thread.ident, 0) for text in texts)
+    def started(self, entry, env):
+        live = start(self, entry, env)
+        pools[entry.name] = (live.pool.guards.uid, [t for pair in live.pool.texts.values() for t in pair], set())
+        return live
 
     def watched(self, live, index, round_index, bank):
-        before = relayed()
+        if live.entry.name == "left":
+            pools["left"][2].update(in_pool(pools["left"][0]))
+        elif "left" in pools:
+            uid, texts, pids = pools["left"]
+            alive = {pid for pid in pids if not boundary.has_ended(pid)}
+            group = boundary.memory_group(uid)
+            seen.append((in_pool(uid) | alive, group is not None and group.exists(),
+                         [t for t in texts if t._thread.is_alive()]))
         visit(self, live, index, round_index, bank)
-        if live.entry.name == "v1":
-            in_v1s_visits.append(relayed() - before)
-        flood_relayed.append(relayed())
+        if live.entry.name == "left":
+            pools["left"][2].update(in_pool(pools["left"][0]))
 
     monkeypatch.setattr(clock.Clock, "_visit", watched)
     monkeypatch.setattr(clock.Clock, "_start", started)
     settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=(),
-                              seed=_seed_visiting_first(1, 2, 2))
+                              seed=_seed_starting_first(1, 2))
     run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
     assert run.rounds == 1 and not run.failed, run.failed
-    assert run.visits[0][0][0] == "flood", run.visits
-    assert max(flood_relayed) > 1 << 18, flood_relayed  # it flooded
-    assert in_v1s_visits == [0, 0], in_v1s_visits
+    assert run.starts == [["left", "v1"]] and {name for name, _ in run.samples} == {"v1", "left"}, run.starts
+    assert len(pools["left"][2]) >= 2 * 3, pools["left"][2]  # the ranks, their hogs and their daemons
+    assert sum(written.by_thread.values()) > 1 << 18  # it flooded
+    assert len(seen) == 2 and all(seen_now == (set(), False, []) for seen_now in seen), seen
+
+
+def test_an_entry_whose_pool_does_not_end_fails_and_says_so(tmp_path, monkeypatch):
+    """A pool whose end leaves something of it behind (RankPool.shutdown says so) fails its entry, named, before the
+    next entry's pool is born; the other entry keeps its figure."""
+    from eval import RankPool
+
+    plan = make_plan(["v1", "v1"], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    entries = [clock.Entry("A", "version", str(plan.versions[0])), clock.Entry("B", "version", str(plan.versions[1]))]
+    shutdown, start = RankPool.shutdown, clock.Clock._start
+    lingering: list = []
+
+    def started(self, entry, env):
+        live = start(self, entry, env)
+        if entry.name == "A":
+            lingering.append(live.pool)
+        return live
+
+    def shut(self, clean_files=True):
+        return shutdown(self, clean_files) and self not in lingering
+
+    monkeypatch.setattr(RankPool, "shutdown", shut)
+    monkeypatch.setattr(clock.Clock, "_start", started)
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
+    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    assert "something of its pool outlived its end" in run.failed.get("A", ""), run.failed
+    assert "B" not in run.failed and {name for (name, _), rounds in run.samples.items() if rounds} == {"B"}, run.samples

@@ -346,36 +346,6 @@ def test_close_returns_while_a_process_left_behind_keeps_the_pipe_open():
     assert stream.getvalue().startswith("[rank0] still here\n")
 
 
-def test_a_held_reader_reads_nothing_until_released():
-    """A paused pool's text (red team 13: the clock's process relayed a stopped pool's 1 MiB of empty lines, one write
-    each, inside the next entry's timed steps): once hold() returns, nothing is read from the pipe, and the lines
-    already read are written; release() reads the rest."""
-    read_fd, write_fd = os.pipe()
-    stream = io.StringIO()
-    reader = wire.RankText(read_fd, stream, "[rank1] ")
-    os.write(write_fd, b"before\n" * 1000)
-    time.sleep(3 * wire.POLL_S)
-    started = time.monotonic()
-    reader.hold()
-    assert time.monotonic() - started < 1.0
-    shown, taken = stream.getvalue(), reader.taken
-    os.write(write_fd, b"while held\n")
-    time.sleep(3 * wire.POLL_S)
-    assert (stream.getvalue(), reader.taken) == (shown, taken) and shown.count("\n") == 1000
-    reader.release()
-    os.close(write_fd)
-    assert reader.close()
-    assert stream.getvalue().endswith("[rank1] before\n[rank1] while held\n")
-
-
-def test_a_held_reader_still_closes():
-    read_fd, write_fd = os.pipe()
-    reader = wire.RankText(read_fd, io.StringIO(), "[rank1] ")
-    reader.hold()
-    os.close(write_fd)
-    assert reader.close(wait_s=1.0)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Where a rank's words reach a file or a person
 # --------------------------------------------------------------------------------------------------------------
