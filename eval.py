@@ -1281,6 +1281,15 @@ class RankPool:
         own = (self.zygote.process.pid,) if zygote and self.zygote is not None and not self.zygote.ended else ()
         return tuple(worker[0].pid for worker in self.workers if worker is not None) + own
 
+    def wait_born(self, timeout_s: float) -> bool:
+        """Waits until every worker is born (a zygote's forks, which wait for its imports); whether they all were."""
+        deadline = time.monotonic() + timeout_s
+        while self.zygote is not None and self.zygote.unborn and not self.zygote.ended:
+            if time.monotonic() > deadline:
+                return False
+            self.zygote.hear(0.05)
+        return True
+
     def _close_texts(self, process) -> None:
         for text in self.texts.pop(process, ()):
             text.close(wait_s=1.0)

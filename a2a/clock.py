@@ -249,21 +249,31 @@ class Clock:
                   for rank in range(self.plan.world_size)] for k in sets] for i, args in enumerate(self.plan.case_args)]
 
     # One entry's pool: born, ready, visited, ended.
-    def _start(self, entry: Entry, env: dict) -> _Live:
+    def _born(self, entry: Entry, env: dict) -> _Live:
+        """An entry's pool, its workers being born: the harness's code only (nothing of the entry runs before
+        _begin)."""
         pool = None
         try:
             pool = core.RankPool(self.plan.world_size, self.plan.backend, rank_prefix=True, env=env,
                                  bundle=self.bundles.get(entry.name), rerun_main=False)
             self.guards = f"{pool.guards.describe()}; {core.transport_text(pool, self.plan.world_size)}"
             self.uid = pool.guards.uid
-            test = core.TestCase(args={"world_size": self.plan.world_size}, spec=f"{entry.name} (clock round)")
-            steps = core.CaseSteps(pool, test, list(self.plan.case_args), SETUP_TIMEOUT_S, fn=session_rank,
-                                   fn_args=(entry,))
-            return _Live(entry, pool, steps)
+            return _Live(entry, pool, None)
         except Exception as exc:  # a pool that cannot start fails its entry, not the run
             if pool is not None:
                 pool.kill()
             return _Live(entry, None, None, f"{type(exc).__name__}: {exc}")
+
+    def _begin(self, live: _Live) -> None:
+        """The entry's session started in its pool: its ranks import the submission from here on."""
+        if live.failure:
+            return
+        try:
+            test = core.TestCase(args={"world_size": self.plan.world_size}, spec=f"{live.entry.name} (clock round)")
+            live.steps = core.CaseSteps(live.pool, test, list(self.plan.case_args), SETUP_TIMEOUT_S, fn=session_rank,
+                                        fn_args=(live.entry,))
+        except Exception as exc:
+            live.failure = f"{type(exc).__name__}: {exc}"
 
     def _step(self, live: _Live, kind: int, index: int, inputs: list):
         """One step of `live` on case `index`; None when the entry failed (live.failure says why)."""
@@ -358,43 +368,59 @@ class Clock:
         later = drawing.submit(self._bank, round_index, range(1, 1 + self.settings.warmup + 2 * self.settings.steps))
         drawing.shutdown(wait=False)
         phases["inputs"] += time.monotonic() - mark
-        # NOTES: one entry's pool exists at a time: born, readied, visited on every shape, ended (its namespace
-        # gone, every process in it reaped) before the next is born. Nothing an entry leaves running, in a process or
-        # in the kernel on a process's behalf (timers and wake-ups armed before a pause: red team 20), can then reach
-        # another entry's visits, and no two entries can talk. The entries go in an order drawn per round, as their
+        # NOTES: one entry's code runs at a time: its pool is readied, visited on every shape and ended (its
+        # namespace gone, every process in it reaped) before the next entry's ranks import anything of theirs.
+        # Nothing an entry leaves running, in a process or in the kernel on a process's behalf (timers and wake-ups
+        # armed before a pause: red team 20), can then reach another entry's visits, and no two entries can talk. The entries go in an order drawn per round, as their
         # visits' shapes do, so that the entry listed first is not first in every round (the order test found v7
         # 2-3% apart between its listings in two sessions: WORKLOG, seventeenth session).
         active = list(active)
         order.shuffle(active)
         self.starts.append([entry.name for entry in active])
-        for entry in active:
-            mark = time.monotonic()
-            live = self._start(entry, env)
-            phases["start"] += time.monotonic() - mark
-            mark = time.monotonic()
-            ready = not live.failure and self._ready(live, bank)
-            phases.setdefault("ready_s", {})[entry.name] = round(time.monotonic() - mark, 2)
-            phases["ready"] += time.monotonic() - mark
-            if later is not None:
+        mark = time.monotonic()
+        born = self._born(active[0], env)
+        phases["start"] += time.monotonic() - mark
+        try:
+            for position, entry in enumerate(active):
+                live, born = born, None
+                self._begin(live)
+                # NOTES: the next entry's pool is born while this one readies (its zygote imports torch: the
+                # harness's code, nothing of its entry's), and waited for before this entry's visits, which it sits
+                # through idle: a round pays one pool start, not one per entry (75 s rounds of 13 entries at world size
+                # 1 on an H200 without this, eighteenth session).
                 mark = time.monotonic()
-                for case, more in zip(bank, later.result()):
-                    case += more
-                later = None
-                phases["inputs"] += time.monotonic() - mark
-            if ready:
+                if position + 1 < len(active):
+                    born = self._born(active[position + 1], env)
+                phases["start"] += time.monotonic() - mark
                 mark = time.monotonic()
-                shapes = list(range(len(self.plan.case_args)))
-                order.shuffle(shapes)
-                self.processes[-1][entry.name] = _pids(live)
-                for index in shapes:
-                    if live.failure:
-                        break
-                    self.visits[-1].append((entry.name, index))
-                    self._visit(live, index, round_index, bank)
-                phases["visits"] += time.monotonic() - mark
-            mark = time.monotonic()
-            self._end(live, round_index)
-            phases["end"] += time.monotonic() - mark
+                ready = not live.failure and self._ready(live, bank)
+                phases.setdefault("ready_s", {})[entry.name] = round(time.monotonic() - mark, 2)
+                if born is not None and born.pool is not None and not born.pool.wait_born(SETUP_TIMEOUT_S):
+                    born.failure = "its pool's workers were not born within the setup's time"
+                phases["ready"] += time.monotonic() - mark
+                if later is not None:
+                    mark = time.monotonic()
+                    for case, more in zip(bank, later.result()):
+                        case += more
+                    later = None
+                    phases["inputs"] += time.monotonic() - mark
+                if ready:
+                    mark = time.monotonic()
+                    shapes = list(range(len(self.plan.case_args)))
+                    order.shuffle(shapes)
+                    self.processes[-1][entry.name] = _pids(live)
+                    for index in shapes:
+                        if live.failure:
+                            break
+                        self.visits[-1].append((entry.name, index))
+                        self._visit(live, index, round_index, bank)
+                    phases["visits"] += time.monotonic() - mark
+                mark = time.monotonic()
+                self._end(live, round_index)
+                phases["end"] += time.monotonic() - mark
+        finally:
+            if born is not None and born.pool is not None:  # a round cut short leaves no pool behind
+                born.pool.kill()
         if later is not None:  # no entry was ready: the draw still ends with the round
             later.result()
         return phases

@@ -241,7 +241,7 @@ def test_no_process_or_relay_of_another_entry_exists_while_an_entry_is_timed(tmp
     monkeypatch.setattr(sys, "stdout", written)  # where the pools' relays write the ranks' stdout
     pools: dict = {}  # entry -> (its uid, its relays, the pids seen in it)
     seen: list = []  # per v1 visit: the hostile pool's processes, groups and relays still there
-    visit, start = clock.Clock._visit, clock.Clock._start
+    visit, start = clock.Clock._visit, clock.Clock._born
 
     def in_pool(uid: int) -> set:
         found = set()
@@ -273,7 +273,7 @@ def test_no_process_or_relay_of_another_entry_exists_while_an_entry_is_timed(tmp
             pools["left"][2].update(in_pool(pools["left"][0]))
 
     monkeypatch.setattr(clock.Clock, "_visit", watched)
-    monkeypatch.setattr(clock.Clock, "_start", started)
+    monkeypatch.setattr(clock.Clock, "_born", started)
     settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=(),
                               seed=_seed_starting_first(1, 2))
     run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
@@ -291,7 +291,7 @@ def test_an_entry_whose_pool_does_not_end_fails_and_says_so(tmp_path, monkeypatc
 
     plan = make_plan(["v1", "v1"], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
     entries = [clock.Entry("A", "version", str(plan.versions[0])), clock.Entry("B", "version", str(plan.versions[1]))]
-    shutdown, start = RankPool.shutdown, clock.Clock._start
+    shutdown, start = RankPool.shutdown, clock.Clock._born
     lingering: list = []
 
     def started(self, entry, env):
@@ -304,8 +304,45 @@ def test_an_entry_whose_pool_does_not_end_fails_and_says_so(tmp_path, monkeypatc
         return shutdown(self, clean_files) and self not in lingering
 
     monkeypatch.setattr(RankPool, "shutdown", shut)
-    monkeypatch.setattr(clock.Clock, "_start", started)
+    monkeypatch.setattr(clock.Clock, "_born", started)
     settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
     run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
     assert "something of its pool outlived its end" in run.failed.get("A", ""), run.failed
     assert "B" not in run.failed and {name for (name, _), rounds in run.samples.items() if rounds} == {"B"}, run.samples
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="pools run in their own PID namespace only when started as root")
+def test_the_next_entrys_pool_is_born_before_a_visit_and_runs_none_of_its_code(tmp_path, monkeypatch):
+    """The next entry's pool is born while an entry readies, so that a round pays one pool start: in every visit of
+    the first entry the second's pool is there, its workers born, and its submission (which marks its import) not
+    yet imported; after the round, it was."""
+    from tests.conftest import v1_kernel_source
+
+    mark = tmp_path / "imported"
+    marking = tmp_path / "marking.py"
+    marking.write_text(v1_kernel_source("custom_kernel") + f"\nopen({str(mark)!r}, 'a').write('imported\\n')\n")
+    plan = make_plan(["v1", str(marking)], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    entries = [clock.Entry("v1", "version", str(plan.versions[0])),
+               clock.Entry("marking", "version", str(plan.versions[1]))]
+    lives: dict = {}
+    seen: list = []
+    visit, born = clock.Clock._visit, clock.Clock._born
+
+    def bear(self, entry, env):
+        lives[entry.name] = born(self, entry, env)
+        return lives[entry.name]
+
+    def watched(self, live, index, round_index, bank):
+        if live.entry.name == "v1":
+            pool = lives["marking"].pool
+            seen.append((mark.exists(), len(pool.zygote.unborn), len(pool.zygote.children)))
+        visit(self, live, index, round_index, bank)
+
+    monkeypatch.setattr(clock.Clock, "_visit", watched)
+    monkeypatch.setattr(clock.Clock, "_born", bear)
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=(),
+                              seed=_seed_starting_first(0, 2))
+    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    assert run.rounds == 1 and not run.failed and run.starts == [["v1", "marking"]], (run.failed, run.starts)
+    assert seen == [(False, 0, 2)] * 2, seen
+    assert mark.read_text() == "imported\n" * 2  # its two ranks, in its own turn
