@@ -346,3 +346,26 @@ def test_the_next_entrys_pool_is_born_before_a_visit_and_runs_none_of_its_code(t
     assert run.rounds == 1 and not run.failed and run.starts == [["v1", "marking"]], (run.failed, run.starts)
     assert seen == [(False, 0, 2)] * 2, seen
     assert mark.read_text() == "imported\n" * 2  # its two ranks, in its own turn
+
+
+def test_the_owners_garbage_collector_is_off_in_every_visit_and_on_after(tmp_path, monkeypatch):
+    """A collection inside a timed step would be the owner's own pause in the ranking figure: the owner collects
+    before each visit and leaves the collector off through its steps (the ready steps before keep it on)."""
+    import gc
+
+    plan = make_plan(["v1"], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    entries = [clock.Entry("v1", "version", str(plan.versions[0]))]
+    enabled: list = []
+    step = clock.Clock._step
+
+    def watched(self, live, kind, index, inputs):
+        enabled.append(gc.isenabled())
+        return step(self, live, kind, index, inputs)
+
+    monkeypatch.setattr(clock.Clock, "_step", watched)
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
+    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    assert run.rounds == 1 and not run.failed, run.failed
+    shapes = len(plan.case_args)  # one ready step each, then per visit 1 warm-up and 2 + 2 timed steps
+    assert enabled == [True] * shapes + [False] * (shapes * 5), enabled
+    assert gc.isenabled()
