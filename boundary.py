@@ -784,6 +784,11 @@ class Sandbox:
     def rank_setup(self) -> RankSandbox:
         return self.setup
 
+    def namespace_fds(self) -> dict:
+        """{CLONE_NEW*: a descriptor of the ranks' namespace of that kind} (empty without one): what a process born
+        elsewhere enters to be born as `spawning` would have it."""
+        return {kind: pair[0] for kind, pair in self._namespaces.items()}
+
     def rendezvous_folder(self) -> str:
         """A folder the pool's ranks write and no other pool's can, for their rendezvous files: in the run folder
         with a uid of their own, else a temporary folder removed with the pool (made on first use)."""

@@ -61,7 +61,7 @@ from boundary import (POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox, become_s
                       memory_cap_hit, owned_tempdir, pool_memory_bytes, prepare_rank_cache,
                       release_uid)
 import births  # noqa: E402
-from births import (Forked, PhaseSlot, Zygote, close_all_but, rank_birth, send_fds)  # noqa: E402
+from births import (Forked, Nursery, PhaseSlot, Zygote, close_all_but, rank_birth, send_fds)  # noqa: E402
 import judge  # noqa: E402
 from judge import HOLD_MAX_CYCLES, HOLD_START_CYCLES, cantor_combine  # noqa: E402
 import wire  # noqa: E402
@@ -73,9 +73,9 @@ __all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything
     "EXIT_CRASH", "EXTRA_STAT_FIELDS", "EXTRA_STATS", "get_test_cases", "HERE", "import_submission",
     "install_signal_handlers", "kill_tree", "LEADERBOARD_SEED_STEP", "LOG_DIR_ENV", "machine_gpus", "MODES",
     "MPS_DEFAULT_PIPE_DIRECTORY", "nccl_version_tuple", "OFFICIAL_TIMEOUT_S", "own_device", "owned_tempdir",
-    "prepare_rank_cache", "rank_device", "rank_failures", "RankPool", "release_uid", "RUN_OWNER", "run_steps",
-    "SEED_MAX", "SPEC_KEYS", "spec_line", "Terminated", "TestCase", "transport_text", "UserError", "validate_cases",
-    "version_text",
+    "prepare_rank_cache", "rank_birth", "rank_device", "rank_failures", "RankPool", "release_uid", "RUN_OWNER",
+    "run_steps", "SEED_MAX", "SPEC_KEYS", "spec_line", "start_nursery", "Terminated", "TestCase", "transport_text",
+    "UserError", "validate_cases", "version_text",
     # what a2a/bench.py, the tools' measuring loop, builds on
     "barrier", "Bound", "clear_l2", "Hold", "on_gpu", "synchronize", "timing_events",
 ]
@@ -1176,6 +1176,20 @@ def _main_not_rerun(skip: bool):
         main.__file__ = path
 
 
+def start_nursery(env: dict) -> Nursery:
+    """The clock's nursery (births.Nursery): spawned outside every pool, with the pools' variables `env` on top of
+    this process's, without the owner's main script (no pool's job comes from it)."""
+    multiprocessing.resource_tracker.ensure_running()  # this process's helper, started before any pool's (RankPool)
+
+    def spawn(target: Callable, args: tuple):
+        process = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=True)
+        with environment_with(env), _main_not_rerun(True):
+            process.start()
+        return process
+
+    return Nursery(spawn)
+
+
 def check_environment() -> None:
     """The variables a run reads only once its pools start, checked before any work: a bad one is bad input."""
     try:
@@ -1211,10 +1225,11 @@ class RankPool:
 
     def __init__(self, size: int, backend: str, master_port: Optional[int] = None, rank_prefix: bool = False,
                  env: Optional[dict] = None, bundle: Optional[Path] = None, rerun_main: bool = True,
-                 build_key: Optional[str] = None, birth: Optional[str] = None):
+                 build_key: Optional[str] = None, birth: Optional[str] = None, nursery: Optional[Nursery] = None):
         self.context = multiprocessing.get_context("spawn")
         self.birth = birth or rank_birth()
         self.zygote: Optional[Zygote] = None
+        self.nursery = nursery
         self.rerun_main = rerun_main
         self.backend, self.rank_prefix, self.env = backend, rank_prefix, dict(env or {})
         self.bundle = str(bundle) if bundle else None
@@ -1259,7 +1274,9 @@ class RankPool:
         handed = [out_write, err_write, phase.fd]
         if self.birth == "zygote":
             if self.zygote is None or self.zygote.ended:
-                self.zygote = Zygote(self._spawn, _worker_loop)
+                born = (self.sandbox.rank_setup(), self.bundle, {**os.environ, **self.env},
+                        self.sandbox.namespace_fds())
+                self.zygote = Zygote(self._spawn, _worker_loop, self.nursery, born)
             process = self.zygote.fork([child_end.fileno(), *handed])
             child_end.close()
         else:

@@ -255,6 +255,7 @@ class Clock:
         self.visits: list = []
         self.starts: list = []
         self.processes: list = []
+        self.nursery = None
         self.devices = sorted({plan.placement.device_index(r) for r in range(plan.world_size)}) \
             if plan.backend == "nccl" else []
 
@@ -273,7 +274,7 @@ class Clock:
         pool = None
         try:
             pool = core.RankPool(self.plan.world_size, self.plan.backend, rank_prefix=True, env=env,
-                                 bundle=self.bundles.get(entry.name), rerun_main=False)
+                                 bundle=self.bundles.get(entry.name), rerun_main=False, nursery=self.nursery)
             self.guards = f"{pool.guards.describe()}; {core.transport_text(pool, self.plan.world_size)}"
             self.uid = pool.guards.uid
             return _Live(entry, pool, None)
@@ -394,9 +395,10 @@ class Clock:
         # NOTES: one entry's code runs at a time: its pool is readied, visited on every shape and ended (its
         # namespace gone, every process in it reaped) before the next entry's ranks import anything of theirs.
         # Nothing an entry leaves running, in a process or in the kernel on a process's behalf (timers and wake-ups
-        # armed before a pause: red team 20), can then reach another entry's visits, and no two entries can talk. The entries go in an order drawn per round, as their
-        # visits' shapes do, so that the entry listed first is not first in every round (the order test found v7
-        # 2-3% apart between its listings in two sessions: WORKLOG, seventeenth session).
+        # armed before a pause: red team 20), can then reach another entry's visits, and no two entries can talk.
+        # The entries go in an order drawn per round, as their visits' shapes do, so that the entry listed first is
+        # not first in every round (the order test found v7 2-3% apart between its listings in two sessions:
+        # WORKLOG, seventeenth session).
         active = list(active)
         order.shuffle(active)
         self.starts.append([entry.name for entry in active])
@@ -455,7 +457,7 @@ class Clock:
         round_s = 0.0
         rounds = 0
         timing_from = None
-        with sharing.shared_ranks(self.plan.placement) as env:
+        with sharing.shared_ranks(self.plan.placement) as env, self._nursing(env):
             for round_index in range(self.settings.max_rounds):
                 active = [by_name[n] for n in names if n not in self.stopped and n not in self.failed]
                 if not active:
@@ -493,6 +495,18 @@ class Clock:
         return Run(self.entries, self.plan.case_args, self.samples, self.stopped, self.failed, self.sync_inside,
                    self.round_seeds, self.seed, self.clocks, self.throttled, self.guards,
                    time.monotonic() - started, rounds, self.phases, self.visits, self.starts, self.processes)
+
+    @contextlib.contextmanager
+    def _nursing(self, env: dict):
+        """The run's nursery, where pools' ranks are forked from a zygote (births.Nursery): each pool's zygote is
+        forked from it with torch imported, so a birth takes a fork, not an import."""
+        self.nursery = core.start_nursery(env) if core.rank_birth() == "zygote" else None
+        try:
+            yield
+        finally:
+            if self.nursery is not None:
+                self.nursery.close()
+            self.nursery = None
 
     def _intervals(self, entry: Entry) -> dict:
         return entry_intervals(self.samples, entry.name, len(self.plan.case_args))

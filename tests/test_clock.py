@@ -369,3 +369,30 @@ def test_the_owners_garbage_collector_is_off_in_every_visit_and_on_after(tmp_pat
     shapes = len(plan.case_args)  # one ready step each, then per visit 1 warm-up and 2 + 2 timed steps
     assert enabled == [True] * shapes + [False] * (shapes * 5), enabled
     assert gc.isenabled()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="pools run in their own PID namespace only when started as root")
+def test_every_pools_zygote_is_forked_from_the_runs_nursery_which_ends_with_the_run(tmp_path, monkeypatch):
+    """A pool's zygote is forked from the run's nursery (torch imported once a run, not once a pool), born in its
+    pool's PID namespace, never in another's; the nursery ends with the run."""
+    import boundary
+
+    plan = make_plan(["v1", "v1"], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    entries = [clock.Entry("A", "version", str(plan.versions[0])), clock.Entry("B", "version", str(plan.versions[1]))]
+    seen: list = []
+    nurseries: list = []
+    visit = clock.Clock._visit
+
+    def watched(self, live, index, round_index, bank):
+        zygote, init = live.pool.zygote.process.pid, live.pool.sandbox.init_pid
+        nurseries.append(self.nursery.process)
+        seen.append((int(boundary.process_stat(zygote)[1]) == self.nursery.process.pid,
+                     os.readlink(f"/proc/{zygote}/ns/pid") == os.readlink(f"/proc/{init}/ns/pid")))
+        visit(self, live, index, round_index, bank)
+
+    monkeypatch.setattr(clock.Clock, "_visit", watched)
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=2, max_rounds=2, time_cap_s=math.inf, targets=())
+    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    assert run.rounds == 2 and not run.failed, run.failed
+    assert seen == [(True, True)] * 8, seen  # 2 rounds x 2 entries x 2 shapes
+    assert len({id(n) for n in nurseries}) == 1 and not nurseries[0].is_alive()
