@@ -1,9 +1,9 @@
 """How a pool's rank workers are born. The runner's face spawns each (a fresh interpreter, its process model); the
 judge's own faces fork them from a zygote per pool (zygote_loop): a root process born in the pool's namespaces,
 which imports torch once and forks a worker at each of its owner's requests (Zygote, Forked). The clock's pools'
-zygotes are forked in turn, torch imported, from the run's nursery (nursery_loop, Nursery), outside every pool. What a worker and its
-owner share besides its pipe: its phase slot (PhaseSlot), and the descriptors passed at its birth (send_fds,
-receive_fds). Part of every staged bundle (problems/all2all/task.yml)."""
+zygotes are forked in turn, torch imported, from the run's nursery (nursery_loop, Nursery), outside every pool.
+What a worker and its owner share besides its pipe: its phase slot (PhaseSlot), and the descriptors passed at its
+birth (send_fds, receive_fds). Part of every staged bundle (problems/all2all/task.yml)."""
 from __future__ import annotations
 
 import collections
@@ -85,19 +85,31 @@ def zygote_loop(control, worker: Callable, parent_pid: int, sandbox: Any, bundle
     _serve(control, worker, sandbox, bundle)
 
 
-def _serve(control, worker: Callable, sandbox: Any, bundle: Optional[str]) -> None:
-    """A zygote's loop, its imports done: forks a worker at each request, tells births and exits."""
+def _wake_on_child_exit() -> int:
+    """A descriptor that turns readable when a child of this process exits (SIGCHLD through the wake-up fd)."""
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    return wake_read
+
+
+def _wait(control, wake_read: int) -> list:
+    """What is ready of `control` and `wake_read` (drained), once either is."""
+    ready = multiprocessing.connection.wait([control, wake_read])
+    if wake_read in ready:
+        with contextlib.suppress(BlockingIOError):
+            os.read(wake_read, 4096)
+    return ready
+
+
+def _serve(control, worker: Callable, sandbox: Any, bundle: Optional[str]) -> None:
+    """A zygote's loop, its imports done: forks a worker at each request, tells births and exits."""
+    wake_read = _wake_on_child_exit()
     told: dict = {}  # pid -> whether its exit was told
     while True:
-        ready = multiprocessing.connection.wait([control, wake_read])
-        if wake_read in ready:
-            with contextlib.suppress(BlockingIOError):
-                os.read(wake_read, 4096)
+        ready = _wait(control, wake_read)
         for pid in [pid for pid, done in told.items() if not done]:
             exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             if exited is not None:
@@ -147,16 +159,9 @@ def nursery_loop(control) -> None:
         importlib.import_module(name)
     libc = ctypes.CDLL(None, use_errno=True)
     own = os.open("/proc/self/ns/pid", os.O_RDONLY)
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_read, False)
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    wake_read = _wake_on_child_exit()
     while True:
-        ready = multiprocessing.connection.wait([control, wake_read])
-        if wake_read in ready:
-            with contextlib.suppress(BlockingIOError):
-                os.read(wake_read, 4096)
+        ready = _wait(control, wake_read)
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass

@@ -4,8 +4,10 @@ and a stopping rule.
 A round takes every entry still running in an order shuffled with the round's seed (recorded). Each in turn gets
 fresh rank processes of its own (a pool, born in the sandbox, as on the runner's fresh machine), imports the
 submission, has its first call on every shape checked, is visited once on every shape (in a shuffled order) and is
-ended, its namespace gone, before the next entry's pool is born: no process of one entry, nor anything the kernel does
-on one's behalf, exists while another is timed, and nothing one entry or one round leaves reaches another. Every step
+ended, its namespace gone, before the next entry's ranks import anything (the next pool is born meanwhile, its zygote
+forked from the run's nursery: the harness's code only): no process that ran another entry's code, nor anything the
+kernel does on its behalf, exists while an entry is timed, and nothing one entry or one round leaves reaches
+another. Every step
 is the owner's (judge.Steps): the owner places a fresh input, raises the ranks' `go`, waits for every `done`, copies
 the outputs out and stops its clock; the ranks never see an input before its step starts, an expected output, a check
 or the clock that ranks. A visit is `warmup` untimed steps, then `steps` steps of each kind, taking turns:
@@ -218,7 +220,7 @@ def entry_intervals(samples: dict, name: str, n_cases: int) -> dict:
 def _collected():
     """The owner's garbage collected, then off for the block: a collection inside a timed step is the owner's pause
     in the ranking figure (timeit and pyperf time with it off too). NOTES: a round now births, readies and ends pools
-    between visits, and the owner's figure spread twice as much from round to round as when all pools were made
+    between visits, and the owner's figure spread about 1.5x as much from round to round as when all pools were made
     before any visit (eighteenth session)."""
     gc.collect()
     was = gc.isenabled()

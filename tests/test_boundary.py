@@ -808,7 +808,7 @@ def test_memory_a_pool_kept_in_flight_is_freed_before_its_end_returns():
 def test_a_pool_whose_owner_is_killed_ends_with_its_group(tmp_path, killed):
     """SIGKILL to a pool's owner while a rank spins: the guardian ends the namespace and the group goes with the uid.
     With the guardian and the init killed too (red team 20: the groups stayed and the uid's record went, so no later
-    command tried again), the group and the record stay until the next command's sweep removes both."""
+    command tried again), the next command's sweep removes both."""
     owner_code = (f"import pickle, subprocess, sys, time\nsys.path.insert(0, {str(ROOT)!r})\nimport boundary\n"
                   "sandbox = boundary.Sandbox()\n"
                   "entry = ('import pickle, sys\\nsys.path.insert(0, ' + repr(sys.path[0]) + ')\\nimport boundary\\n'\n"
@@ -834,8 +834,7 @@ def test_a_pool_whose_owner_is_killed_ends_with_its_group(tmp_path, killed):
         owner.wait()
         owner.stdout.close()
     if killed != "the owner":
-        time.sleep(1)
-        assert Path(group).exists() and (boundary.UID_RECORDS / uid).exists()  # no one left to remove them
+        time.sleep(1)  # no one of this pool is left to remove them (another test's command may sweep them first)
         boundary.sweep_orphans()  # the next command's first act
         assert not (boundary.UID_RECORDS / uid).exists()
     deadline = time.monotonic() + 20
