@@ -14,6 +14,7 @@ import mmap
 import multiprocessing
 import multiprocessing.connection
 import os
+import select
 import signal
 import socket
 import struct
@@ -247,8 +248,6 @@ class _Nursed:
         return self.exitcode is None
 
     def join(self, timeout: Optional[float] = None) -> None:
-        import select
-
         if self.exitcode is None and select.select([self.fd], [], [], timeout)[0]:
             self.exitcode = -1
             os.close(self.fd)

@@ -1298,13 +1298,13 @@ class RankPool:
         own = (self.zygote.process.pid,) if zygote and self.zygote is not None and not self.zygote.ended else ()
         return tuple(worker[0].pid for worker in self.workers if worker is not None) + own
 
-    def wait_born(self, timeout_s: float) -> bool:
-        """Waits until every worker is born (a zygote's forks, which wait for its imports); whether they all were."""
-        deadline = time.monotonic() + timeout_s
-        while self.zygote is not None and self.zygote.unborn and not self.zygote.ended:
-            if time.monotonic() > deadline:
-                return False
-            self.zygote.hear(0.05)
+    def wait_born(self) -> bool:
+        """Waits until every worker is born (asking a forked worker's pid waits for its birth, births.Forked);
+        whether they all were."""
+        try:
+            self._pids(zygote=False)
+        except RuntimeError:
+            return False
         return True
 
     def _close_texts(self, process) -> None:

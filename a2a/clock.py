@@ -411,10 +411,10 @@ class Clock:
             for position, entry in enumerate(active):
                 live, born = born, None
                 self._begin(live)
-                # NOTES: the next entry's pool is born while this one readies (its zygote imports torch: the
-                # harness's code, nothing of its entry's), and waited for before this entry's visits, which it sits
-                # through idle: a round pays one pool start, not one per entry (75 s rounds of 13 entries at world size
-                # 1 on an H200 without this, eighteenth session).
+                # NOTES: the next entry's pool is born while this one readies (its zygote forked from the run's
+                # nursery: the harness's code, nothing of its entry's), and waited for before this entry's visits,
+                # which it sits through idle (75 s rounds of 13 entries at world size 1 on an H200 when each pool was
+                # born in turn, eighteenth session).
                 mark = time.monotonic()
                 if position + 1 < len(active):
                     born = self._born(active[position + 1], env)
@@ -422,7 +422,7 @@ class Clock:
                 mark = time.monotonic()
                 ready = not live.failure and self._ready(live, bank)
                 phases.setdefault("ready_s", {})[entry.name] = round(time.monotonic() - mark, 2)
-                if born is not None and born.pool is not None and not born.pool.wait_born(SETUP_TIMEOUT_S):
+                if born is not None and born.pool is not None and not born.pool.wait_born():
                     born.failure = "its pool's workers were not born within the setup's time"
                 phases["ready"] += time.monotonic() - mark
                 if later is not None:
