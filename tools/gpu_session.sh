@@ -108,7 +108,8 @@ run_steps() {
       tests) step "tests" 2400 $py -m pytest -q -rsP --durations=20 tests/test_gpu.py ${a:+-k "$a"} ;;
       test_gpu) step "test_gpu" 1200 $py -m pytest -q -rsP --durations=20 -m "not full" tests/test_gpu.py ;;
       sol) step sol 300 $py -m a2a.cli sol --out "$out/results" ;;
-      leaderboard) step "leaderboard_${a//,/-}" 900 $py -m a2a.cli leaderboard --versions "$a" --out "$out/results" $b ;;
+      # every version with anchors at world size 4 and the world-size-8 checks after it: more than 900 s is possible
+      leaderboard) step "leaderboard_${a//,/-}" 1500 $py -m a2a.cli leaderboard --versions "$a" --out "$out/results" $b ;;
       eval) IFS=: read -r _ mode version options <<< "$item"
             step "eval_${mode}_${version}_$(echo "$options" | tr -c 'a-z0-9' '-' | cut -c1-40)" 600 \
               $py -m a2a.cli eval "$mode" "$version" $options ;;
