@@ -456,14 +456,14 @@ MPS_DEFAULT_PIPE = "/tmp/nvidia-mps"  # where an MPS client looks when CUDA_MPS_
 # run's process group leave it.
 _NAMESPACE_INIT = r"""
 import ctypes, os, signal, sys
-owner, here, uid, owner_mark = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+owner, here, uid, owner_mark, ipc = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "ipc"
 sys.path.insert(0, here)
 import boundary
 libc = ctypes.CDLL(None, use_errno=True)
 for name in ("SIGINT", "SIGTERM", "SIGHUP"):
     signal.signal(getattr(signal, name), signal.SIG_IGN)
 read_only = boundary.read_only_method()
-apart = boundary.isolate_network_and_ipc(libc)
+apart = boundary.isolate_network_and_ipc(libc, ipc)
 if os.getppid() != owner or libc.unshare(0x20000000):
     print("error", os.strerror(ctypes.get_errno()), flush=True)
     sys.exit(1)
@@ -501,15 +501,15 @@ def _libc():
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
 
 
-def isolate_network_and_ipc(libc) -> str:
+def isolate_network_and_ipc(libc, ipc: bool) -> str:
     """This process into a new network namespace, its loopback up and nothing else in it, and a new IPC namespace
-    (System V objects, POSIX message queues): a pool's ranks reach each other there and no other pool's sockets,
-    abstract ones included, nor the host's. Returns why not ("" when done)."""
+    (System V objects, POSIX message queues) unless `ipc` is false (SHARED_IPC): a pool's ranks reach each other
+    there and no other pool's sockets, abstract ones included, nor the host's. Returns why not ("" when done)."""
     import fcntl
     import socket
     import struct
 
-    if libc.unshare(CLONE_NEWNET | CLONE_NEWIPC):
+    if libc.unshare(CLONE_NEWNET | (CLONE_NEWIPC if ipc else 0)):
         return os.strerror(ctypes.get_errno())
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -617,6 +617,7 @@ class Guards:
     uid: Optional[int] = None
     memory_bytes: Optional[int] = None  # the pool's memory cap
     memory_off: str = ""  # why it has none
+    shared: list = dataclasses.field(default_factory=list)  # what the ranks share beyond their pool, and why
     off: list = dataclasses.field(default_factory=list)
 
     def describe(self) -> str:
@@ -624,8 +625,9 @@ class Guards:
             memory = (f"at most {self.memory_bytes / (1 << 30):.1f} GiB of memory for the pool"
                       if self.memory_bytes else f"no memory cap ({self.memory_off})")
             return (f"ranks in their own PID, network and IPC namespaces and /proc, as uid {self.uid} with "
-                    f"no_new_privs and no user namespace, every mount read-only but their run's own folders, {memory}")
-        return "guards off: " + "; ".join(self.off)
+                    f"no_new_privs and no user namespace, every mount read-only but their run's own folders"
+                    f"{'; but ' + ', '.join(self.shared) if self.shared else ''}, {memory}")
+        return "guards off: " + "; ".join(self.off + self.shared)
 
 
 def has_ended(pid: int) -> bool:
@@ -712,14 +714,20 @@ class Sandbox:
             self.guards.off.append("not started as root: the ranks run as this user, in this PID namespace, and can "
                                    "reach this user's processes")
             return
+        pool_env = {**os.environ, **(env or {})}
         self.uid = claim_uid()
-        make_run_folders(self.uid)
-        read_only = self._start_guardian()
+        shm, shm_shared = shm_cover(self.uid, pool_env)
+        if shm_shared:
+            self.guards.shared.append(shm_shared)
+        make_run_folders(self.uid, own_shm=not shm_shared)
+        ipc = not (pool_env.get("A2A_SHARE") == "mps" and pool_env.get(SHARED_IPC) == "host")
+        if not ipc:
+            self.guards.shared.append(f"the machine's IPC namespace ({SHARED_IPC}=host)")
+        read_only = self._start_guardian(ipc)
         if self.init_pid is None:
             return
         self.guards.pid_namespace = self.guards.private_proc = True
         self.setup = RankSandbox(private_proc=True, uid=None)
-        pool_env = {**os.environ, **(env or {})}
         needed = [Path(sys.executable), Path(os.__file__).parent, HERE, Path.cwd(), *map(Path, sys.path),
                   *map(Path, filter(None, reach))]
         needed = [p.resolve() for p in needed if str(p) and p.exists()]
@@ -731,14 +739,15 @@ class Sandbox:
         if not read_only:
             self.guards.off.append("the kernel makes no mount read-only for the ranks (mount_setattr, remount): "
                                    "what they write outside /tmp, /var/tmp and /dev/shm outlives the run")
-        self._views = cache_views(self.uid, needed)
+        covers = run_covers(self.uid, shm)
+        self._views = cache_views(self.uid, needed, covers)
         self._seeded = seed_builds(self.uid, self.build_key, self._views)
         self.guards.uid = self.uid
         limit = pool_memory_bytes()
         group, self.guards.memory_off = make_memory_group(self.uid, limit)
         self.guards.memory_bytes = limit if group else None
         self.setup = RankSandbox(private_proc=True, uid=self.uid, env=run_env(self.uid, self._views),
-                                 covers=run_covers(self.uid),
+                                 covers=covers,
                                  writable=_writable(self.uid, pool_env), read_only=read_only,
                                  keep=tuple(sorted({str(p) for p in needed if _below_covered(p)})),
                                  expose=tuple(pairs), memory_group=str(group or ""))
@@ -753,13 +762,14 @@ class Sandbox:
         except OSError:
             return None
 
-    def _start_guardian(self) -> str:
-        """Starts the namespace's guardian; the way mounts are made read-only here ("" for none)."""
+    def _start_guardian(self, ipc: bool) -> str:
+        """Starts the namespace's guardian (with an IPC namespace of the ranks' own where `ipc`); the way mounts are
+        made read-only here ("" for none)."""
         import subprocess
 
         env = {k: v for k, v in os.environ.items() if k != RUN_OWNER}  # no orphan sweep may end it mid-clean
         self.parent = subprocess.Popen([sys.executable, "-c", _NAMESPACE_INIT, str(os.getpid()), str(HERE),
-                                        str(self.uid), _own_mark()],
+                                        str(self.uid), _own_mark(), "ipc" if ipc else "-"],
                                        stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, env=env,
                                        start_new_session=True)  # a kill of the run's process group spares it
         answer = self.parent.stdout.readline().split()
@@ -771,7 +781,7 @@ class Sandbox:
         self.inode = _ns_inode(self.init_pid)
         kinds = {CLONE_NEWPID: "pid"}
         if answer[2] == "apart":
-            kinds.update({CLONE_NEWNET: "net", CLONE_NEWIPC: "ipc"})
+            kinds.update({CLONE_NEWNET: "net", **({CLONE_NEWIPC: "ipc"} if ipc else {})})
             self.guards.network_ipc = True
         else:
             self.guards.off.append(f"the ranks share this machine's network and IPC namespaces (the kernel said "
@@ -952,10 +962,32 @@ def shm_folder(uid: int) -> Optional[Path]:
     return Path("/dev/shm", f"a2a-run-{uid}") if os.path.isdir("/dev/shm") else None
 
 
-def _rank_folders(uid: int) -> list[Path]:
+# Ranks that share a GPU through CUDA MPS reach its server through files in /dev/shm besides its pipe folder: on
+# 2026-11-28 (f35d8c2, 8 ranks on 2 H100s) ranks with a /dev/shm of their pool's own hung in CUDA's first call,
+# every case. So a2a/sharing.py's daemon runs on a /dev/shm of its own, which MPS_SHM_ENV names to the pools that
+# share GPUs through it, and their ranks see it as /dev/shm (shared by those pools of one command, removed with the
+# daemon); ranks that use an MPS daemon of someone else's see the machine's.
+MPS_SHM_ENV = "A2A_MPS_SHM"
+# A2A_SHARED_IPC=host keeps those ranks in the machine's IPC namespace: the test, on a GPU, of whether MPS needs that
+# too (its server is there). Its System V objects still go with the pool (remove_sysv_ipc by uid).
+SHARED_IPC = "A2A_SHARED_IPC"
+
+
+def shm_cover(uid: int, pool_env: dict) -> tuple:
+    """(the folder a pool's ranks see as /dev/shm, None for the machine's; "" or why it is not the pool's own)."""
+    if pool_env.get("A2A_SHARE") != "mps":
+        own = shm_folder(uid)
+        return (str(own) if own else None), ""
+    if pool_env.get(MPS_SHM_ENV):
+        return pool_env[MPS_SHM_ENV], "the MPS daemon's /dev/shm, shared by the pools that share GPUs through it"
+    return None, "this machine's /dev/shm, where the MPS server they share GPUs through keeps its files"
+
+
+def _rank_folders(uid: int, own_shm: bool) -> list[Path]:
     base = run_folder(uid)
     return [base / "home", base / "tmp", base / "var-tmp", base / "cache",
-            *(base / "cache" / sub for sub in CACHE_FOLDERS.values()), *filter(None, [shm_folder(uid)])]
+            *(base / "cache" / sub for sub in CACHE_FOLDERS.values()),
+            *filter(None, [shm_folder(uid) if own_shm else None])]
 
 
 # A pool's run folder and /dev/shm folder are file systems of its own (tmpfs): what its ranks write there is capped
@@ -971,11 +1003,11 @@ def _own_file_system(folder: Path) -> None:
     _libc().mount(b"tmpfs", str(folder).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options)
 
 
-def make_run_folders(uid: int) -> None:
+def make_run_folders(uid: int, own_shm: bool) -> None:
     remove_run_folders(uid)  # a folder a cut-off clean-up left
     run_folder(uid).mkdir(mode=0o755)
     _own_file_system(run_folder(uid))
-    for folder in _rank_folders(uid):
+    for folder in _rank_folders(uid, own_shm):
         folder.mkdir(mode=0o700)  # the pool's ranks only: another entry's cannot look in
         if folder == shm_folder(uid):
             _own_file_system(folder)
@@ -1000,10 +1032,11 @@ def run_env(uid: int, views: dict) -> dict:
             "LOGNAME": f"a2a-rank-{uid}", **{name: view for name, (view, _) in views.items()}}
 
 
-def run_covers(uid: int) -> tuple:
-    base, shm = run_folder(uid), shm_folder(uid)
-    return (("/tmp", str(base / "tmp")), ("/var/tmp", str(base / "var-tmp")),
-            *((("/dev/shm", str(shm)),) if shm else ()))
+def run_covers(uid: int, shm: Optional[str]) -> tuple:
+    """(folder, what covers it) for the ranks of the pool of `uid`; `shm`: their /dev/shm (shm_cover), None for the
+    machine's."""
+    base = run_folder(uid)
+    return (("/tmp", str(base / "tmp")), ("/var/tmp", str(base / "var-tmp")), *((("/dev/shm", shm),) if shm else ()))
 
 
 def _writable(uid: int, env: dict) -> tuple:
@@ -1138,14 +1171,14 @@ def _copy_builds(source: Path, target: Path, uid: Optional[int]) -> None:
             os.chown(into, uid, uid)
 
 
-def cache_views(uid: int, needed: tuple = ()) -> dict:
+def cache_views(uid: int, needed: tuple, covers: tuple) -> dict:
     """Per cache variable: (the path the pool's ranks use, where that folder is on the judge's side). A torch
     extension's build files name its folder, so a copy under another path is rebuilt whole (seen 2026-11-27: every
     pool of every clock round rebuilt its CUDA extensions, 60-90 s a round). So a rank sees its private copy at the
     judge's own path (the build step's, prepare_rank_cache, when unset) where that lies below a folder its run
     covers (/tmp, /var/tmp, /dev/shm) and holds no path the ranks read from the judge's side, nor lies inside one;
     elsewhere at run_folder/cache/<sub>."""
-    base, covers = run_folder(uid), dict(run_covers(uid))
+    base, covers = run_folder(uid), dict(covers)
     views = {}
     for name, sub in CACHE_FOLDERS.items():
         view = host = base / "cache" / sub

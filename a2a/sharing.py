@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import shutil
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import eval as core
+from boundary import MPS_SHM_ENV
 from eval import UserError
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -276,18 +278,37 @@ def check_available() -> None:
 # CUDA MPS: one control daemon for as long as any shared run of this process needs it
 # --------------------------------------------------------------------------------------------------------------
 
-# The guardian: starts the control daemon in the foreground as its own child, says `ready`, then waits for its
-# owner's pipe to close (the owner ended, by any means, SIGKILL included), asks the daemon to quit, kills whatever
-# still carries the daemon's pipe folder in its environment (the MPS server, a stray client) and removes the
-# folder. It runs in its own session, so a signal to the owner's process group does not reach it.
+# Runs its arguments (a program and its own) with the folder in sys.argv[1] as /dev/shm, in a mount namespace of its
+# own (root only): the MPS daemon, and so every server it starts, and the probe, a client like the ranks, keep
+# their shared files there, where the ranks of pools sharing GPUs through it find them (boundary.MPS_SHM_ENV).
+ON_SHM = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x00020000) or libc.mount(None, b"/", None, 16384 | (1 << 18), None) or \
+        libc.mount(sys.argv[1].encode(), b"/dev/shm", None, 4096, None):
+    sys.exit(f"/dev/shm from {sys.argv[1]}: {os.strerror(ctypes.get_errno())}")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def on_shm(shm: Optional[Path], argv: list) -> list:
+    """`argv` run with `shm` as its /dev/shm (ON_SHM), or as it is where `shm` is None."""
+    return [sys.executable, "-c", ON_SHM, str(shm), *argv] if shm else argv
+
+
+# The guardian: starts the control daemon in the foreground as its own child (on the daemon's /dev/shm, ON_SHM,
+# where it has one), says `ready`, then waits for its owner's pipe to close (the owner ended, by any means, SIGKILL
+# included), asks the daemon to quit, kills whatever still carries the daemon's pipe folder in its environment (the
+# MPS server, a stray client) and removes the folders. It runs in its own session, so a signal to the owner's
+# process group does not reach it.
 _GUARDIAN = r"""
-import os, signal, shutil, subprocess, sys, time
-control, folder = sys.argv[1], sys.argv[2]
+import json, os, signal, shutil, subprocess, sys, time
+control, folder, shm, start = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(s, signal.SIG_IGN)
 pipe = os.path.join(folder, "pipe")
 log = open(os.path.join(folder, "daemon.out"), "w")
-daemon = subprocess.Popen([control, "-f"], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+daemon = subprocess.Popen(start, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
 deadline = time.monotonic() + 15
 while not os.path.exists(os.path.join(pipe, "control")) and daemon.poll() is None and time.monotonic() < deadline:
     time.sleep(0.05)
@@ -310,6 +331,8 @@ for entry in os.listdir("/proc"):
         except OSError:
             pass
 shutil.rmtree(folder, ignore_errors=True)
+if shm:
+    shutil.rmtree(shm, ignore_errors=True)
 """
 
 # Run in a rank's environment: opens a context on every GPU through the CUDA driver and prints each GPU's SM count
@@ -352,12 +375,15 @@ def _control(pipe: str, command: str, timeout_s: float = 10.0) -> Optional[str]:
 
 class MpsDaemon:
     """A control daemon: one already running (CUDA_MPS_PIPE_DIRECTORY, or MPS's default folder), or this
-    process's own, in a private folder, held by a guardian that stops it when this process ends."""
+    process's own, in a private folder, held by a guardian that stops it when this process ends. This process's own
+    runs, as root, on a /dev/shm of its own (`shm`, in /dev/shm, 1777 as /dev/shm is), which the ranks sharing GPUs
+    through it see as theirs (boundary.shm_cover)."""
 
     def __init__(self):
         _require_mps()
         self.guardian: Optional[subprocess.Popen] = None
         self.folder: Optional[Path] = None
+        self.shm: Optional[Path] = None
         existing = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or core.MPS_DEFAULT_PIPE_DIRECTORY
         if _control(existing, "get_server_list") is not None:
             self.pipe, self.owned = existing, False
@@ -366,12 +392,17 @@ class MpsDaemon:
         self.pipe, self.owned = str(self.folder / "pipe"), True
         (self.folder / "pipe").mkdir()
         (self.folder / "log").mkdir()
+        if os.geteuid() == 0 and os.path.isdir("/dev/shm"):
+            self.shm = Path(tempfile.mkdtemp(prefix="a2a-mps-", dir="/dev/shm"))
+            os.chmod(self.shm, 0o1777)
         env = core.environ_with({"CUDA_MPS_PIPE_DIRECTORY": self.pipe,
                                  "CUDA_MPS_LOG_DIRECTORY": str(self.folder / "log")})
         env.pop(core.RUN_OWNER, None)  # the guardian outlives its owner on purpose: no orphan sweep may end it
-        self.guardian = subprocess.Popen([sys.executable, "-c", _GUARDIAN, shutil.which(MPS_CONTROL),
-                                          str(self.folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         text=True, env=env, start_new_session=True)
+        control = shutil.which(MPS_CONTROL)
+        self.guardian = subprocess.Popen([sys.executable, "-c", _GUARDIAN, control, str(self.folder),
+                                          str(self.shm or ""), json.dumps(on_shm(self.shm, [control, "-f"]))],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                         start_new_session=True)
         if self.guardian.stdout.readline().strip() != "ready":
             why = self._log_tail()
             self.stop()
@@ -390,8 +421,8 @@ class MpsDaemon:
         the process ran without it (a time-sliced run would crawl, or hang on the flags)."""
         env = core.environ_with({"CUDA_MPS_PIPE_DIRECTORY": self.pipe,
                                  "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percent)})
-        child = subprocess.Popen([sys.executable, "-c", _PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, env=env)
+        child = subprocess.Popen(on_shm(self.shm, [sys.executable, "-c", _PROBE]), stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         try:
             answer = child.stdout.readline().strip()
             if not answer.startswith("sms "):
@@ -431,9 +462,9 @@ _probed: dict = {}  # percent -> SM counts a rank sees
 @contextlib.contextmanager
 def shared_ranks(where: Placement) -> Iterator[dict]:
     """The environment rank processes of `where` need: nothing when each rank has its own GPU; with shared GPUs, the
-    MPS pipe folder (of a daemon held for as long as any caller in this process needs it), each rank's SM share,
-    NCCL's switch for several ranks on one GPU, its channels capped to the share (nccl_channels) and, where torch's
-    own NCCL is older, the newer one preloaded.
+    MPS pipe folder (of a daemon held for as long as any caller in this process needs it) and its /dev/shm, each
+    rank's SM share, NCCL's switch for several ranks on one GPU, its channels capped to the share (nccl_channels)
+    and, where torch's own NCCL is older, the newer one preloaded.
     `A2A_SHARE=mps` tells the protocol core that the ranks may outnumber the GPUs."""
     global _daemon, _users
     if not where.shared:
@@ -450,7 +481,7 @@ def shared_ranks(where: Placement) -> Iterator[dict]:
         env = {"A2A_SHARE": "mps", "CUDA_MPS_PIPE_DIRECTORY": _daemon.pipe,
                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(where.sm_percent), "NCCL_MULTI_RANK_GPU_ENABLE": "1",
                "A2A_NCCL_VERSION": core.version_text(nccl.version), "A2A_RANK_SMS": ",".join(
-                   map(str, _probed[where.sm_percent]))}
+                   map(str, _probed[where.sm_percent])), **({MPS_SHM_ENV: str(_daemon.shm)} if _daemon.shm else {})}
         if nccl.preload:
             env["LD_PRELOAD"] = " ".join(filter(None, (str(nccl.path), os.environ.get("LD_PRELOAD"))))
         if "NCCL_MAX_NCHANNELS" not in os.environ:

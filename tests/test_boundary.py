@@ -112,6 +112,66 @@ def _one_pool(key: str, code: str) -> subprocess.CompletedProcess:
         sandbox.close()
 
 
+def test_ranks_sharing_gpus_through_mps_see_the_mps_servers_dev_shm():
+    """An MPS client finds its server's files in /dev/shm (2026-11-28: ranks with a /dev/shm of their pool's own hung
+    in CUDA's first call, every case at world size 8 on 2 GPUs). A pool sharing GPUs through the judge's daemon sees
+    the daemon's /dev/shm folder as its own; one sharing through someone else's daemon, the machine's; any other
+    pool, a folder of its own, empty."""
+    import tempfile
+
+    mps_shm = Path(tempfile.mkdtemp(prefix="a2a-test-mps-", dir="/dev/shm"))
+    os.chmod(mps_shm, 0o1777)
+    fd, host_mark = tempfile.mkstemp(prefix="a2a-test-machine-", dir="/dev/shm")
+    os.close(fd)
+    os.chmod(host_mark, 0o644)
+    listing = "print(sorted(os.listdir('/dev/shm')))"
+    seen = {}
+    try:
+        for kind, env in (("daemon's", {"A2A_SHARE": "mps", boundary.MPS_SHM_ENV: str(mps_shm)}),
+                          ("machine's", {"A2A_SHARE": "mps"}), ("own", {})):
+            sandbox = boundary.Sandbox(env=env)
+            try:
+                done = _in_sandbox(sandbox, listing + ("\nopen('/dev/shm/rank-mark', 'w').close()"
+                                                       if kind == "daemon's" else ""))
+            finally:
+                sandbox.close()
+            assert done.returncode == 0, done.stderr
+            seen[kind] = (done.stdout.strip(), sandbox.guards.describe())
+        assert seen["daemon's"][0] == "[]" and (mps_shm / "rank-mark").exists(), seen
+        assert "the MPS daemon's" in seen["daemon's"][1], seen
+        assert Path(host_mark).name in seen["machine's"][0] and "this machine's" in seen["machine's"][1], seen
+        assert seen["own"][0] == "[]" and "/dev/shm" not in seen["own"][1], seen
+    finally:
+        shutil.rmtree(mps_shm, ignore_errors=True)
+        os.remove(host_mark)
+
+
+def test_ranks_sharing_gpus_stay_in_the_machines_ipc_namespace_only_when_asked():
+    """A2A_SHARED_IPC=host (the GPU test of whether MPS needs the machine's IPC namespace too) keeps the ranks of a
+    pool sharing GPUs in it, and says so; without it, or for a pool that shares no GPU, they have their own."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    segment = libc.shmget(0, 4096, 0o1000 | 0o600)  # IPC_PRIVATE, IPC_CREAT
+    assert segment >= 0, os.strerror(ctypes.get_errno())
+    seen = {}
+    try:
+        for kind, env in (("asked", {"A2A_SHARE": "mps", boundary.SHARED_IPC: "host"}),
+                          ("shared", {"A2A_SHARE": "mps"}), ("not shared", {boundary.SHARED_IPC: "host"})):
+            sandbox = boundary.Sandbox(env=env)
+            try:
+                done = _in_sandbox(sandbox, "print([line.split()[1] for line in open('/proc/sysvipc/shm')][1:])")
+            finally:
+                sandbox.close()
+            assert done.returncode == 0, done.stderr
+            seen[kind] = (str(segment) in done.stdout, sandbox.guards.describe())
+    finally:
+        libc.shmctl(segment, 0, None)  # IPC_RMID
+    assert seen["asked"][0] and "the machine's IPC namespace" in seen["asked"][1], seen
+    assert not seen["shared"][0] and not seen["not shared"][0], seen
+    assert "IPC namespace (" not in seen["shared"][1] + seen["not shared"][1], seen
+
+
 def test_two_pools_have_two_uids_and_neither_reads_the_others_run_folder():
     """Two pools alive at once (two entries of run_leaderboard.py's clock): two uids, and a rank of the second
     reaches nothing of the first's run folder (covered in its view, and closed to its uid besides)."""

@@ -198,6 +198,8 @@ import os, subprocess, sys, time
 pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
 control = os.path.join(pipe, "control")
 if sys.argv[1:] == ["-f"]:
+    if os.environ.get("FAKE_MPS_MARK"):  # a server's file in /dev/shm, as MPS's own keep theirs
+        open(os.path.join("/dev/shm", os.environ["FAKE_MPS_MARK"]), "w").close()
     open(control, "w").close()
     subprocess.Popen(["sleep", "1000"])
     while not os.path.exists(os.path.join(pipe, "quit")):
@@ -244,6 +246,35 @@ def test_an_own_daemon_is_stopped_with_everything_it_started(fake_mps):
     daemon.stop()
     assert not _gone(daemon.pipe, 5), "the daemon or its server outlived stop()"
     assert not daemon.folder.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.isdir("/dev/shm"),
+                    reason="a /dev/shm of the daemon's own needs root (a mount namespace) and a /dev/shm")
+def test_an_own_daemon_and_its_clients_share_a_dev_shm_given_to_the_ranks(fake_mps, monkeypatch):
+    """The MPS server's files in /dev/shm must be where its clients look (boundary.shm_cover): this run's own daemon
+    runs on a /dev/shm folder of its own, which the probe (a client) sees too and the ranks are told of; it goes
+    with the daemon, and nothing lands in the machine's /dev/shm."""
+    mark = f"a2a-test-mps-{os.getpid()}"
+    monkeypatch.setenv("FAKE_MPS_MARK", mark)
+    monkeypatch.setattr(sharing, "nccl_for_sharing", lambda: sharing.Nccl((2, 30, 7), None, preload=False))
+    monkeypatch.setattr(sharing.MpsDaemon, "probe", lambda self, percent: [10])
+    try:
+        with sharing.shared_ranks(sharing.Placement(2, 1, 8)) as env:
+            shm = Path(env[boundary.MPS_SHM_ENV])
+            assert shm.parent == Path("/dev/shm") and shm.stat().st_mode & 0o7777 == 0o1777
+            deadline = time.monotonic() + 10
+            while not (shm / mark).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert (shm / mark).exists(), "the daemon's server did not write in the daemon's /dev/shm"
+            client = subprocess.run(sharing.on_shm(shm, ["/bin/sh", "-c", f"touch /dev/shm/{mark}-client"]),
+                                    capture_output=True, text=True, timeout=30)
+            assert client.returncode == 0 and (shm / f"{mark}-client").exists(), client.stderr
+        assert not shm.exists(), "the daemon's /dev/shm outlived the daemon"
+    finally:
+        landed = [name for name in (mark, f"{mark}-client") if Path("/dev/shm", name).exists()]
+        for name in landed:
+            Path("/dev/shm", name).unlink()
+    assert not landed, f"{landed} landed in the machine's /dev/shm"
 
 
 def test_a_daemon_already_running_is_used_and_left_running(fake_mps, tmp_path, monkeypatch):
