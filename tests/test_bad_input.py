@@ -170,6 +170,21 @@ def test_a_gpu_session_folder_of_an_earlier_session_is_moved_aside_not_packed(tm
     assert not (folder / "logs" / "earlier.log").exists() and (folder / ".first_used").is_file()
 
 
+def test_a_gpu_session_wait_gives_up_at_its_bound_and_the_pack_after_it_runs(tmp_path):
+    """`wait:SECONDS pack:DEST` in one device command: a detached run still going at the bound does not keep the
+    pack from running inside the call's limit (2026-11-28: a poll that ran to the limit packed nothing)."""
+    folder, dest = tmp_path / "session", tmp_path / "out"
+    (folder / "logs").mkdir(parents=True)
+    (folder / "logs" / "session.log").write_text("== leaderboard: start\n")
+    (folder / ".running").touch()  # a detached run that goes on
+    started = time.monotonic()
+    done = subprocess.run(["bash", "tools/gpu_session.sh", str(folder), "wait:2", f"pack:{dest}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - started
+    assert done.returncode == 0 and "still running after 2s" in done.stdout, done.stdout + done.stderr
+    assert 2 <= took < 20 and (dest / "session.tgz").is_file(), (took, list(dest.iterdir()) if dest.exists() else None)
+
+
 def _compilers() -> bool:
     import shutil
 

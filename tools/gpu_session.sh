@@ -21,8 +21,13 @@
 #          runner:VERSIONS[:OPTIONS] (gpu-mode's own evaluator beside ours, tools/runner_face.py; carry build/runner) |
 #          set:A2A_NAME=VALUE (exported to the steps after it, and named in their logs' names; an empty VALUE unsets it:
 #          e.g. set:A2A_STEP_ANATOMY=1 set:A2A_OWNER_GPU=next) |
-#          wait (until a detached run is done) | pack:DEST
+#          wait[:SECONDS] (until a detached run is done, or at most SECONDS) | pack:DEST
 #          (DEST/session.tgz: logs, results/, traces/)
+#
+# Poll a detached run with a bounded wait and pack in the same command, well inside the call's limit:
+#   tools/gpu_session.sh DIR wait:520 pack:$OUT
+# A command killed at the call's limit never packs, and a machine can be gone by the next call (2026-11-28: a
+# world-size-4 run of 10 minutes came back with nothing).
 #
 # DIR must outlive one device command (the device tool empties $OUT before each, and re-syncs the repository copy,
 # which removes files a step wrote into results/ or traces/ there): every output goes under DIR; use a fixed path
@@ -38,6 +43,9 @@ fi
 checking=; [ "$2" = check ] && checking=1
 for item in "${@:$((2 + ${checking:-0}))}"; do  # every step known before anything runs (README's exit codes: 113 for bad input)
   case " $KNOWN " in *" ${item%%:*} "*) ;; *) echo "tools/gpu_session.sh: unknown step '$item'" >&2; exit 113 ;; esac
+  if [[ "$item" == wait:* && ! "$item" =~ ^wait:[1-9][0-9]*$ ]]; then
+    echo "tools/gpu_session.sh: '$item': wait takes a number of seconds (wait:520)" >&2; exit 113
+  fi
   if [[ "$item" == set:* && ! "$item" =~ ^set:A2A_[A-Z0-9_]+= ]]; then
     echo "tools/gpu_session.sh: '$item' sets no A2A_ variable (set:A2A_NAME=VALUE)" >&2; exit 113
   fi
@@ -130,7 +138,10 @@ run_steps() {
       runner) step "runner_face_${a//,/-}" 1800 $py -m a2a.cli runner-face --versions "$a" --out "$out/results" $b ;;
       sm_share) step "sm_share_$a" 1500 $py -m a2a.cli sm-share --world-size "$a" ${b:+--percents "$b"} --out "$out/results" ;;
       pack) mkdir -p "$a"; tar czf "$a/session.tgz" -C "$out" logs results traces; ls -la "$a" ;;
-      wait) while [ -e "$out/.running" ]; do sleep 2; done; cat "$out/logs/session.log" ;;
+      wait) local until=$((SECONDS + ${a:-1000000}))
+            while [ -e "$out/.running" ] && [ $SECONDS -lt $until ]; do sleep 2; done
+            [ -e "$out/.running" ] && echo "== still running after ${a}s (wait:$a): packing what is done"
+            cat "$out/logs/session.log" ;;
       *) echo "unknown step $item" | tee -a "$out/logs/session.log"; return 113 ;;
     esac
   done
