@@ -456,14 +456,14 @@ MPS_DEFAULT_PIPE = "/tmp/nvidia-mps"  # where an MPS client looks when CUDA_MPS_
 # run's process group leave it.
 _NAMESPACE_INIT = r"""
 import ctypes, os, signal, sys
-owner, here, uid, owner_mark, ipc = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "ipc"
+owner, here, uid, owner_mark = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 sys.path.insert(0, here)
 import boundary
 libc = ctypes.CDLL(None, use_errno=True)
 for name in ("SIGINT", "SIGTERM", "SIGHUP"):
     signal.signal(getattr(signal, name), signal.SIG_IGN)
 read_only = boundary.read_only_method()
-apart = boundary.isolate_network_and_ipc(libc, ipc)
+apart = boundary.isolate_network_and_ipc(libc, sys.argv[5].split(","))
 if os.getppid() != owner or libc.unshare(0x20000000):
     print("error", os.strerror(ctypes.get_errno()), flush=True)
     sys.exit(1)
@@ -501,16 +501,19 @@ def _libc():
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
 
 
-def isolate_network_and_ipc(libc, ipc: bool) -> str:
-    """This process into a new network namespace, its loopback up and nothing else in it, and a new IPC namespace
-    (System V objects, POSIX message queues) unless `ipc` is false (SHARED_IPC): a pool's ranks reach each other
-    there and no other pool's sockets, abstract ones included, nor the host's. Returns why not ("" when done)."""
+def isolate_network_and_ipc(libc, kinds: list) -> str:
+    """This process into a new network namespace ("net" in `kinds`), its loopback up and nothing else in it, and a
+    new IPC namespace ("ipc": System V objects, POSIX message queues): a pool's ranks reach each other there and no
+    other pool's sockets, abstract ones included, nor the host's. Returns why not ("" when done)."""
     import fcntl
     import socket
     import struct
 
-    if libc.unshare(CLONE_NEWNET | (CLONE_NEWIPC if ipc else 0)):
+    flags = (CLONE_NEWNET if "net" in kinds else 0) | (CLONE_NEWIPC if "ipc" in kinds else 0)
+    if flags and libc.unshare(flags):
         return os.strerror(ctypes.get_errno())
+    if "net" not in kinds:
+        return ""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             request = struct.pack("16sH22x", b"lo", 0)  # struct ifreq: the name, then the flags
@@ -720,10 +723,11 @@ class Sandbox:
         if shm_shared:
             self.guards.shared.append(shm_shared)
         make_run_folders(self.uid, own_shm=not shm_shared)
-        ipc = not (pool_env.get("A2A_SHARE") == "mps" and pool_env.get(SHARED_IPC) == "host")
-        if not ipc:
-            self.guards.shared.append(f"the machine's IPC namespace ({SHARED_IPC}=host)")
-        read_only = self._start_guardian(ipc)
+        machines = shared_namespaces(pool_env)
+        if machines:
+            self.guards.shared.append(f"the machine's {' and '.join(machines)} namespace"
+                                      f"{'s' if len(machines) > 1 else ''} ({SHARED_NAMESPACES})")
+        read_only = self._start_guardian([kind for kind in ("net", "ipc") if kind not in machines])
         if self.init_pid is None:
             return
         self.guards.pid_namespace = self.guards.private_proc = True
@@ -762,14 +766,14 @@ class Sandbox:
         except OSError:
             return None
 
-    def _start_guardian(self, ipc: bool) -> str:
-        """Starts the namespace's guardian (with an IPC namespace of the ranks' own where `ipc`); the way mounts are
-        made read-only here ("" for none)."""
+    def _start_guardian(self, apart: list) -> str:
+        """Starts the namespace's guardian, with the ranks' own namespaces of the kinds in `apart` ("net", "ipc");
+        the way mounts are made read-only here ("" for none)."""
         import subprocess
 
         env = {k: v for k, v in os.environ.items() if k != RUN_OWNER}  # no orphan sweep may end it mid-clean
         self.parent = subprocess.Popen([sys.executable, "-c", _NAMESPACE_INIT, str(os.getpid()), str(HERE),
-                                        str(self.uid), _own_mark(), "ipc" if ipc else "-"],
+                                        str(self.uid), _own_mark(), ",".join(apart) or "-"],
                                        stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, env=env,
                                        start_new_session=True)  # a kill of the run's process group spares it
         answer = self.parent.stdout.readline().split()
@@ -781,7 +785,7 @@ class Sandbox:
         self.inode = _ns_inode(self.init_pid)
         kinds = {CLONE_NEWPID: "pid"}
         if answer[2] == "apart":
-            kinds.update({CLONE_NEWNET: "net", **({CLONE_NEWIPC: "ipc"} if ipc else {})})
+            kinds.update({flag: name for flag, name in ((CLONE_NEWNET, "net"), (CLONE_NEWIPC, "ipc")) if name in apart})
             self.guards.network_ipc = True
         else:
             self.guards.off.append(f"the ranks share this machine's network and IPC namespaces (the kernel said "
@@ -968,9 +972,19 @@ def shm_folder(uid: int) -> Optional[Path]:
 # share GPUs through it, and their ranks see it as /dev/shm (shared by those pools of one command, removed with the
 # daemon); ranks that use an MPS daemon of someone else's see the machine's.
 MPS_SHM_ENV = "A2A_MPS_SHM"
-# A2A_SHARED_IPC=host keeps those ranks in the machine's IPC namespace: the test, on a GPU, of whether MPS needs that
-# too (its server is there). Its System V objects still go with the pool (remove_sysv_ipc by uid).
-SHARED_IPC = "A2A_SHARED_IPC"
+# A2A_SHARED_NAMESPACES=ipc,net (either or both) keeps those ranks in the machine's namespaces of those kinds, where
+# the MPS server is: the test, on a GPU, of whether MPS needs them too. Their System V objects still go with the pool
+# (remove_sysv_ipc, by uid).
+SHARED_NAMESPACES = "A2A_SHARED_NAMESPACES"
+
+
+def shared_namespaces(pool_env: dict) -> list:
+    """The kinds of the machine's namespaces ("ipc", "net") a pool's ranks stay in: SHARED_NAMESPACES, for ranks
+    sharing GPUs through MPS only. ValueError names a kind it does not know."""
+    asked = [kind.strip() for kind in pool_env.get(SHARED_NAMESPACES, "").split(",") if kind.strip()]
+    if unknown := [kind for kind in asked if kind not in ("ipc", "net")]:
+        raise ValueError(f"{SHARED_NAMESPACES}={pool_env[SHARED_NAMESPACES]!r}: {unknown[0]!r} is neither ipc nor net")
+    return sorted(set(asked)) if pool_env.get("A2A_SHARE") == "mps" else []
 
 
 def shm_cover(uid: int, pool_env: dict) -> tuple:

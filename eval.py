@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own mod
 from boundary import (POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox, become_subreaper, claim_run,  # noqa: E402
                       descendants, die_with_parent, enter_rank_sandbox, hide_result_channel, kill_tree,
                       memory_cap_hit, owned_tempdir, pool_memory_bytes, prepare_rank_cache,
-                      release_uid)
+                      release_uid, shared_namespaces)
 import births  # noqa: E402
 from births import (Forked, Nursery, PhaseSlot, Zygote, close_all_but, rank_birth, send_fds)  # noqa: E402
 import judge  # noqa: E402
@@ -1195,6 +1195,7 @@ def check_environment() -> None:
     try:
         rank_birth()
         pool_memory_bytes()
+        shared_namespaces(dict(os.environ))
     except ValueError as error:
         raise UserError(str(error)) from None
 

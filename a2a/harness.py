@@ -84,6 +84,9 @@ def evaluate(plan: RunPlan, mode: str, version: Path | None = None, cold: bool =
                  + (" (shared GPUs: timings are not the problem's)" if where.shared else "")
                  + (", cold extension cache" if cold else ""))
         exit_code, output, stderr = run_protocol(bundle, mode, "cases.txt", env, progress, len(plan.cases))
+        if where.shared and exit_code != 0:  # what MPS logged, read before its daemon goes (a hang in CUDA's init)
+            for line in sharing.daemon_log():
+                progress(f"MPS {line}")
     keys = result_rows.parse_popcorn(output)
     if strays := result_rows.stray_lines(output):
         progress(f"the result channel held {strays} line(s) that are not `key: value`; they were ignored")

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import eval as core
+import wire
 from boundary import MPS_SHM_ENV
 from eval import UserError
 
@@ -52,6 +53,7 @@ WHEEL_NCCL = WHEEL_DIR / "nvidia" / "nccl" / "lib" / "libnccl.so.2"
 SHARED_SM_FRACTION = 0.64
 MIN_SM_PERCENT = 8
 STOP_TIMEOUT_S = 15.0
+LOG_TAIL_BYTES = 1 << 16  # of each MPS log read for its last lines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,11 +411,18 @@ class MpsDaemon:
             raise UserError(f"ranks cannot share a GPU here: the MPS control daemon did not start ({why})")
 
     def _log_tail(self) -> str:
+        return (self.log_lines(1) or ["no message"])[0]
+
+    def log_lines(self, count: int) -> list[str]:
+        """The last `count` lines of each of its own daemon's output and logs, named, escaped and cut (the server
+        runs as the ranks' uid: its words are theirs); none for a daemon this process did not start."""
         lines = []
-        for name in ("daemon.out", "log/control.log", "log/server.log"):
-            with contextlib.suppress(OSError):
-                lines += [line.strip() for line in (self.folder / name).read_text().splitlines() if line.strip()]
-        return lines[-1][:200] if lines else "no message"
+        for name in ("daemon.out", "log/control.log", "log/server.log") if self.folder else ():
+            with contextlib.suppress(OSError), open(self.folder / name, "rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+                lines += [f"{name}: {wire.as_text(line.strip(), 200)}"
+                          for line in log.read().splitlines()[-count:] if line.strip()]
+        return lines
 
     def probe(self, percent: int) -> list[int]:
         """Opens a context on every GPU as a rank would (MPS client, `percent` share) and checks that the daemon
@@ -457,6 +466,12 @@ class MpsDaemon:
 _daemon: Optional[MpsDaemon] = None
 _users = 0
 _probed: dict = {}  # percent -> SM counts a rank sees
+
+
+def daemon_log(count: int = 6) -> list[str]:
+    """The last lines of each log of the MPS daemon this process holds and started (MpsDaemon.log_lines): what a
+    failed run of ranks sharing GPUs says about MPS, read before the daemon and its folder go."""
+    return _daemon.log_lines(count) if _daemon is not None else []
 
 
 @contextlib.contextmanager

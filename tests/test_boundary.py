@@ -6,8 +6,9 @@ import contextlib
 import os
 import pickle
 import re
-import signal
 import shutil
+import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -146,30 +147,37 @@ def test_ranks_sharing_gpus_through_mps_see_the_mps_servers_dev_shm():
         os.remove(host_mark)
 
 
-def test_ranks_sharing_gpus_stay_in_the_machines_ipc_namespace_only_when_asked():
-    """A2A_SHARED_IPC=host (the GPU test of whether MPS needs the machine's IPC namespace too) keeps the ranks of a
-    pool sharing GPUs in it, and says so; without it, or for a pool that shares no GPU, they have their own."""
+def test_ranks_sharing_gpus_stay_in_the_machines_namespaces_only_when_asked():
+    """A2A_SHARED_NAMESPACES=ipc,net (the GPU test of whether MPS needs the machine's namespaces too) keeps the ranks
+    of a pool sharing GPUs in those, and says so; without it, or for a pool that shares no GPU, they have their own."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     segment = libc.shmget(0, 4096, 0o1000 | 0o600)  # IPC_PRIVATE, IPC_CREAT
     assert segment >= 0, os.strerror(ctypes.get_errno())
+    probe = ("import socket\nprint([line.split()[1] for line in open('/proc/sysvipc/shm')][1:], "
+             "sorted(socket.if_nameindex()))")
     seen = {}
     try:
-        for kind, env in (("asked", {"A2A_SHARE": "mps", boundary.SHARED_IPC: "host"}),
-                          ("shared", {"A2A_SHARE": "mps"}), ("not shared", {boundary.SHARED_IPC: "host"})):
+        for kind, env in (("ipc", {"A2A_SHARE": "mps", boundary.SHARED_NAMESPACES: "ipc"}),
+                          ("ipc and net", {"A2A_SHARE": "mps", boundary.SHARED_NAMESPACES: "net,ipc"}),
+                          ("shared", {"A2A_SHARE": "mps"}), ("not shared", {boundary.SHARED_NAMESPACES: "ipc,net"})):
             sandbox = boundary.Sandbox(env=env)
             try:
-                done = _in_sandbox(sandbox, "print([line.split()[1] for line in open('/proc/sysvipc/shm')][1:])")
+                done = _in_sandbox(sandbox, probe)
             finally:
                 sandbox.close()
             assert done.returncode == 0, done.stderr
-            seen[kind] = (str(segment) in done.stdout, sandbox.guards.describe())
+            seen[kind] = (str(segment) in done.stdout, "'lo')]" not in done.stdout, sandbox.guards.describe())
     finally:
         libc.shmctl(segment, 0, None)  # IPC_RMID
-    assert seen["asked"][0] and "the machine's IPC namespace" in seen["asked"][1], seen
-    assert not seen["shared"][0] and not seen["not shared"][0], seen
-    assert "IPC namespace (" not in seen["shared"][1] + seen["not shared"][1], seen
+    machines = bool([name for _, name in socket.if_nameindex() if name != "lo"])
+    assert seen["ipc"][:2] == (True, False) and "the machine's ipc namespace (" in seen["ipc"][2], seen
+    assert seen["ipc and net"][:2] == (True, machines) and "ipc and net namespaces" in seen["ipc and net"][2], seen
+    for kind in ("shared", "not shared"):
+        assert seen[kind][:2] == (False, False) and "the machine's" not in seen[kind][2], seen
+    with pytest.raises(ValueError, match="'pid' is neither ipc nor net"):
+        boundary.shared_namespaces({"A2A_SHARE": "mps", boundary.SHARED_NAMESPACES: "ipc,pid"})
 
 
 def test_two_pools_have_two_uids_and_neither_reads_the_others_run_folder():

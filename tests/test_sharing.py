@@ -200,6 +200,9 @@ control = os.path.join(pipe, "control")
 if sys.argv[1:] == ["-f"]:
     if os.environ.get("FAKE_MPS_MARK"):  # a server's file in /dev/shm, as MPS's own keep theirs
         open(os.path.join("/dev/shm", os.environ["FAKE_MPS_MARK"]), "w").close()
+    if os.environ.get("FAKE_MPS_LOG"):  # what a server that cannot start writes in the control log
+        with open(os.path.join(os.environ["CUDA_MPS_LOG_DIRECTORY"], "control.log"), "w") as log:
+            log.write(os.environ["FAKE_MPS_LOG"].replace("|", "\\n"))
     open(control, "w").close()
     subprocess.Popen(["sleep", "1000"])
     while not os.path.exists(os.path.join(pipe, "quit")):
@@ -275,6 +278,20 @@ def test_an_own_daemon_and_its_clients_share_a_dev_shm_given_to_the_ranks(fake_m
         for name in landed:
             Path("/dev/shm", name).unlink()
     assert not landed, f"{landed} landed in the machine's /dev/shm"
+
+
+def test_a_failed_shared_run_can_name_what_its_own_daemon_logged(fake_mps, monkeypatch):
+    """The last lines of the run's own daemon's logs, read while it still holds them, each named, escaped and cut
+    (the MPS server runs as the ranks' uid); nothing from a daemon the run did not start, or once it has stopped."""
+    lines = [f"line {n}" for n in range(10)] + ["server \x1b[31mfailed\x1b[0m " + "x" * 500]
+    monkeypatch.setenv("FAKE_MPS_LOG", "|".join(lines))
+    monkeypatch.setattr(sharing, "nccl_for_sharing", lambda: sharing.Nccl((2, 30, 7), None, preload=False))
+    monkeypatch.setattr(sharing.MpsDaemon, "probe", lambda self, percent: [10])
+    with sharing.shared_ranks(sharing.Placement(2, 1, 8)):
+        said = sharing.daemon_log(3)
+    assert said[:2] == ["log/control.log: line 8", "log/control.log: line 9"], said
+    assert said[2].startswith("log/control.log: server \\x1b[31mfailed") and len(said[2]) < 300, said
+    assert sharing.daemon_log() == []
 
 
 def test_a_daemon_already_running_is_used_and_left_running(fake_mps, tmp_path, monkeypatch):
