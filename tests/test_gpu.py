@@ -821,6 +821,21 @@ def test_trace_writes_the_json_the_picture_and_the_table(tmp_path):
     assert "| dispatch_recv / wait_counts" in (folder / "phases.md").read_text()
 
 
+@gpu_per_rank(2, "the handshake's flag round between GPUs")
+def test_with_peers_a_traced_call_starts_when_every_rank_does(tmp_path):
+    """With a GPU per rank, the tracer queues each call behind a sleep and the handshake, as the held step: the
+    ranks' start markers are within a few µs of each other on rank 0's clock (unaligned, they are as far apart as
+    the ranks' hosts reach their calls)."""
+    from a2a import timeline
+
+    newest = VERSIONS[-1]
+    (folder,) = timeline.trace_version(make_plan(newest, "benchmarks:0", 2, "nccl"), 8, tmp_path)
+    text = (folder / "phases.md").read_text()
+    line = next(line for line in text.splitlines() if line.startswith("Start skew"))
+    assert "each call queued behind a sleep and the handshake's flag round" in line, line
+    assert float(line.split("median): ")[1].split(" µs")[0]) < 10.0, line
+
+
 @gpu_per_rank(2, "a timing of this machine's links")
 def test_sol_measures_this_machine():
     from a2a import sol

@@ -114,3 +114,20 @@ def test_the_table_says_each_ranks_load():
     ranks[1].update(num_tokens=2, rows_to=[4, 0])
     text = timeline.phases_markdown(ranks, META)
     assert "rank 0: 7 tokens, sends [3, 11], receives 7; rank 1: 2 tokens, sends [4, 0], receives 11." in text
+
+
+def test_the_start_skew_is_the_ranks_start_markers_apart_on_rank_0s_clock():
+    """Rank 1's clock runs 5 ms ahead of rank 0's; its start markers are 3, 1 and 2 µs after rank 0's, on rank 0's
+    clock: the median skew is 2 µs, and phases.md says whether the calls were aligned."""
+    first, second = rank_data(0, 0.0), rank_data(1, 5e6)
+    first["marks"] = [[1000, 11000], [2000, 12000], [3000, 13000]]
+    second["marks"] = [[5e6 + 4000, 5e6 + 14000], [5e6 + 3000, 5e6 + 13000], [5e6 + 5000, 5e6 + 15000]]
+    assert timeline.start_skew_us([first, second]) == 2.0
+    for data in (first, second):
+        data["records"] *= 3
+        data["host_call_ns"] *= 3
+        data["aligned"] = True
+    text = timeline.phases_markdown([first, second], META)
+    assert "Start skew (the ranks' start markers on rank 0's clock, latest - earliest, median): 2.0 µs; each call " \
+           "queued behind a sleep" in text, text
+    assert "Start skew" not in timeline.phases_markdown([first], META)
