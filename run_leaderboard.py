@@ -155,6 +155,7 @@ def run(plan: planning.RunPlan, settings: clock.Settings, anchors: bool = True,
                 wall_s=timed.wall_s,
                 round_phases_median_s=phases, round_ready_s=[p.get("ready_s", {}) for p in timed.phases],
                 throttled_visits=timed.throttled, clocks=clock.clocks_locked(timed.clocks), guards=timed.guards,
+                spread=clock.spread(timed),
                 settings={"steps": settings.steps, "warmup": settings.warmup, "min_rounds": settings.min_rounds,
                           "max_rounds": settings.max_rounds, "time_cap_s": settings.time_cap_s,
                           "targets": {t.metric: t.half_width for t in settings.targets}})
@@ -250,6 +251,16 @@ def checks_table(checks: pd.DataFrame) -> str:
                       "rows above):", "", tabulate(lines, headers="keys", tablefmt="github"), ""])
 
 
+def _spread_line(meta: dict) -> list:
+    """Where the rounds' spread is (clock.spread): the part the round's machine shares across entries, and the part
+    of each entry's own pool, born anew each round."""
+    titles = (("owner", "owner's step"), ("call", "call"), ("held", "held"))
+    parts = [f"{title} {found['round']:.3f} and {found['pool']:.3f}" for metric, title in titles
+             if (found := meta.get("spread", {}).get(metric))]
+    return [f"Spread of the entries' per-round geomeans (SD of the log, shared by the round and each pool's own): "
+            f"{'; '.join(parts)}"] if parts else []
+
+
 def tables(frame: pd.DataFrame, meta: dict, summary: dict) -> str:
     published = published_by_version()
     cpu = meta["backend"] == "gloo"
@@ -258,7 +269,7 @@ def tables(frame: pd.DataFrame, meta: dict, summary: dict) -> str:
            f"{meta['commit']}",
            f"{meta.get('clocks', '')}; throttled visits left out: {meta.get('throttled_visits', 0)}; "
            f"{meta.get('rounds', 0)} rounds in {meta.get('wall_s', 0):.0f} s; run seed {meta.get('clock_seed')} "
-           f"(each round's in results.json); boundary: {meta.get('guards', '')}", ""]
+           f"(each round's in results.json); boundary: {meta.get('guards', '')}", *_spread_line(meta), ""]
     names = {name: name for name in summary}
     order = sorted(summary, key=lambda n: (summary[n]["intervals"].get(clock.RANKING, iv.Interval(math.inf, 0, 0, 0)).center
                                            if summary[n]["intervals"] else math.inf))

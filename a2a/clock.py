@@ -204,6 +204,25 @@ class Run:
                 if any(metric in v for v in per_round.values())}
 
 
+def spread(run: Run) -> dict:
+    """{metric: intervals.spread_parts of the entries' per-round geomeans over the shapes}: how much of a round's
+    spread the round's machine shares across entries and how much is each entry's own pool (a pool is born anew each
+    round). Failed entries are left out."""
+    out = {}
+    for metric in METRICS:
+        per_entry = {}
+        for entry in run.entries:
+            per_case = [{r: v[metric] for r, v in run.samples.get((entry.name, i), {}).items()
+                         if v.get(metric, math.nan) > 0} for i in range(len(run.cases))]
+            rounds = set.intersection(*(set(c) for c in per_case)) if per_case else set()
+            if rounds and entry.name not in run.failed:
+                per_entry[entry.name] = {r: math.exp(statistics.fmean(math.log(c[r]) for c in per_case))
+                                         for r in rounds}
+        if parts := iv.spread_parts(per_entry):
+            out[metric] = parts
+    return out
+
+
 def entry_intervals(samples: dict, name: str, n_cases: int) -> dict:
     """{metric: Interval} of an entry's geometric mean over the cases, from its rounds."""
     out = {}

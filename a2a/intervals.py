@@ -12,7 +12,8 @@ mean of logs, so per-shape and geomean intervals come from one rule.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Sequence
+import statistics
+from typing import NamedTuple, Optional, Sequence
 
 CONFIDENCE = 0.95
 
@@ -56,6 +57,24 @@ def geomean_rounds(per_shape: dict) -> list:
         return []
     rounds = set.intersection(*(set(k for k, v in per_shape[s].items() if v == v and v > 0) for s in shapes))
     return [math.exp(sum(math.log(per_shape[s][r]) for s in shapes) / len(shapes)) for r in sorted(rounds)]
+
+
+def spread_parts(per_entry: dict) -> Optional[dict]:
+    """Where the rounds' spread is, from {entry: {round: value}} (each entry's per-round geomean): the log of a value
+    less its entry's mean is a part every entry of the round shares (the round's mean of them: the machine that
+    round) plus a part of the entry's own pool (the rest). {"round": SD, "pool": SD, "entries": n, "rounds": n} over
+    the rounds every entry has; None with fewer than two entries or rounds."""
+    rounds = sorted(set.intersection(*(set(v) for v in per_entry.values()))) if per_entry else []
+    if len(per_entry) < 2 or len(rounds) < 2:
+        return None
+    centred = []
+    for values in per_entry.values():
+        logs = [math.log(values[r]) for r in rounds]
+        centred.append([x - statistics.fmean(logs) for x in logs])
+    shared = [statistics.fmean(row[j] for row in centred) for j in range(len(rounds))]
+    own = [row[j] - shared[j] for row in centred for j in range(len(rounds))]
+    return {"round": statistics.stdev(shared), "pool": statistics.stdev(own), "entries": len(per_entry),
+            "rounds": len(rounds)}
 
 
 def ranks_with_ties(intervals: dict) -> dict:

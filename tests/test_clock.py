@@ -43,6 +43,20 @@ def test_geomean_rounds_takes_only_rounds_every_shape_has():
     assert iv.geomean_rounds(per_shape) == pytest.approx([4.0, 4.0])
 
 
+def test_the_rounds_spread_splits_into_the_rounds_machine_and_each_entrys_pool():
+    """Rounds move every entry by 0.2, 0, -0.2 in the log; each entry's pool adds +-0.05 of its own: the parts come
+    back (SD of the round's shared part 0.2; of the pools', over 6 values, sqrt(0.01 / 5)), whatever each entry's
+    own level; only the rounds every entry has count."""
+    shared, own = [0.2, 0.0, -0.2], {"A": [0.05, -0.05, 0.0], "B": [-0.05, 0.05, 0.0]}
+    per_entry = {name: {r: math.exp(level + shared[r] + own[name][r]) for r in range(3)}
+                 for name, level in (("A", 1.0), ("B", 5.0))}
+    per_entry["A"][7] = 100.0  # a round B does not have
+    parts = iv.spread_parts(per_entry)
+    assert parts["round"] == pytest.approx(0.2) and parts["pool"] == pytest.approx(math.sqrt(0.01 / 5))
+    assert (parts["entries"], parts["rounds"]) == (2, 3)
+    assert iv.spread_parts({"A": per_entry["A"]}) is None
+
+
 def test_entries_whose_intervals_overlap_share_their_ties():
     found = {"a": iv.Interval(10, 9, 11, 5), "b": iv.Interval(10.5, 10.8, 12, 5), "c": iv.Interval(12, 11.5, 13, 5),
              "d": iv.Interval(30, 29, 31, 5)}
@@ -98,6 +112,8 @@ def test_rounds_visit_every_entry_on_every_shape_in_fresh_processes_in_a_recorde
     assert len(pids) == len(set(pids)) == 3 * 2 * 2  # fresh processes: 3 rounds x 2 entries x 2 ranks
     for key in (("A", 0), ("A", 1), ("B", 0), ("B", 1)):
         assert sorted(run.samples[key]) == [0, 1, 2] and all(v["owner"] > 0 for v in run.samples[key].values())
+    spread = clock.spread(run)  # the header's line: the rounds' spread, the machine's part and the pools'
+    assert {(p["entries"], p["rounds"]) for p in spread.values()} == {(2, 3)} and "owner" in spread, spread
     assert run.stopped == {"A": "3 rounds", "B": "3 rounds"}  # no targets: every round asked for runs
 
 
