@@ -271,6 +271,28 @@ RANK_BIRTH_ENV = "A2A_RANK_BIRTH"
 RANK_BIRTHS = ("zygote", "spawn")
 
 
+# A2A_PIN_CPUS=8,9,10,11: the clock's rank i of every pool on the i-th of these CPUs (all its threads, from its
+# birth). An experiment (#49): whether the host speed each pool draws at its birth, the larger part of the rounds'
+# spread (clock.spread), is where its ranks land. Unset, nothing is pinned.
+PIN_CPUS_ENV = "A2A_PIN_CPUS"
+
+
+def pinned_cpus() -> list:
+    """The CPUs of A2A_PIN_CPUS (empty when unset); ValueError names one this process may not run on."""
+    text = os.environ.get(PIN_CPUS_ENV, "").strip()
+    if not text:
+        return []
+    allowed = os.sched_getaffinity(0)
+    try:
+        cpus = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{PIN_CPUS_ENV}={text!r}: expected CPU numbers, e.g. 8,9,10,11") from None
+    if bad := [cpu for cpu in cpus if cpu not in allowed]:
+        raise ValueError(f"{PIN_CPUS_ENV}={text!r}: CPU {bad[0]} is not among this process's "
+                         f"({min(allowed)}-{max(allowed)})")
+    return cpus
+
+
 def rank_birth(runner_face: bool = False) -> str:
     """How a pool's workers are born: the runner's face spawns each one (its process model); the judge's own faces
     fork them from a zygote per pool (one torch import a pool, not one a worker), unless A2A_RANK_BIRTH=spawn."""

@@ -61,7 +61,8 @@ from boundary import (POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox, become_s
                       memory_cap_hit, owned_tempdir, pool_memory_bytes, prepare_rank_cache,
                       release_uid, shared_namespaces)
 import births  # noqa: E402
-from births import (Forked, Nursery, PhaseSlot, Zygote, close_all_but, rank_birth, send_fds)  # noqa: E402
+from births import (Forked, Nursery, PhaseSlot, Zygote, close_all_but, pinned_cpus, rank_birth,  # noqa: E402
+                    send_fds)
 import judge  # noqa: E402
 from judge import HOLD_MAX_CYCLES, HOLD_START_CYCLES, cantor_combine  # noqa: E402
 import wire  # noqa: E402
@@ -73,9 +74,9 @@ __all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything
     "EXIT_CRASH", "EXTRA_STAT_FIELDS", "EXTRA_STATS", "get_test_cases", "HERE", "import_submission",
     "install_signal_handlers", "kill_tree", "LEADERBOARD_SEED_STEP", "LOG_DIR_ENV", "machine_gpus", "MODES",
     "MPS_DEFAULT_PIPE_DIRECTORY", "nccl_version_tuple", "OFFICIAL_TIMEOUT_S", "own_device", "owned_tempdir",
-    "prepare_rank_cache", "rank_birth", "rank_device", "rank_failures", "RankPool", "release_uid", "RUN_OWNER",
-    "run_steps", "SEED_MAX", "SPEC_KEYS", "spec_line", "start_nursery", "Terminated", "TestCase", "transport_text",
-    "UserError", "validate_cases", "version_text",
+    "pinned_cpus", "prepare_rank_cache", "rank_birth", "rank_device", "rank_failures", "RankPool", "release_uid",
+    "RUN_OWNER", "run_steps", "SEED_MAX", "SPEC_KEYS", "spec_line", "start_nursery", "Terminated", "TestCase",
+    "transport_text", "UserError", "validate_cases", "version_text",
     # what a2a/bench.py, the tools' measuring loop, builds on
     "barrier", "Bound", "clear_l2", "Hold", "on_gpu", "synchronize", "timing_events",
 ]
@@ -1196,6 +1197,7 @@ def check_environment() -> None:
         rank_birth()
         pool_memory_bytes()
         shared_namespaces(dict(os.environ))
+        pinned_cpus()
     except ValueError as error:
         raise UserError(str(error)) from None
 
@@ -1298,6 +1300,11 @@ class RankPool:
         """The pool's workers and (`zygote`) its zygote."""
         own = (self.zygote.process.pid,) if zygote and self.zygote is not None and not self.zygote.ended else ()
         return tuple(worker[0].pid for worker in self.workers if worker is not None) + own
+
+    def pin(self, cpus: list) -> None:
+        """Worker i, and every thread it starts from now on, on cpus[i % len(cpus)] (PIN_CPUS_ENV)."""
+        for slot, pid in enumerate(self._pids(zygote=False)):
+            os.sched_setaffinity(pid, {cpus[slot % len(cpus)]})
 
     def wait_born(self) -> bool:
         """Waits until every worker is born (asking a forked worker's pid waits for its birth, births.Forked);

@@ -309,6 +309,8 @@ class Clock:
         if live.failure:
             return
         try:
+            if cpus := core.pinned_cpus():  # before the ranks start any thread of their own (the import, CUDA)
+                live.pool.pin(cpus)
             test = core.TestCase(args={"world_size": self.plan.world_size}, spec=f"{live.entry.name} (clock round)")
             live.steps = core.CaseSteps(live.pool, test, list(self.plan.case_args), SETUP_TIMEOUT_S, fn=session_rank,
                                         fn_args=(live.entry,))

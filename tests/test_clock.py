@@ -364,6 +364,25 @@ def test_the_next_entrys_pool_is_born_before_a_visit_and_runs_none_of_its_code(t
     assert mark.read_text() == "imported\n" * 2  # its two ranks, in its own turn
 
 
+def test_a_pools_ranks_are_pinned_where_asked_before_their_import(tmp_path, monkeypatch):
+    """A2A_PIN_CPUS (the experiment on where a pool's host speed comes from): rank i of the pool runs on the i-th
+    CPU named, from before the submission's import on."""
+    from tests.conftest import v1_kernel_source
+
+    cpus = sorted(os.sched_getaffinity(0))
+    mark = tmp_path / "affinity"
+    marking = tmp_path / "marking.py"
+    marking.write_text(v1_kernel_source("custom_kernel") + "\nimport os\n"
+                       f"open({str(mark)!r}, 'a').write(str(sorted(os.sched_getaffinity(0))) + '\\n')\n")
+    monkeypatch.setenv("A2A_PIN_CPUS", f"{cpus[-1]},{cpus[0]}")
+    plan = make_plan([str(marking)], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
+    run = clock.time_entries(plan, [clock.Entry("marking", "version", str(plan.versions[0]))], settings,
+                             progress=lambda _: None)
+    assert not run.failed, run.failed
+    assert sorted(mark.read_text().split("\n")[:-1]) == sorted([f"[{cpus[-1]}]", f"[{cpus[0]}]"]), mark.read_text()
+
+
 def test_the_owners_garbage_collector_is_off_in_every_visit_and_on_after(tmp_path, monkeypatch):
     """A collection inside a timed step would be the owner's own pause in the ranking figure: the owner collects
     before each visit and leaves the collector off through its steps (the ready steps before keep it on)."""
