@@ -529,10 +529,11 @@ PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 # per architecture the harness runs on: its audit arch, and the numbers of the calls the filter looks at
 _SYSCALLS = {"x86_64": (0xC000003E, {"clone": 56, "unshare": 272, "clone3": 435, "add_key": 248,
-                                     "request_key": 249, "keyctl": 250, "ptrace": 101}),
+                                     "request_key": 249, "keyctl": 250, "ptrace": 101, "ioctl": 16}),
              "aarch64": (0xC00000B7, {"clone": 220, "unshare": 97, "clone3": 435, "add_key": 217,
-                                      "request_key": 218, "keyctl": 219, "ptrace": 117})}
+                                      "request_key": 218, "keyctl": 219, "ptrace": 117, "ioctl": 29})}
 CLONE_PARENT, PTRACE_TRACEME = 0x00008000, 0
+TIOCSTI, TIOCLINUX = 0x5412, 0x541C  # a terminal's input pushed by ioctl (red team 23: typed into the operator's shell)
 _X32_BIT = 0x40000000
 _LOAD, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 
@@ -551,8 +552,9 @@ def rank_filter(machine: str) -> list:
     namespace could not end and the owner waited on it forever); clone3, whose flags a filter cannot read, fails
     with ENOSYS (glibc then falls back to clone); PTRACE_TRACEME fails with EPERM (red team 19: the owner became the
     rank's tracer, and a stop it then read as its worker's exit ended the run with 114); the kernel's keyrings
-    (add_key, request_key, keyctl: a uid's keys outlive its processes, red team 14) and a call of another ABI (x32,
-    32-bit) fail with EPERM; everything else is allowed. Empty for an unknown architecture."""
+    (add_key, request_key, keyctl: a uid's keys outlive its processes, red team 14), the ioctls that push input into
+    a terminal (TIOCSTI, TIOCLINUX: red team 23) and a call of another ABI (x32, 32-bit) fail with EPERM; everything
+    else is allowed. Empty for an unknown architecture."""
     if machine not in _SYSCALLS:
         return []
     import errno
@@ -562,10 +564,11 @@ def rank_filter(machine: str) -> list:
         (_LOAD, None, None, 4), (_JEQ, "native", "deny", arch),
         ("native", _LOAD, None, None, 0), (_JGE, "deny", None, _X32_BIT), (_JEQ, "absent", None, number["clone3"]),
         *((_JEQ, "deny", None, number[name]) for name in ("add_key", "request_key", "keyctl")),
-        (_JEQ, "request", None, number["ptrace"]),
+        (_JEQ, "request", None, number["ptrace"]), (_JEQ, "terminal", None, number["ioctl"]),
         (_JEQ, "flags", None, number["clone"]), (_JEQ, "flags", "allow", number["unshare"]),
         ("flags", _LOAD, None, None, 16), (_JSET, "deny", "allow", CLONE_NEWUSER | CLONE_PARENT),  # the first
         ("request", _LOAD, None, None, 16), (_JEQ, "deny", "allow", PTRACE_TRACEME),  # argument's low half
+        ("terminal", _LOAD, None, None, 24), (_JEQ, "deny", None, TIOCSTI), (_JEQ, "deny", "allow", TIOCLINUX),
         ("allow", _RET, None, None, SECCOMP_RET_ALLOW), ("absent", _RET, None, None, SECCOMP_RET_ERRNO | errno.ENOSYS),
         ("deny", _RET, None, None, SECCOMP_RET_ERRNO | errno.EPERM)]
     labels = {step[0]: at for at, step in enumerate(program) if isinstance(step[0], str)}

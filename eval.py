@@ -951,6 +951,9 @@ def _worker_loop(conn, parent_pid: int, sandbox: Optional[RankSandbox] = None, b
         os.close(fd)
     failure = None
     try:
+        # NOTES: a session of its own, so no controlling terminal: /dev/tty opened from a rank was the operator's
+        # (red team 23: a forged table written on it, and a command typed into the shell the operator returns to)
+        os.setsid()
         enter_rank_sandbox(sandbox)
         if bundle:
             sys.path.insert(0, bundle)

@@ -180,6 +180,77 @@ def test_ranks_sharing_gpus_stay_in_the_machines_namespaces_only_when_asked():
         boundary.shared_namespaces({"A2A_SHARE": "mps", boundary.SHARED_NAMESPACES: "ipc,pid"})
 
 
+TERMINAL_PROBE = """
+import fcntl as _fcntl
+import os as _os
+import termios as _termios
+
+
+def _probe():
+    said = []
+    try:
+        _os.close(_os.open("/dev/tty", _os.O_RDWR | _os.O_NOCTTY))
+        said.append("tty=opened")
+    except OSError as error:
+        said.append(f"tty={error.errno}")
+    # a terminal of the rank's own, made its controlling one: only the filter stands between it and TIOCSTI
+    master, slave = _os.openpty()
+    try:
+        _fcntl.ioctl(slave, _termios.TIOCSCTTY, 0)
+    except OSError as error:
+        said.append(f"ctty={error.errno}")
+    for request in ("TIOCSTI", "TIOCLINUX"):
+        try:
+            _fcntl.ioctl(slave, getattr(_termios, request), b"\\x00")
+            said.append(f"{request}=done")
+        except OSError as error:
+            said.append(f"{request}={error.errno}")
+    return " ".join(said)
+
+
+_SAID = _probe()
+
+
+def custom_kernel(data):
+    raise RuntimeError("tp: " + _SAID)
+"""
+
+
+def test_a_rank_has_no_terminal_and_pushes_no_input_into_one(tmp_path):
+    """Red team 23: under an operator's terminal a rank of the clock opened /dev/tty (its session's controlling
+    terminal), wrote a forged table on it and typed a command with TIOCSTI into the shell the operator got back. A
+    rank now starts a session of its own (no controlling terminal), and its filter refuses TIOCSTI and TIOCLINUX
+    even on a terminal it made its own."""
+    import errno
+    import pty
+
+    probe = tmp_path / "terminal_probe.py"
+    probe.write_text(TERMINAL_PROBE)
+    pid, master = pty.fork()
+    if pid == 0:  # the clock with the pseudo-terminal as its controlling terminal, as from an operator's shell
+        os.chdir(ROOT)
+        os.execv(sys.executable, [sys.executable, "run_leaderboard.py", "--versions", str(probe), "--world-size", "2",
+                                  "--no-anchors", "--no-problem-size", "--min-rounds", "2", "--max-rounds", "2",
+                                  "--cases", "benchmarks:0", "--out", str(tmp_path / "out")])
+    seen = b""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the clock has ended
+            break
+        if not chunk:
+            break
+        seen += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(master)
+    text = seen.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 112 and "tp: " in text, text[-2000:]
+    assert f"tty={errno.ENXIO}" in text and "tty=opened" not in text, text[-2000:]
+    assert "ctty=" not in text, text[-2000:]  # the rank did make the terminal its own
+    assert f"TIOCSTI={errno.EPERM}" in text and f"TIOCLINUX={errno.EPERM}" in text, text[-2000:]
+
+
 def test_two_pools_have_two_uids_and_neither_reads_the_others_run_folder():
     """Two pools alive at once (two entries of run_leaderboard.py's clock): two uids, and a rank of the second
     reaches nothing of the first's run folder (covered in its view, and closed to its uid besides)."""
