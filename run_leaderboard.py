@@ -244,11 +244,17 @@ def checks_table(checks: pd.DataFrame) -> str:
         failed = rows[rows.status != "pass"]
         lines.append({"version": version, "tests passed": f"{(rows.status == 'pass').sum()} of {len(rows)}",
                       "first failure": "" if failed.empty else
-                      f"test {failed.iloc[0]['test']}: {str(failed.iloc[0]['error'])[:100]}"})
+                      f"test {failed.iloc[0]['test']}: {_markdown_cell(str(failed.iloc[0]['error'])[:100])}"})
     placement = checks["placement"].iloc[0]
     return "\n".join([f"World size {checks['world_size'].iloc[0]}, the problem's size: the official tests, {placement} "
                       "(a check of the algorithm at that size; no timing, nothing here is compared with the timed "
                       "rows above):", "", tabulate(lines, headers="keys", tablefmt="github"), ""])
+
+
+def _markdown_cell(text: str) -> str:
+    """A rank's words (already one escaped line, wire.as_text) as one table cell: its `|` cannot open another
+    (red team 23: a forged row's cells beside the failed entry's)."""
+    return text.replace("|", "\\|")
 
 
 def _spread_line(meta: dict) -> list:
@@ -293,7 +299,8 @@ def tables(frame: pd.DataFrame, meta: dict, summary: dict) -> str:
             line["call / mark"] = f"{found['call'].center / result_rows.geomean(rows.mark_us):.1f}"
         step, pub = published.get(name.split("_")[0], ("", None)) if summary[name]["kind"] == "version" else ("", None)
         line["published MI300X µs (blog step)"] = f"{pub} ({step})" if pub else ""
-        line["all pass"] = "yes" if ok else "no: " + "; ".join(sorted(set(rows.error.dropna().astype(str)) - {""}))[:160]
+        line["all pass"] = "yes" if ok else "no: " + _markdown_cell(
+            "; ".join(sorted(set(rows.error.dropna().astype(str)) - {""}))[:160])
         lines.append(line)
     out += ["Per entry, geometric means over the shapes with 95% intervals over rounds; entries whose intervals "
             "overlap are tied (rank: 1 + the entries wholly below):", "",

@@ -117,34 +117,41 @@ def test_ranks_sharing_gpus_through_mps_see_the_mps_servers_dev_shm():
     """An MPS client finds its server's files in /dev/shm (2026-11-28: ranks with a /dev/shm of their pool's own hung
     in CUDA's first call, every case at world size 8 on 2 GPUs). A pool sharing GPUs through the judge's daemon sees
     the daemon's /dev/shm folder as its own; one sharing through someone else's daemon, the machine's; any other
-    pool, a folder of its own, empty."""
+    pool, a folder of its own, empty. What the ranks of a sharing pool leave there goes at its end (red team 23:
+    1.6 GiB outlived four pools capped at 0.5 GiB), and nothing of another uid's (the server's) goes with it."""
     import tempfile
 
     mps_shm = Path(tempfile.mkdtemp(prefix="a2a-test-mps-", dir="/dev/shm"))
     os.chmod(mps_shm, 0o1777)
+    (mps_shm / "server-file").write_text("the MPS server's")
     fd, host_mark = tempfile.mkstemp(prefix="a2a-test-machine-", dir="/dev/shm")
     os.close(fd)
     os.chmod(host_mark, 0o644)
-    listing = "print(sorted(os.listdir('/dev/shm')))"
+    left = f"{Path(host_mark).name}-left"
+    plant = (f"open('/dev/shm/{left}', 'w').write('x' * 4096)\nos.mkdir('/dev/shm/{left}-tree')\n"
+             f"open('/dev/shm/{left}-tree/file', 'w').close()\nprint(sorted(os.listdir('/dev/shm')))")
     seen = {}
     try:
         for kind, env in (("daemon's", {"A2A_SHARE": "mps", boundary.MPS_SHM_ENV: str(mps_shm)}),
                           ("machine's", {"A2A_SHARE": "mps"}), ("own", {})):
             sandbox = boundary.Sandbox(env=env)
             try:
-                done = _in_sandbox(sandbox, listing + ("\nopen('/dev/shm/rank-mark', 'w').close()"
-                                                       if kind == "daemon's" else ""))
+                done = _in_sandbox(sandbox, plant)
             finally:
                 sandbox.close()
             assert done.returncode == 0, done.stderr
             seen[kind] = (done.stdout.strip(), sandbox.guards.describe())
-        assert seen["daemon's"][0] == "[]" and (mps_shm / "rank-mark").exists(), seen
+        assert seen["daemon's"][0] == str(sorted([left, f"{left}-tree", "server-file"])), seen
         assert "the MPS daemon's" in seen["daemon's"][1], seen
         assert Path(host_mark).name in seen["machine's"][0] and "this machine's" in seen["machine's"][1], seen
-        assert seen["own"][0] == "[]" and "/dev/shm" not in seen["own"][1], seen
+        assert seen["own"][0] == str(sorted([left, f"{left}-tree"])) and "/dev/shm" not in seen["own"][1], seen
+        assert sorted(p.name for p in mps_shm.iterdir()) == ["server-file"]  # the rank's gone, the server's kept
+        assert not [p for p in Path("/dev/shm").iterdir() if p.name.startswith(left)]
     finally:
         shutil.rmtree(mps_shm, ignore_errors=True)
         os.remove(host_mark)
+        for path in Path("/dev/shm").glob(f"{left}*"):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def test_ranks_sharing_gpus_stay_in_the_machines_namespaces_only_when_asked():

@@ -2,6 +2,7 @@
 tables and pictures with anchors, SOL, ties and a fallback from synthetic rows; which entries a GPU run times."""
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -146,6 +147,21 @@ def test_tables_show_intervals_ties_the_mark_and_a_sync_fallback():
     assert "(SD of the log, shared by the round and each pool's own): owner's step 0.100 and 0.150; held 0.020 " \
            "and 0.040" in text, text
     assert "150.0 [142.5, 157.5]" in text  # v2's call time on the first shape, in the per-shape table
+
+
+def test_a_ranks_words_open_no_cell_of_their_own_in_the_table():
+    """Red team 23: a failed entry's error holding `|` and a row's text made extra cells beside its own."""
+    import run_leaderboard
+
+    frame, summary = _synthetic()
+    forged = "boom | v1_torch_sort | version | 1.0 [FORGED] |"
+    frame.loc[frame.version == "v2_p2p", ["status", "error"]] = ["fail", forged]
+    text = run_leaderboard.tables(frame, META, summary)
+    line = next(line for line in text.splitlines() if line.startswith("| v2_p2p"))
+    header = next(line for line in text.splitlines() if line.startswith("| entry"))
+    cells = lambda row: len(re.findall(r"(?<!\\)\|", row))  # noqa: E731  (the unescaped ones)
+    assert cells(line) == cells(header), (header, line)
+    assert "boom \\| v1_torch_sort \\| version" in line, line
 
 
 def _fake_gpu_plan(world_size: int, shared: bool):

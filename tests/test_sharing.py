@@ -245,6 +245,9 @@ def _gone(pipe: str, seconds: float = 20) -> list:
 def test_an_own_daemon_is_stopped_with_everything_it_started(fake_mps):
     daemon = sharing.MpsDaemon()
     assert daemon.owned and Path(daemon.pipe, "control").exists()
+    deadline = time.monotonic() + 10  # the fake daemon starts its server after its control file: wait for it
+    while len(_carrying(f"CUDA_MPS_PIPE_DIRECTORY={daemon.pipe}")) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(_carrying(f"CUDA_MPS_PIPE_DIRECTORY={daemon.pipe}")) >= 3  # guardian, daemon, its server
     daemon.stop()
     assert not _gone(daemon.pipe, 5), "the daemon or its server outlived stop()"
