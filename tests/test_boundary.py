@@ -113,6 +113,20 @@ def _one_pool(key: str, code: str) -> subprocess.CompletedProcess:
         sandbox.close()
 
 
+def _each_pool(envs: dict, code: str) -> dict:
+    """{name: (what `code` printed as a rank, the boundary line)} for one pool per {name: its variables}."""
+    seen = {}
+    for name, env in envs.items():
+        sandbox = boundary.Sandbox(env=env)
+        try:
+            done = _in_sandbox(sandbox, code)
+        finally:
+            sandbox.close()
+        assert done.returncode == 0, done.stderr
+        seen[name] = (done.stdout.strip(), sandbox.guards.describe())
+    return seen
+
+
 def test_ranks_sharing_gpus_through_mps_see_the_mps_servers_dev_shm():
     """An MPS client finds its server's files in /dev/shm (2026-11-28: ranks with a /dev/shm of their pool's own hung
     in CUDA's first call, every case at world size 8 on 2 GPUs). A pool sharing GPUs through the judge's daemon sees
@@ -130,17 +144,9 @@ def test_ranks_sharing_gpus_through_mps_see_the_mps_servers_dev_shm():
     left = f"{Path(host_mark).name}-left"
     plant = (f"open('/dev/shm/{left}', 'w').write('x' * 4096)\nos.mkdir('/dev/shm/{left}-tree')\n"
              f"open('/dev/shm/{left}-tree/file', 'w').close()\nprint(sorted(os.listdir('/dev/shm')))")
-    seen = {}
     try:
-        for kind, env in (("daemon's", {"A2A_SHARE": "mps", boundary.MPS_SHM_ENV: str(mps_shm)}),
-                          ("machine's", {"A2A_SHARE": "mps"}), ("own", {})):
-            sandbox = boundary.Sandbox(env=env)
-            try:
-                done = _in_sandbox(sandbox, plant)
-            finally:
-                sandbox.close()
-            assert done.returncode == 0, done.stderr
-            seen[kind] = (done.stdout.strip(), sandbox.guards.describe())
+        seen = _each_pool({"daemon's": {"A2A_SHARE": "mps", boundary.MPS_SHM_ENV: str(mps_shm)},
+                           "machine's": {"A2A_SHARE": "mps"}, "own": {}}, plant)
         assert seen["daemon's"][0] == str(sorted([left, f"{left}-tree", "server-file"])), seen
         assert "the MPS daemon's" in seen["daemon's"][1], seen
         assert Path(host_mark).name in seen["machine's"][0] and "this machine's" in seen["machine's"][1], seen
@@ -164,18 +170,11 @@ def test_ranks_sharing_gpus_stay_in_the_machines_namespaces_only_when_asked():
     assert segment >= 0, os.strerror(ctypes.get_errno())
     probe = ("import socket\nprint([line.split()[1] for line in open('/proc/sysvipc/shm')][1:], "
              "sorted(socket.if_nameindex()))")
-    seen = {}
     try:
-        for kind, env in (("ipc", {"A2A_SHARE": "mps", boundary.SHARED_NAMESPACES: "ipc"}),
-                          ("ipc and net", {"A2A_SHARE": "mps", boundary.SHARED_NAMESPACES: "net,ipc"}),
-                          ("shared", {"A2A_SHARE": "mps"}), ("not shared", {boundary.SHARED_NAMESPACES: "ipc,net"})):
-            sandbox = boundary.Sandbox(env=env)
-            try:
-                done = _in_sandbox(sandbox, probe)
-            finally:
-                sandbox.close()
-            assert done.returncode == 0, done.stderr
-            seen[kind] = (str(segment) in done.stdout, "'lo')]" not in done.stdout, sandbox.guards.describe())
+        said = _each_pool({"ipc": {"A2A_SHARE": "mps", boundary.SHARED_NAMESPACES: "ipc"},
+                           "ipc and net": {"A2A_SHARE": "mps", boundary.SHARED_NAMESPACES: "net,ipc"},
+                           "shared": {"A2A_SHARE": "mps"}, "not shared": {boundary.SHARED_NAMESPACES: "ipc,net"}}, probe)
+        seen = {kind: (str(segment) in out, "'lo')]" not in out, guards) for kind, (out, guards) in said.items()}
     finally:
         libc.shmctl(segment, 0, None)  # IPC_RMID
     machines = bool([name for _, name in socket.if_nameindex() if name != "lo"])
