@@ -212,12 +212,10 @@ def spread(run: Run) -> dict:
     for metric in METRICS:
         per_entry = {}
         for entry in run.entries:
-            per_case = [{r: v[metric] for r, v in run.samples.get((entry.name, i), {}).items()
-                         if v.get(metric, math.nan) > 0} for i in range(len(run.cases))]
-            rounds = set.intersection(*(set(c) for c in per_case)) if per_case else set()
-            if rounds and entry.name not in run.failed:
-                per_entry[entry.name] = {r: math.exp(statistics.fmean(math.log(c[r]) for c in per_case))
-                                         for r in rounds}
+            per_case = {i: {r: v[metric] for r, v in run.samples.get((entry.name, i), {}).items() if metric in v}
+                        for i in range(len(run.cases))}
+            if (values := iv.geomean_by_round(per_case)) and entry.name not in run.failed:
+                per_entry[entry.name] = values
         if parts := iv.spread_parts(per_entry):
             out[metric] = parts
     return out

@@ -49,14 +49,19 @@ def interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interva
     return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
 
 
-def geomean_rounds(per_shape: dict) -> list:
-    """Per round, the geometric mean over shapes of an entry's round values ({shape: {round: value}}); only rounds
-    in which every shape has a value."""
+def geomean_by_round(per_shape: dict) -> dict:
+    """{round: the geometric mean over shapes of an entry's values that round} from {shape: {round: value}}; only
+    rounds in which every shape has a value."""
     shapes = list(per_shape)
     if not shapes:
-        return []
+        return {}
     rounds = set.intersection(*(set(k for k, v in per_shape[s].items() if v == v and v > 0) for s in shapes))
-    return [math.exp(sum(math.log(per_shape[s][r]) for s in shapes) / len(shapes)) for r in sorted(rounds)]
+    return {r: math.exp(sum(math.log(per_shape[s][r]) for s in shapes) / len(shapes)) for r in sorted(rounds)}
+
+
+def geomean_rounds(per_shape: dict) -> list:
+    """Per round, in round order, the geometric mean over shapes (geomean_by_round)."""
+    return list(geomean_by_round(per_shape).values())
 
 
 def spread_parts(per_entry: dict) -> Optional[dict]:
