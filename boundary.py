@@ -755,9 +755,10 @@ class Sandbox:
         limit = pool_memory_bytes()
         group, self.guards.memory_off = make_memory_group(self.uid, limit)
         self.guards.memory_bytes = limit if group else None
+        machine_shm = ("/dev/shm",) if shm_shared and shm is None else ()  # shared with an MPS server, uncovered
         self.setup = RankSandbox(private_proc=True, uid=self.uid, env=run_env(self.uid, self._views),
-                                 covers=covers,
-                                 writable=_writable(self.uid, pool_env), read_only=read_only,
+                                 covers=covers, writable=_writable(self.uid, pool_env, machine_shm),
+                                 read_only=read_only,
                                  keep=tuple(sorted({str(p) for p in needed if _below_covered(p)})),
                                  expose=tuple(pairs), memory_group=str(group or ""))
 
@@ -1075,12 +1076,11 @@ def run_covers(uid: int, shm: Optional[str]) -> tuple:
     return (("/tmp", str(base / "tmp")), ("/var/tmp", str(base / "var-tmp")), *((("/dev/shm", shm),) if shm else ()))
 
 
-def _writable(uid: int, env: dict) -> tuple:
-    """The folders a rank may write: its run folder, the operator's (RANK_WRITABLE), the MPS pipe folder, and the
-    machine's /dev/shm where it shares that with an MPS server (shm_cover)."""
+def _writable(uid: int, env: dict, shared: tuple) -> tuple:
+    """The folders a rank may write: its run folder, the operator's (RANK_WRITABLE), the MPS pipe folder, and
+    `shared` (the machine's /dev/shm where it shares that with an MPS server: shm_cover)."""
     folders = [str(run_folder(uid)), *env.get(RANK_WRITABLE, "").split(os.pathsep),
-               env.get("CUDA_MPS_PIPE_DIRECTORY", MPS_DEFAULT_PIPE),
-               "/dev/shm" if env.get("A2A_SHARE") == "mps" and not env.get(MPS_SHM_ENV) else ""]
+               env.get("CUDA_MPS_PIPE_DIRECTORY", MPS_DEFAULT_PIPE), *shared]
     return tuple(sorted({os.path.realpath(f) for f in folders if f and os.path.isdir(f)}))
 
 

@@ -90,16 +90,9 @@ def session_rank(rank: int, world_size: int, cases: list, regions: dict, entry: 
     the harness row's call for each case, then the owner's steps until it stops them. With peers on GPUs a handshake
     (a2a/probes.py) starts every rank's held call together (eval.Hold.align; not where ranks share GPUs), one per
     process for every entry; it is closed (a collective) only after steps that ended well: a failed rank's peers are stopped by the owner."""
-    import torch
+    from a2a import probes
 
-    handshake = None
-    if world_size > 1 and core.rank_device(rank).type == "cuda" and torch.cuda.device_count() >= world_size:
-        import torch.distributed as dist
-
-        from a2a import probes
-
-        with core.own_device(rank):
-            handshake = probes.Handshake(dist.get_rank(), world_size)
+    handshake = probes.peer_handshake(rank, world_size)
     align = handshake.launch if handshake is not None else None
     if entry.kind == "version":
         kernel = core.import_submission()

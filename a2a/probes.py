@@ -17,6 +17,7 @@ compiles it for sm_90, gfx942 and gfx90a too.
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 KERNELS = r"""
 // ---------------------------------------------------------------------------------------------------------------
@@ -621,6 +622,19 @@ class Handshake:
         Handshake.live = False
         if gave_up:
             raise RuntimeError(f"the handshake of rank {self.probes.rank} gave up waiting for a peer")
+
+
+def peer_handshake(rank: int, world_size: int) -> Optional[Handshake]:
+    """The handshake whose flag round starts every rank's held (or traced) call together, where each rank has a GPU
+    of its own (a2a/clock.py, a2a/timeline.py); None at one rank, on a CPU, or where ranks share GPUs."""
+    import torch
+
+    import eval as core
+
+    if world_size < 2 or core.rank_device(rank).type != "cuda" or torch.cuda.device_count() < world_size:
+        return None
+    with core.own_device(rank):
+        return Handshake(rank, world_size)
 
 
 def local_copy_gbps(device, megabytes: int = 1024, repeats: int = 10) -> float:

@@ -118,12 +118,10 @@ def _traced_calls(module, probes, data, rank: int, iterations: int, profiled: bo
 
 def _trace_rank(rank: int, world_size: int, path: str, cases: list, iterations: int) -> list:
     """Per case: {"clean": rank data, "profiled": rank data} (see _traced_calls; plus rank, clock and phases)."""
-    import torch
-
     import eval as core
     from a2a import bench
     from a2a.plan import load_version
-    from a2a.probes import Handshake, Probes
+    from a2a.probes import Probes, peer_handshake
     from reference import generate_input
 
     module = load_version(Path(path), f"traced_{Path(path).stem}", trace=True)
@@ -134,8 +132,7 @@ def _trace_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
     try:
         with core.own_device(rank):
             clock = probes.clock_offsets()[rank]
-            if world_size > 1 and torch.cuda.device_count() >= world_size:  # peers on their own GPUs, as the clock
-                handshake = Handshake(rank, world_size)
+        handshake = peer_handshake(rank, world_size)  # peers on their own GPUs: calls start together, as the clock's
         align = handshake.launch if handshake is not None else None
         common = {"rank": rank, "clock": clock, "aligned": align is not None,
                   "phases": list(getattr(module, "TRACE_PHASES", ())) if take else []}
