@@ -342,6 +342,20 @@ def _torch_build() -> dict:
     return {name: None if match.group(1) == "None" else match.group(1).strip("'") for name, match in found.items()}
 
 
+# NOTES: a process becomes an MPS client at cuInit when its CUDA_MPS_PIPE_DIRECTORY (or MPS's default folder) holds
+# a control daemon, and MPS serves one uid's clients at a time. A judge's process (root, alive through its pools)
+# that joined would keep every rank (a uid of its own) waiting in CUDA's first call: on 2026-11-28 (a7562e0, two
+# H200s) world size 8 hung so in every case, the evaluator having counted GPUs through the driver while carrying
+# the ranks' MPS variables for them; with the sandbox off (ranks as root) it passed. So the judge's driver starts
+# with a pipe folder no daemon can be in (nothing can be created in /proc), and stays out of MPS for its life.
+NO_MPS_PIPE = "/proc/a2a-no-mps"
+
+
+def outside_mps():
+    """The block's CUDA driver start (the first in a process) joins no MPS daemon (NO_MPS_PIPE)."""
+    return environment_with({"CUDA_MPS_PIPE_DIRECTORY": NO_MPS_PIPE})
+
+
 def _cuda_driver_gpus(cuda: str) -> int:
     """What torch.cuda.device_count() gives on a CUDA build, asked of the driver (CUDA_VISIBLE_DEVICES applies
     alike): 0 without a driver, a device, or a driver older than the CUDA major version torch was built for."""
@@ -350,7 +364,9 @@ def _cuda_driver_gpus(cuda: str) -> int:
     except OSError:
         return 0
     count, version = ctypes.c_int(0), ctypes.c_int(0)
-    if driver.cuInit(0) != 0 or driver.cuDriverGetVersion(ctypes.byref(version)) != 0:
+    with outside_mps():
+        started = driver.cuInit(0)
+    if started != 0 or driver.cuDriverGetVersion(ctypes.byref(version)) != 0:
         return 0
     if version.value // 1000 < int(cuda.split(".")[0]):
         return 0
@@ -366,7 +382,8 @@ def machine_gpus() -> int:
         return _cuda_driver_gpus(build["cuda"]) if build["cuda"] else 0
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with outside_mps():
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def validate_cases(tests: list[TestCase], pool_size: int, backend: str, gpus: int, shared: bool = False) -> None:

@@ -373,6 +373,36 @@ def test_a_killed_commands_temporary_folder_goes_with_the_next_sweep():
     assert not left.exists() and not alive.exists()
 
 
+def test_the_judges_driver_start_joins_no_mps_daemon(monkeypatch):
+    """The evaluator carries the ranks' MPS variables for them; the driver start that counts its GPUs must not make
+    it an MPS client (2026-11-28: root's client kept every rank of its own uid waiting in CUDA's first call), and
+    the ranks' variables are as they were after it."""
+    import ctypes
+
+    import eval as core
+
+    seen = []
+
+    class Driver:
+        def cuInit(self, flags):
+            seen.append(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
+            return 0
+
+        def cuDriverGetVersion(self, out):
+            out._obj.value = 13000
+            return 0
+
+        def cuDeviceGetCount(self, out):
+            out._obj.value = 2
+            return 0
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name, *args, **kwargs: Driver())
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/a2a-mps-test/pipe")
+    assert core._cuda_driver_gpus("13.0") == 2
+    assert seen == [core.NO_MPS_PIPE] and not os.path.exists(core.NO_MPS_PIPE)
+    assert os.environ["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/a2a-mps-test/pipe"
+
+
 def test_the_gpu_count_needs_no_torch_import_on_a_cpu_or_cuda_build(tmp_path, monkeypatch):
     """The protocol face counts GPUs before its ranks start and imports torch while they do: a CPU build is read
     from torch's version.py, a CUDA build asked of the driver, a ROCm build of torch itself."""
