@@ -392,8 +392,13 @@ class MpsDaemon:
             return
         self.folder = Path(tempfile.mkdtemp(prefix="a2a-mps-"))
         self.pipe, self.owned = str(self.folder / "pipe"), True
-        (self.folder / "pipe").mkdir()
-        (self.folder / "log").mkdir()
+        # NOTES: the daemon starts each server as its clients' uid (the ranks'), which writes its sockets in the pipe
+        # folder and its log in the log folder: both open to every uid, sticky (2026-11-28, a7562e0: with the
+        # folders root's alone, every server for the ranks' uid exited at once, and their CUDA failed with 805)
+        os.chmod(self.folder, 0o711)
+        for name in ("pipe", "log"):
+            (self.folder / name).mkdir()
+            os.chmod(self.folder / name, 0o1777)
         if os.geteuid() == 0 and os.path.isdir("/dev/shm"):
             self.shm = Path(tempfile.mkdtemp(prefix="a2a-mps-", dir="/dev/shm"))
             os.chmod(self.shm, 0o1777)

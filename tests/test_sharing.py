@@ -254,6 +254,21 @@ def test_an_own_daemon_is_stopped_with_everything_it_started(fake_mps):
     assert not daemon.folder.exists()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a server of another uid needs root to start it")
+def test_an_own_daemons_servers_of_the_ranks_uid_can_write_their_sockets_and_logs(fake_mps):
+    """MPS starts each server as its clients' uid: one of another uid than the daemon's must reach the pipe
+    folder and the log folder and write in both, and must not remove the daemon's own control socket."""
+    daemon = sharing.MpsDaemon()
+    try:
+        server = subprocess.run(["/bin/sh", "-c", f"touch {daemon.pipe}/server-socket {daemon.folder}/log/server.log"
+                                 f" && ! rm -f {daemon.pipe}/control 2>/dev/null"],
+                                user=65534, group=65534, capture_output=True, text=True, timeout=30)
+        assert server.returncode == 0, server.stderr
+        assert Path(daemon.pipe, "server-socket").exists() and Path(daemon.pipe, "control").exists()
+    finally:
+        daemon.stop()
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.isdir("/dev/shm"),
                     reason="a /dev/shm of the daemon's own needs root (a mount namespace) and a /dev/shm")
 def test_an_own_daemon_and_its_clients_share_a_dev_shm_given_to_the_ranks(fake_mps, monkeypatch):
