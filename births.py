@@ -2,8 +2,9 @@
 judge's own faces fork them from a zygote per pool (zygote_loop): a root process born in the pool's namespaces,
 which imports torch once and forks a worker at each of its owner's requests (Zygote, Forked). The clock's pools'
 zygotes are forked in turn, torch imported, from the run's nursery (nursery_loop, Nursery), outside every pool.
-What a worker and its owner share besides its pipe: its phase slot (PhaseSlot), and the descriptors passed at its
-birth (send_fds, receive_fds). Part of every staged bundle (problems/all2all/task.yml)."""
+What a worker and its owner share besides its pipe: its phase slot (PhaseSlot), the descriptors passed at its
+birth (send_fds, receive_fds), and the environment it starts with (environment_with). Part of every staged bundle
+(problems/all2all/task.yml)."""
 from __future__ import annotations
 
 import collections
@@ -19,11 +20,40 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from boundary import CLONE_NEWPID, die_with_parent, kill_tree, process_stat
+
+
+# Held while environment_with has os.environ changed, and while environ_with copies it: a thread that starts a
+# process from a copy (the GPU suite's runs beside a group of 8) never takes a group's MPS and NCCL settings with it.
+_ENVIRON_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def environment_with(extra: dict):
+    """os.environ with `extra` set, for the duration (what a spawned process starts with)."""
+    with _ENVIRON_LOCK:
+        before = {name: os.environ.get(name) for name in extra}
+        os.environ.update(extra)
+        try:
+            yield
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def environ_with(extra: Optional[dict] = None) -> dict:
+    """A copy of os.environ with `extra` on top, for a child process (never a copy of another thread's
+    environment_with)."""
+    with _ENVIRON_LOCK:
+        return {**os.environ, **(extra or {})}
 
 
 def send_fds(conn, fds: list) -> None:

@@ -463,7 +463,7 @@ libc = ctypes.CDLL(None, use_errno=True)
 for name in ("SIGINT", "SIGTERM", "SIGHUP"):
     signal.signal(getattr(signal, name), signal.SIG_IGN)
 read_only = boundary.read_only_method()
-apart = boundary.isolate_network_and_ipc(libc, sys.argv[5].split(","))
+apart = boundary.isolate_network_and_ipc(libc)
 if os.getppid() != owner or libc.unshare(0x20000000):
     print("error", os.strerror(ctypes.get_errno()), flush=True)
     sys.exit(1)
@@ -501,19 +501,16 @@ def _libc():
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
 
 
-def isolate_network_and_ipc(libc, kinds: list) -> str:
-    """This process into a new network namespace ("net" in `kinds`), its loopback up and nothing else in it, and a
-    new IPC namespace ("ipc": System V objects, POSIX message queues): a pool's ranks reach each other there and no
-    other pool's sockets, abstract ones included, nor the host's. Returns why not ("" when done)."""
+def isolate_network_and_ipc(libc) -> str:
+    """This process into a new network namespace, its loopback up and nothing else in it, and a new IPC namespace
+    (System V objects, POSIX message queues): a pool's ranks reach each other there and no other pool's sockets,
+    abstract ones included, nor the host's. Returns why not ("" when done)."""
     import fcntl
     import socket
     import struct
 
-    flags = (CLONE_NEWNET if "net" in kinds else 0) | (CLONE_NEWIPC if "ipc" in kinds else 0)
-    if flags and libc.unshare(flags):
+    if libc.unshare(CLONE_NEWNET | CLONE_NEWIPC):
         return os.strerror(ctypes.get_errno())
-    if "net" not in kinds:
-        return ""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             request = struct.pack("16sH22x", b"lo", 0)  # struct ifreq: the name, then the flags
@@ -728,11 +725,7 @@ class Sandbox:
             self.guards.shared.append(shm_shared)
             self._shared_shm = shm or "/dev/shm"
         make_run_folders(self.uid, own_shm=not shm_shared)
-        machines = shared_namespaces(pool_env)
-        if machines:
-            self.guards.shared.append(f"the machine's {' and '.join(machines)} namespace"
-                                      f"{'s' if len(machines) > 1 else ''} ({SHARED_NAMESPACES})")
-        read_only = self._start_guardian([kind for kind in ("net", "ipc") if kind not in machines])
+        read_only = self._start_guardian()
         if self.init_pid is None:
             return
         self.guards.pid_namespace = self.guards.private_proc = True
@@ -772,14 +765,13 @@ class Sandbox:
         except OSError:
             return None
 
-    def _start_guardian(self, apart: list) -> str:
-        """Starts the namespace's guardian, with the ranks' own namespaces of the kinds in `apart` ("net", "ipc");
-        the way mounts are made read-only here ("" for none)."""
+    def _start_guardian(self) -> str:
+        """Starts the namespace's guardian; the way mounts are made read-only here ("" for none)."""
         import subprocess
 
         env = {k: v for k, v in os.environ.items() if k != RUN_OWNER}  # no orphan sweep may end it mid-clean
         self.parent = subprocess.Popen([sys.executable, "-c", _NAMESPACE_INIT, str(os.getpid()), str(HERE),
-                                        str(self.uid), _own_mark(), ",".join(apart) or "-"],
+                                        str(self.uid), _own_mark()],
                                        stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, env=env,
                                        start_new_session=True)  # a kill of the run's process group spares it
         answer = self.parent.stdout.readline().split()
@@ -791,7 +783,7 @@ class Sandbox:
         self.inode = _ns_inode(self.init_pid)
         kinds = {CLONE_NEWPID: "pid"}
         if answer[2] == "apart":
-            kinds.update({flag: name for flag, name in ((CLONE_NEWNET, "net"), (CLONE_NEWIPC, "ipc")) if name in apart})
+            kinds.update({CLONE_NEWNET: "net", CLONE_NEWIPC: "ipc"})
             self.guards.network_ipc = True
         else:
             self.guards.off.append(f"the ranks share this machine's network and IPC namespaces (the kernel said "
@@ -989,25 +981,13 @@ def shm_folder(uid: int) -> Optional[Path]:
     return Path("/dev/shm", f"a2a-run-{uid}") if os.path.isdir("/dev/shm") else None
 
 
-# Ranks that share a GPU through CUDA MPS reach its server through files in /dev/shm besides its pipe folder: on
-# 2026-11-28 (f35d8c2, 8 ranks on 2 H100s) ranks with a /dev/shm of their pool's own hung in CUDA's first call,
-# every case. So a2a/sharing.py's daemon runs on a /dev/shm of its own, which MPS_SHM_ENV names to the pools that
-# share GPUs through it, and their ranks see it as /dev/shm (shared by those pools of one command, removed with the
-# daemon); ranks that use an MPS daemon of someone else's see the machine's.
+# Ranks that share a GPU through CUDA MPS and their server (started by the daemon, outside every pool) share files
+# in /dev/shm besides the pipe folder. So a2a/sharing.py's own daemon runs on a /dev/shm of its own, which
+# MPS_SHM_ENV names to the pools that share GPUs through it, and their ranks see it as /dev/shm (shared by those
+# pools of one command, removed with the daemon); ranks that use someone else's daemon see the machine's. With
+# this, the ranks' own PID, network and IPC namespaces, and the judge outside MPS (eval.outside_mps), world size 8
+# on 2 H200s passed on 2026-11-28 (0227b15).
 MPS_SHM_ENV = "A2A_MPS_SHM"
-# A2A_SHARED_NAMESPACES=ipc,net (either or both) keeps those ranks in the machine's namespaces of those kinds, where
-# the MPS server is: the test, on a GPU, of whether MPS needs them too. Their System V objects still go with the pool
-# (remove_sysv_ipc, by uid).
-SHARED_NAMESPACES = "A2A_SHARED_NAMESPACES"
-
-
-def shared_namespaces(pool_env: dict) -> list:
-    """The kinds of the machine's namespaces ("ipc", "net") a pool's ranks stay in: SHARED_NAMESPACES, for ranks
-    sharing GPUs through MPS only. ValueError names a kind it does not know."""
-    asked = [kind.strip() for kind in pool_env.get(SHARED_NAMESPACES, "").split(",") if kind.strip()]
-    if unknown := [kind for kind in asked if kind not in ("ipc", "net")]:
-        raise ValueError(f"{SHARED_NAMESPACES}={pool_env[SHARED_NAMESPACES]!r}: {unknown[0]!r} is neither ipc nor net")
-    return sorted(set(asked)) if pool_env.get("A2A_SHARE") == "mps" else []
 
 
 def shm_cover(uid: int, pool_env: dict) -> tuple:

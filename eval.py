@@ -48,7 +48,6 @@ import signal
 import socket
 import stat
 import sys
-import threading
 import time
 import traceback
 from datetime import timedelta
@@ -59,10 +58,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own mod
 from boundary import (POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox, become_subreaper, claim_run,  # noqa: E402
                       descendants, die_with_parent, enter_rank_sandbox, hide_result_channel, kill_tree,
                       memory_cap_hit, owned_tempdir, pool_memory_bytes, prepare_rank_cache,
-                      release_uid, shared_namespaces)
+                      release_uid)
 import births  # noqa: E402
-from births import (Forked, Nursery, PhaseSlot, Zygote, close_all_but, pinned_cpus, rank_birth,  # noqa: E402
-                    send_fds)
+from births import (Forked, Nursery, PhaseSlot, Zygote, close_all_but, environ_with, environment_with,  # noqa: E402
+                    pinned_cpus, rank_birth, send_fds)
 import judge  # noqa: E402
 from judge import HOLD_MAX_CYCLES, HOLD_START_CYCLES, cantor_combine  # noqa: E402
 import wire  # noqa: E402
@@ -1016,34 +1015,6 @@ def _send_result(conn, result: RankResult) -> None:
             os._exit(3)
 
 
-# Held while environment_with has os.environ changed, and while environ_with copies it: a thread that starts a
-# process from a copy (the GPU suite's runs beside a group of 8) never takes a group's MPS and NCCL settings with it.
-_ENVIRON_LOCK = threading.RLock()
-
-
-@contextlib.contextmanager
-def environment_with(extra: dict):
-    """os.environ with `extra` set, for the duration (what a spawned process starts with)."""
-    with _ENVIRON_LOCK:
-        before = {name: os.environ.get(name) for name in extra}
-        os.environ.update(extra)
-        try:
-            yield
-        finally:
-            for name, value in before.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-
-
-def environ_with(extra: Optional[dict] = None) -> dict:
-    """A copy of os.environ with `extra` on top, for a child process (never a copy of another thread's
-    environment_with)."""
-    with _ENVIRON_LOCK:
-        return {**os.environ, **(extra or {})}
-
-
 def _death_message(exitcode: Optional[int], guards=None) -> str:
     """What a dead rank's exit says; a SIGKILL from the kernel at its pool's memory cap says so."""
     cap = ""
@@ -1216,7 +1187,6 @@ def check_environment() -> None:
     try:
         rank_birth()
         pool_memory_bytes()
-        shared_namespaces(dict(os.environ))
         pinned_cpus()
     except ValueError as error:
         raise UserError(str(error)) from None

@@ -123,7 +123,7 @@ def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
     """Each found before a rank starts: one line, 113, nothing saved."""
     a_file = Path(_file(tmp_path, "a_file", ""))
     for variable, value in (("A2A_POOL_MEMORY_GB", "-1"), ("A2A_POOL_MEMORY_GB", "nan"), ("A2A_RANK_BIRTH", "exec"),
-                            ("A2A_SHARED_NAMESPACES", "pid"), ("A2A_PIN_CPUS", "first"), ("A2A_PIN_CPUS", "9999")):
+                            ("A2A_PIN_CPUS", "first"), ("A2A_PIN_CPUS", "9999")):
         for command in (("eval.py", "test", "v1"), ("run_leaderboard.py", "--versions", "v1", "--out",
                                                      str(tmp_path / "o0"))):
             result = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True,
@@ -265,8 +265,7 @@ def test_protocol_face_rejects_a_bad_environment(bundle):
                          ({"POPCORN_FD": "1", "A2A_OWNER_GPU": "first"}, "A2A_OWNER_GPU must be 'own', 'next' or a GPU index"),
                          ({"POPCORN_FD": "1", "A2A_POOL_MEMORY_GB": "lots"}, "A2A_POOL_MEMORY_GB='lots': must be a"),
                          ({"POPCORN_FD": "1", "A2A_POOL_MEMORY_GB": "0"}, "A2A_POOL_MEMORY_GB='0': must be a"),
-                         ({"POPCORN_FD": "1", "A2A_RANK_BIRTH": "fork"}, "A2A_RANK_BIRTH='fork': must be one of"),
-                         ({"POPCORN_FD": "1", "A2A_SHARED_NAMESPACES": "ipc,pid"}, "'pid' is neither ipc nor net")]:
+                         ({"POPCORN_FD": "1", "A2A_RANK_BIRTH": "fork"}, "A2A_RANK_BIRTH='fork': must be one of")]:
         done = _protocol(bundle, env, "test", "one.txt")
         assert done.returncode == EXIT_BAD_INPUT and message in done.stderr, (env, done.returncode, done.stderr)
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -128,10 +128,9 @@ def _each_pool(envs: dict, code: str) -> dict:
 
 
 def test_ranks_sharing_gpus_through_mps_see_the_mps_servers_dev_shm():
-    """An MPS client finds its server's files in /dev/shm (2026-11-28: ranks with a /dev/shm of their pool's own hung
-    in CUDA's first call, every case at world size 8 on 2 GPUs). A pool sharing GPUs through the judge's daemon sees
-    the daemon's /dev/shm folder as its own; one sharing through someone else's daemon, the machine's; any other
-    pool, a folder of its own, empty. What the ranks of a sharing pool leave there goes at its end (red team 23:
+    """An MPS client and its server share files in /dev/shm (boundary.MPS_SHM_ENV). A pool sharing GPUs through the
+    judge's daemon sees the daemon's /dev/shm folder as its own; one sharing through someone else's daemon, the
+    machine's; any other pool, a folder of its own, empty. What the ranks of a sharing pool leave there goes at its end (red team 23:
     1.6 GiB outlived four pools capped at 0.5 GiB), and nothing of another uid's (the server's) goes with it."""
     import tempfile
 
@@ -160,9 +159,9 @@ def test_ranks_sharing_gpus_through_mps_see_the_mps_servers_dev_shm():
             shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
-def test_ranks_sharing_gpus_stay_in_the_machines_namespaces_only_when_asked():
-    """A2A_SHARED_NAMESPACES=ipc,net (the GPU test of whether MPS needs the machine's namespaces too) keeps the ranks
-    of a pool sharing GPUs in those, and says so; without it, or for a pool that shares no GPU, they have their own."""
+def test_ranks_sharing_gpus_have_network_and_ipc_namespaces_of_their_own_too():
+    """A pool sharing GPUs through MPS keeps its ranks out of the machine's IPC and network namespaces as every pool
+    does (2026-11-28: MPS needed neither; its server and clients share the daemon's /dev/shm and pipe folder)."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -171,19 +170,13 @@ def test_ranks_sharing_gpus_stay_in_the_machines_namespaces_only_when_asked():
     probe = ("import socket\nprint([line.split()[1] for line in open('/proc/sysvipc/shm')][1:], "
              "sorted(socket.if_nameindex()))")
     try:
-        said = _each_pool({"ipc": {"A2A_SHARE": "mps", boundary.SHARED_NAMESPACES: "ipc"},
-                           "ipc and net": {"A2A_SHARE": "mps", boundary.SHARED_NAMESPACES: "net,ipc"},
-                           "shared": {"A2A_SHARE": "mps"}, "not shared": {boundary.SHARED_NAMESPACES: "ipc,net"}}, probe)
+        said = _each_pool({"shared": {"A2A_SHARE": "mps"}, "not shared": {}}, probe)
         seen = {kind: (str(segment) in out, "'lo')]" not in out, guards) for kind, (out, guards) in said.items()}
     finally:
         libc.shmctl(segment, 0, None)  # IPC_RMID
-    machines = bool([name for _, name in socket.if_nameindex() if name != "lo"])
-    assert seen["ipc"][:2] == (True, False) and "the machine's ipc namespace (" in seen["ipc"][2], seen
-    assert seen["ipc and net"][:2] == (True, machines) and "ipc and net namespaces" in seen["ipc and net"][2], seen
     for kind in ("shared", "not shared"):
-        assert seen[kind][:2] == (False, False) and "the machine's" not in seen[kind][2], seen
-    with pytest.raises(ValueError, match="'pid' is neither ipc nor net"):
-        boundary.shared_namespaces({"A2A_SHARE": "mps", boundary.SHARED_NAMESPACES: "ipc,pid"})
+        assert seen[kind][:2] == (False, False) and "network and IPC namespaces" in seen[kind][2], seen
+        assert "the machine's" not in seen[kind][2].replace("the machine's /dev/shm", ""), seen
 
 
 TERMINAL_PROBE = """

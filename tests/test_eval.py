@@ -373,14 +373,19 @@ def test_a_killed_commands_temporary_folder_goes_with_the_next_sweep():
     assert not left.exists() and not alive.exists()
 
 
-def test_the_judges_driver_start_joins_no_mps_daemon(monkeypatch):
+def test_the_judges_driver_start_joins_no_mps_daemon(tmp_path, monkeypatch):
     """The evaluator carries the ranks' MPS variables for them; the driver start that counts its GPUs must not make
     it an MPS client (2026-11-28: root's client kept every rank of its own uid waiting in CUDA's first call), and
     the ranks' variables are as they were after it."""
     import ctypes
+    import importlib.util
 
     import eval as core
 
+    fake = tmp_path / "torch"  # a CUDA build of torch, as its version.py says
+    fake.mkdir()
+    (fake / "version.py").write_text("from typing import Optional\ncuda: Optional[str] = '13.0'\nhip = None\n")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: type("Spec", (), {"origin": str(fake / "x.py")}))
     seen = []
 
     class Driver:
@@ -398,7 +403,7 @@ def test_the_judges_driver_start_joins_no_mps_daemon(monkeypatch):
 
     monkeypatch.setattr(ctypes, "CDLL", lambda name, *args, **kwargs: Driver())
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/a2a-mps-test/pipe")
-    assert core._cuda_driver_gpus("13.0") == 2
+    assert core.machine_gpus() == 2
     assert seen == [core.NO_MPS_PIPE] and not os.path.exists(core.NO_MPS_PIPE)
     assert os.environ["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/a2a-mps-test/pipe"
 
