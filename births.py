@@ -109,6 +109,7 @@ def zygote_loop(control, worker: Callable, parent_pid: int, sandbox: Any, bundle
     kept until the owner has read it (so its pid is not reused while the owner may still signal it)."""
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stdin_from_null()
     if os.getppid() not in (parent_pid, 0):
         os._exit(1)
     for name in ZYGOTE_PRELOAD:
@@ -186,6 +187,7 @@ def nursery_loop(control) -> None:
 
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stdin_from_null()
     for name in ZYGOTE_PRELOAD:
         importlib.import_module(name)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -295,6 +297,16 @@ def close_all_but(keep: tuple) -> None:
         if int(name) not in keep:
             with contextlib.suppress(OSError):
                 os.close(int(name))
+
+
+def stdin_from_null() -> None:
+    """fd 0 becomes /dev/null. NOTES: it was what the judge was started with, down every birth: the operator's
+    terminal, past a rank's session of its own (red team 24: a rank read the operator's keys, left the terminal
+    without echo, and ended a clock run with a SIGINT the terminal typed), or the rest of a script's input."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    if null != 0:
+        os.dup2(null, 0)
+        os.close(null)
 
 
 RANK_BIRTH_ENV = "A2A_RANK_BIRTH"

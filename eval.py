@@ -61,7 +61,7 @@ from boundary import (POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox, become_s
                       release_uid)
 import births  # noqa: E402
 from births import (Forked, Nursery, PhaseSlot, Zygote, close_all_but, environ_with, environment_with,  # noqa: E402
-                    pinned_cpus, rank_birth, send_fds)
+                    pinned_cpus, rank_birth, send_fds, stdin_from_null)
 import judge  # noqa: E402
 from judge import HOLD_MAX_CYCLES, HOLD_START_CYCLES, cantor_combine  # noqa: E402
 import wire  # noqa: E402
@@ -948,6 +948,7 @@ def _worker_loop(conn, parent_pid: int, sandbox: Optional[RankSandbox] = None, b
     # Ctrl-C reaches the whole process group: the pool's owner ends the run and its workers; a worker's own
     # KeyboardInterrupt would only add a traceback per rank.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stdin_from_null()
     with contextlib.suppress(AttributeError, ValueError, OSError):  # no stderr to write to: no stack, still a rank
         faulthandler.register(STACK_SIGNAL, file=sys.__stderr__, all_threads=True)
     if os.getppid() not in (parent_pid, 0):  # the owner died before the line above took effect (0: born in the

@@ -180,8 +180,8 @@ def run_protocol(bundle: Path, mode: str, test_file: str, env: dict, progress=No
     read_fd, write_fd = ours.detach(), theirs.detach()
     env = dict(env, POPCORN_FD=str(write_fd))
     stderr_lines: list[str] = []
-    child = subprocess.Popen([sys.executable, "eval.py", mode, test_file], cwd=bundle, env=env,
-                             pass_fds=(write_fd,), stdout=sys.stdout, stderr=subprocess.PIPE, text=True,
+    child = subprocess.Popen([sys.executable, "eval.py", mode, test_file], cwd=bundle, env=env, pass_fds=(write_fd,),
+                             stdin=subprocess.DEVNULL, stdout=sys.stdout, stderr=subprocess.PIPE, text=True,
                              encoding="utf-8", errors="replace", start_new_session=True, preexec_fn=_child_setup)
     os.close(write_fd)
 

@@ -187,6 +187,9 @@ import termios as _termios
 
 def _probe():
     said = []
+    given, null = _os.fstat(0), _os.stat("/dev/null")
+    said.append("stdin=" + ("null" if (given.st_rdev, given.st_mode) == (null.st_rdev, null.st_mode) else
+                            "tty" if _os.isatty(0) else "other"))
     try:
         _os.close(_os.open("/dev/tty", _os.O_RDWR | _os.O_NOCTTY))
         said.append("tty=opened")
@@ -208,6 +211,7 @@ def _probe():
 
 
 _SAID = _probe()
+print("tp: " + _SAID, flush=True)  # on the operator's terminal, escaped: a failed step's row may not carry the text
 
 
 def custom_kernel(data):
@@ -219,7 +223,8 @@ def test_a_rank_has_no_terminal_and_pushes_no_input_into_one(tmp_path):
     """Red team 23: under an operator's terminal a rank of the clock opened /dev/tty (its session's controlling
     terminal), wrote a forged table on it and typed a command with TIOCSTI into the shell the operator got back. A
     rank now starts a session of its own (no controlling terminal), and its filter refuses TIOCSTI and TIOCLINUX
-    even on a terminal it made its own."""
+    even on a terminal it made its own. Red team 24: the terminal was still the rank's fd 0, read and set from there
+    (the operator's keys, echo off, a SIGINT typed by the terminal's answer); fd 0 is /dev/null from every birth on."""
     import errno
     import pty
 
@@ -248,6 +253,7 @@ def test_a_rank_has_no_terminal_and_pushes_no_input_into_one(tmp_path):
     assert os.waitstatus_to_exitcode(status) == 112 and "tp: " in text, text[-2000:]
     assert f"tty={errno.ENXIO}" in text and "tty=opened" not in text, text[-2000:]
     assert "ctty=" not in text, text[-2000:]  # the rank did make the terminal its own
+    assert "stdin=null" in text and "stdin=tty" not in text, text[-2000:]
     assert f"TIOCSTI={errno.EPERM}" in text and f"TIOCLINUX={errno.EPERM}" in text, text[-2000:]
 
 
