@@ -303,7 +303,7 @@ def tables(frame: pd.DataFrame, meta: dict, summary: dict) -> str:
             "; ".join(sorted(set(rows.error.dropna().astype(str)) - {""}))[:160])
         lines.append(line)
     out += ["Per entry, geometric means over the shapes with 95% intervals over rounds; entries whose intervals "
-            "overlap are tied (rank: 1 + the entries wholly below):", "",
+            "overlap are tied (rank: 1 + the entries whose geomean is lower):", "",
             tabulate(lines, headers="keys", tablefmt="github"), ""]
     for metric, (column, low, high) in clock.COLUMNS.items():
         if column not in frame or frame[column].isna().all():

@@ -83,13 +83,14 @@ def spread_parts(per_entry: dict) -> Optional[dict]:
 
 
 def ranks_with_ties(intervals: dict) -> dict:
-    """{entry: (rank, [entries tied with it])}: an entry's rank is one more than the number of entries whose whole
-    interval lies below its own; entries whose intervals overlap are tied (they may still have different ranks
-    when the chain of overlaps is longer than one: A ties B, B ties C, A is below C)."""
+    """{entry: (rank, [entries tied with it])}: an entry's rank is one more than the number of entries whose center
+    lies below its own; entries whose intervals overlap are named as tied. NOTES: by center, not by how far an
+    interval reaches down: one slow round widens an entry's interval both ways, and ranking by interval let it tie
+    with the fastest entry, ahead of a steady one faster than it (red team 24)."""
     known = {name: iv for name, iv in intervals.items() if iv.center == iv.center}
     out = {}
     for name, iv in known.items():
-        below = sum(1 for other, o in known.items() if other != name and o.high < iv.low)
+        below = sum(1 for other, o in known.items() if other != name and o.center < iv.center)
         ties = sorted(other for other, o in known.items() if other != name and o.overlaps(iv))
         out[name] = (below + 1, ties)
     return out

@@ -57,12 +57,23 @@ def test_the_rounds_spread_splits_into_the_rounds_machine_and_each_entrys_pool()
     assert iv.spread_parts({"A": per_entry["A"]}) is None
 
 
-def test_entries_whose_intervals_overlap_share_their_ties():
+def test_entries_rank_by_center_and_name_the_ones_whose_intervals_overlap():
     found = {"a": iv.Interval(10, 9, 11, 5), "b": iv.Interval(10.5, 10.8, 12, 5), "c": iv.Interval(12, 11.5, 13, 5),
              "d": iv.Interval(30, 29, 31, 5)}
     ranks = iv.ranks_with_ties(found)
-    assert ranks["a"] == (1, ["b"]) and ranks["b"] == (1, ["a", "c"]) and ranks["c"] == (2, ["b"])
+    assert ranks["a"] == (1, ["b"]) and ranks["b"] == (2, ["a", "c"]) and ranks["c"] == (3, ["b"])
     assert ranks["d"] == (4, [])
+
+
+def test_a_noisy_entry_does_not_rank_ahead_of_a_steady_faster_one():
+    """Red team 24: 1.5x slower than its rival in four rounds of five and far slower in one, an entry's interval
+    reached below the fastest entry's; ranked by interval it tied for first, ahead of a steady entry faster than it."""
+    rounds = {"fast": [100.0] * 5, "steady": [130.0] * 5, "erratic": [150.0] * 4 + [3000.0]}
+    found = {name: iv.interval(values) for name, values in rounds.items()}
+    assert found["erratic"].low < found["fast"].center  # its interval does reach down
+    ranks = iv.ranks_with_ties(found)
+    assert ranks["fast"][0] == 1 and ranks["steady"][0] == 2 and ranks["erratic"][0] == 3, ranks
+    assert "fast" in ranks["erratic"][1]
 
 
 def test_agreement_between_runs():
