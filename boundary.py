@@ -706,6 +706,7 @@ class Sandbox:
         self._rendezvous: Optional[Path] = None
         self._temporary = contextlib.ExitStack()  # the folders this pool made that go with it
         self._shared_shm: Optional[str] = None  # the /dev/shm its ranks share with others, swept of theirs at its end
+        self._mps_pipe: Optional[str] = None  # the MPS pipe folder they write in, swept of their files at its end
         self.uid: Optional[int] = None
         self._views: dict = {}
         self._seeded: set = set()
@@ -724,6 +725,7 @@ class Sandbox:
         if shm_shared:
             self.guards.shared.append(shm_shared)
             self._shared_shm = shm or "/dev/shm"
+            self._mps_pipe = pool_env.get("CUDA_MPS_PIPE_DIRECTORY", MPS_DEFAULT_PIPE)
         make_run_folders(self.uid, own_shm=not shm_shared)
         read_only = self._start_guardian()
         if self.init_pid is None:
@@ -904,6 +906,7 @@ class Sandbox:
             self.parent = None
         if self.uid is not None and self._shared_shm:
             sweep_owned(Path(self._shared_shm), self.uid)
+            sweep_owned(Path(self._mps_pipe), self.uid, channels=False)
         if self.uid is not None:
             release_uid(self.uid)  # the guardian's work, unless it never started
         deadline = time.monotonic() + 5
@@ -921,14 +924,18 @@ class Sandbox:
         return ended
 
 
-def sweep_owned(folder: Path, uid: int) -> None:
+def sweep_owned(folder: Path, uid: int, channels: bool = True) -> None:
     """Removes what `uid` owns at the top of `folder` (a /dev/shm its pool's ranks shared with others, and with the
     MPS server they used): what a pool's ranks left there would outlive the pool and its memory cap, and be read and
-    written by the pools after it (red team 23: 1.6 GiB past a 0.5 GiB cap, over 4 rounds)."""
+    written by the pools after it (red team 23: 1.6 GiB past a 0.5 GiB cap, over 4 rounds). `channels` False keeps
+    sockets and named pipes (the MPS pipe folder: the server of that uid outlives its pool, and its daemon may still
+    reach it there to end it; red team 24 left files on disk there)."""
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
         for entry in entries:
             with contextlib.suppress(OSError):
-                if entry.stat(follow_symlinks=False).st_uid != uid:
+                found = entry.stat(follow_symlinks=False)
+                channel = stat.S_ISSOCK(found.st_mode) or stat.S_ISFIFO(found.st_mode)
+                if found.st_uid != uid or channel and not channels:
                     continue
                 if entry.is_dir(follow_symlinks=False):
                     remove_tree(Path(entry.path))
@@ -1057,10 +1064,11 @@ def run_covers(uid: int, shm: Optional[str]) -> tuple:
 
 
 def _writable(uid: int, env: dict, shared: tuple) -> tuple:
-    """The folders a rank may write: its run folder, the operator's (RANK_WRITABLE), the MPS pipe folder, and
-    `shared` (the machine's /dev/shm where it shares that with an MPS server: shm_cover)."""
-    folders = [str(run_folder(uid)), *env.get(RANK_WRITABLE, "").split(os.pathsep),
-               env.get("CUDA_MPS_PIPE_DIRECTORY", MPS_DEFAULT_PIPE), *shared]
+    """The folders a rank may write: its run folder, the operator's (RANK_WRITABLE), the MPS pipe folder where its
+    pool shares GPUs through MPS, and `shared` (the machine's /dev/shm where it shares that with an MPS server:
+    shm_cover)."""
+    mps = [env.get("CUDA_MPS_PIPE_DIRECTORY", MPS_DEFAULT_PIPE)] if env.get("A2A_SHARE") == "mps" else []
+    folders = [str(run_folder(uid)), *env.get(RANK_WRITABLE, "").split(os.pathsep), *mps, *shared]
     return tuple(sorted({os.path.realpath(f) for f in folders if f and os.path.isdir(f)}))
 
 

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -423,7 +424,12 @@ class MpsDaemon:
         runs as the ranks' uid: its words are theirs); none for a daemon this process did not start."""
         lines = []
         for name in ("daemon.out", "log/control.log", "log/server.log") if self.folder else ():
-            with contextlib.suppress(OSError), open(self.folder / name, "rb") as log:
+            # NOTES: the log folder is open to every uid (the servers write there): a link or a named pipe put in
+            # place of a log is not followed or waited on (red team 24), and only a plain file is read
+            with contextlib.suppress(OSError), open(os.open(self.folder / name, os.O_RDONLY | os.O_NOFOLLOW
+                                                            | os.O_NONBLOCK), "rb") as log:
+                if not stat.S_ISREG(os.fstat(log.fileno()).st_mode):
+                    continue
                 log.seek(max(0, log.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
                 lines += [f"{name}: {wire.as_text(line.strip(), 200)}"
                           for line in log.read().splitlines()[-count:] if line.strip()]

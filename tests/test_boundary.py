@@ -130,8 +130,9 @@ def _each_pool(envs: dict, code: str) -> dict:
 def test_ranks_sharing_gpus_through_mps_see_the_mps_servers_dev_shm():
     """An MPS client and its server share files in /dev/shm (boundary.MPS_SHM_ENV). A pool sharing GPUs through the
     judge's daemon sees the daemon's /dev/shm folder as its own; one sharing through someone else's daemon, the
-    machine's; any other pool, a folder of its own, empty. What the ranks of a sharing pool leave there goes at its end (red team 23:
-    1.6 GiB outlived four pools capped at 0.5 GiB), and nothing of another uid's (the server's) goes with it."""
+    machine's; any other pool, a folder of its own, empty. What the ranks of a sharing pool leave there goes at its
+    end (red team 23: 1.6 GiB outlived four pools capped at 0.5 GiB), and nothing of another uid's (the server's)
+    goes with it."""
     import tempfile
 
     mps_shm = Path(tempfile.mkdtemp(prefix="a2a-test-mps-", dir="/dev/shm"))
@@ -157,6 +158,41 @@ def test_ranks_sharing_gpus_through_mps_see_the_mps_servers_dev_shm():
         os.remove(host_mark)
         for path in Path("/dev/shm").glob(f"{left}*"):
             shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def test_only_ranks_sharing_gpus_write_in_the_mps_pipe_folder_and_their_files_there_go_with_the_pool():
+    """Red team 24: the MPS pipe folder (open to every uid: MPS starts each server as its clients' uid) was writable
+    to every pool's ranks wherever it existed, and what they left there (on disk, outside their memory cap) stayed
+    for the rest of the command. Now only a pool sharing GPUs through MPS writes there, and at its end its uid's
+    files and folders go; sockets and named pipes stay (the MPS server of that uid outlives its pool)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="a2a-test-mps-", dir="/run"))  # not below a folder ranks see as their own
+    pipe = folder / "pipe"
+    pipe.mkdir()
+    os.chmod(folder, 0o711)
+    os.chmod(pipe, 0o1777)
+    (pipe / "control").write_text("the daemon's")
+    plant = f"""
+import socket
+for name, make in (("file", lambda p: open(p, "w").write("x" * 4096)), ("tree", os.mkdir), ("fifo", os.mkfifo),
+                   ("socket", lambda p: socket.socket(socket.AF_UNIX).bind(p))):
+    try:
+        make({str(pipe)!r} + "/left-" + name)
+        print("made", name)
+    except OSError as error:
+        print("refused", name, error.strerror)
+"""
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+    try:
+        seen = _each_pool({"sharing": {"A2A_SHARE": "mps", **env}}, plant)
+        assert seen["sharing"][0].count("made") == 4, seen
+        assert sorted(p.name for p in pipe.iterdir()) == ["control", "left-fifo", "left-socket"]
+        seen = _each_pool({"own GPU": env}, plant.replace("left-", "own-"))
+        assert seen["own GPU"][0].count("refused") == 4, seen
+        assert sorted(p.name for p in pipe.iterdir()) == ["control", "left-fifo", "left-socket"]
+    finally:
+        shutil.rmtree(folder)
 
 
 def test_ranks_sharing_gpus_have_network_and_ipc_namespaces_of_their_own_too():

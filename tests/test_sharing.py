@@ -312,6 +312,21 @@ def test_a_failed_shared_run_can_name_what_its_own_daemon_logged(fake_mps, monke
     assert sharing.daemon_log() == []
 
 
+def test_the_daemons_logs_are_read_only_as_plain_files(fake_mps, tmp_path):
+    """Red team 24: the log folder is open to every uid, and root read its logs following links: a link put in
+    place of a log gave the tail of any file root can read. A link is not followed, a named pipe not waited on."""
+    secret = tmp_path / "secret"
+    secret.write_text("root's secret\n")
+    daemon = sharing.MpsDaemon()
+    try:
+        (daemon.folder / "log" / "server.log").symlink_to(secret)
+        os.mkfifo(daemon.folder / "log" / "control.log")
+        said = daemon.log_lines(5)
+    finally:
+        daemon.stop()
+    assert not any("secret" in line for line in said), said
+
+
 def test_a_daemon_already_running_is_used_and_left_running(fake_mps, tmp_path, monkeypatch):
     pipe = tmp_path / "theirs"
     pipe.mkdir()
