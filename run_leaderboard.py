@@ -517,7 +517,8 @@ def main(argv=None) -> int:
                              "fewer ranks)")
     parser.add_argument("--problem-size-cases", default="tests", help=argparse.SUPPRESS)  # tests: a shorter check
     parser.add_argument("--time-cap", type=float, default=clock.Settings.time_cap_s,
-                        help="seconds of timing, after which every entry still going stops")
+                        help="seconds of timing after the first round, shared out evenly: an entry stops once its "
+                        "own time would pass its share")
     parser.add_argument("--min-rounds", type=int, default=clock.Settings.min_rounds)
     parser.add_argument("--max-rounds", type=int, default=clock.Settings.max_rounds)
     parser.add_argument("--steps", type=int, default=clock.Settings.steps, help="steps per visit and kind")

@@ -74,7 +74,7 @@ class Settings:
     warmup: int = 2  # untimed calls at the start of each visit
     min_rounds: int = 5
     max_rounds: int = 60
-    time_cap_s: float = 240.0  # from the end of the first round, which pays the builds
+    time_cap_s: float = 240.0  # shared out evenly over the entries, counted from the end of the first round
     targets: tuple = DEFAULT_TARGETS
     seed: Optional[int] = None  # the run's seed for the rounds' orders (drawn and recorded when None)
     order: tuple = ()  # the entries' order in a round before its shuffle (stability runs reverse it)
@@ -434,6 +434,7 @@ class Clock:
                 mark = time.monotonic()
                 ready = not live.failure and self._ready(live, bank)
                 phases.setdefault("ready_s", {})[entry.name] = round(time.monotonic() - mark, 2)
+                own_s = time.monotonic() - mark
                 if born is not None and born.pool is not None and not born.pool.wait_born():
                     born.failure = "its pool's workers were not born within the setup's time"
                 phases["ready"] += time.monotonic() - mark
@@ -454,9 +455,11 @@ class Clock:
                         self.visits[-1].append((entry.name, index))
                         self._visit(live, index, round_index, bank)
                     phases["visits"] += time.monotonic() - mark
+                    own_s += time.monotonic() - mark
                 mark = time.monotonic()
                 self._end(live, round_index)
                 phases["end"] += time.monotonic() - mark
+                phases.setdefault("entry_s", {})[entry.name] = own_s + time.monotonic() - mark
         finally:
             if born is not None and born.pool is not None:  # a round cut short leaves no pool behind
                 born.pool.kill()
@@ -468,24 +471,31 @@ class Clock:
         started = time.monotonic()
         names = list(self.settings.order) or [e.name for e in self.entries]
         by_name = {e.name: e for e in self.entries}
-        round_s = 0.0
         rounds = 0
-        timing_from = None
+        # NOTES: the cap is shared out: each entry stops once its own time (its ready, visits and end per round)
+        # would pass its share, counted from the end of the first round, which pays the builds once. A cap over the
+        # whole round let one entry's slow import hold every entry to the least rounds (red team 24).
+        share_s = self.settings.time_cap_s / max(1, len(self.entries))
+        spent_s: dict = {}
+        last_s: dict = {}
         with sharing.shared_ranks(self.plan.placement) as env, self._nursing(env):
             for round_index in range(self.settings.max_rounds):
                 active = [by_name[n] for n in names if n not in self.stopped and n not in self.failed]
-                if not active:
-                    break
-                # The first round pays the builds (extensions, Triton) once; the cap counts from its end.
-                elapsed = time.monotonic() - (timing_from or started)
-                if round_index >= self.settings.min_rounds and elapsed + round_s > self.settings.time_cap_s:
+                if round_index >= self.settings.min_rounds:
                     for entry in active:
-                        self.stopped[entry.name] = self._stop_reason(entry, f"time cap ({self.settings.time_cap_s:g} s)")
+                        if spent_s.get(entry.name, 0.0) + last_s.get(entry.name, 0.0) > share_s:
+                            self.stopped[entry.name] = self._stop_reason(
+                                entry, f"time cap ({self.settings.time_cap_s:g} s, {share_s:.3g} s its own)")
+                    active = [entry for entry in active if entry.name not in self.stopped]
+                if not active:
                     break
                 round_started = time.monotonic()
                 phases = self._round(round_index, active, env)
                 round_s = time.monotonic() - round_started
-                timing_from = timing_from or time.monotonic()
+                last_s = phases.pop("entry_s", {})
+                if round_index:
+                    for name, seconds in last_s.items():
+                        spent_s[name] = spent_s.get(name, 0.0) + seconds
                 self.phases.append(phases)
                 rounds = round_index + 1
                 waits = sorted(phases.get("ready_s", {}).items(), key=lambda item: -item[1])[:3]

@@ -138,6 +138,22 @@ def test_an_entry_stops_once_its_targets_are_met_and_says_so(tmp_path):
     assert run.rounds == 3 and run.stopped == {"loose": "targets met at round 3"}
 
 
+def test_one_entrys_slow_import_does_not_cut_the_other_entries_rounds(tmp_path):
+    """Red team 24: the time cap counted whole rounds, so an entry that took seconds to import every round held
+    every entry to the least rounds. The cap is shared out: the slow entry spends its own share, the other goes on."""
+    slow = tmp_path / "slow_import.py"
+    slow.write_text("import time\ntime.sleep(4.0)\n" + (Path(clock.__file__).parents[1] / "submissions" / "all2all"
+                                                       / "v1_torch_sort.py").read_text())
+    plan = make_plan(["v1", str(slow)], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    entries = [clock.Entry("quick", "version", str(plan.versions[0])),
+               clock.Entry("slow", "version", str(plan.versions[1]))]
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=4, time_cap_s=6.0, targets=(), seed=0)
+    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    rounds = {name: len(run.samples[(name, 0)]) for name in ("quick", "slow")}
+    assert not run.failed and rounds["slow"] < rounds["quick"], (rounds, run.stopped)
+    assert run.stopped["slow"].startswith("time cap (6 s, 3 s its own)"), run.stopped
+
+
 def test_a_held_steps_sleep_is_the_owners_and_grows_when_any_rank_was_not_held():
     """judge.next_hold_cycles: the owner keeps one sleep for every rank's held step; one rank not held makes every
     rank's next sleep eight times longer, never past the longest."""
