@@ -750,9 +750,10 @@ class Sandbox:
         limit = pool_memory_bytes()
         group, self.guards.memory_off = make_memory_group(self.uid, limit)
         self.guards.memory_bytes = limit if group else None
-        machine_shm = ("/dev/shm",) if shm_shared and shm is None else ()  # shared with an MPS server, uncovered
+        # shared with the MPS server: its pipe folder, and the machine's /dev/shm where theirs is not covered
+        shared = tuple(filter(None, (self._mps_pipe, "/dev/shm" if shm_shared and shm is None else None)))
         self.setup = RankSandbox(private_proc=True, uid=self.uid, env=run_env(self.uid, self._views),
-                                 covers=covers, writable=_writable(self.uid, pool_env, machine_shm),
+                                 covers=covers, writable=_writable(self.uid, pool_env, shared),
                                  read_only=read_only,
                                  keep=tuple(sorted({str(p) for p in needed if _below_covered(p)})),
                                  expose=tuple(pairs), memory_group=str(group or ""))
@@ -1064,11 +1065,10 @@ def run_covers(uid: int, shm: Optional[str]) -> tuple:
 
 
 def _writable(uid: int, env: dict, shared: tuple) -> tuple:
-    """The folders a rank may write: its run folder, the operator's (RANK_WRITABLE), the MPS pipe folder where its
-    pool shares GPUs through MPS, and `shared` (the machine's /dev/shm where it shares that with an MPS server:
-    shm_cover)."""
-    mps = [env.get("CUDA_MPS_PIPE_DIRECTORY", MPS_DEFAULT_PIPE)] if env.get("A2A_SHARE") == "mps" else []
-    folders = [str(run_folder(uid)), *env.get(RANK_WRITABLE, "").split(os.pathsep), *mps, *shared]
+    """The folders a rank may write: its run folder, the operator's (RANK_WRITABLE), and `shared`, what its pool
+    shares with an MPS server (the pipe folder, swept of the pool's files at its end; the machine's /dev/shm where
+    the ranks see it: shm_cover)."""
+    folders = [str(run_folder(uid)), *env.get(RANK_WRITABLE, "").split(os.pathsep), *shared]
     return tuple(sorted({os.path.realpath(f) for f in folders if f and os.path.isdir(f)}))
 
 

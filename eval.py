@@ -55,10 +55,10 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own modules, wherever it is run from
-from boundary import (POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox, become_subreaper, claim_run,  # noqa: E402
-                      descendants, die_with_parent, enter_rank_sandbox, hide_result_channel, kill_tree,
-                      memory_cap_hit, owned_tempdir, pool_memory_bytes, prepare_rank_cache,
-                      release_uid)
+from boundary import (MPS_DEFAULT_PIPE, POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox,  # noqa: E402
+                      become_subreaper, claim_run, descendants, die_with_parent, enter_rank_sandbox,
+                      hide_result_channel, kill_tree, memory_cap_hit, owned_tempdir, pool_memory_bytes,
+                      prepare_rank_cache, release_uid)
 import births  # noqa: E402
 from births import (Forked, Nursery, PhaseSlot, Zygote, close_all_but, environ_with, environment_with,  # noqa: E402
                     pinned_cpus, rank_birth, send_fds, stdin_from_null)
@@ -72,7 +72,7 @@ __all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything
     "clone_data", "die_with_parent", "environ_with", "environment_with", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED",
     "EXIT_CRASH", "EXTRA_STAT_FIELDS", "EXTRA_STATS", "get_test_cases", "HERE", "import_submission",
     "install_signal_handlers", "kill_tree", "LEADERBOARD_SEED_STEP", "LOG_DIR_ENV", "machine_gpus", "MODES",
-    "MPS_DEFAULT_PIPE_DIRECTORY", "nccl_version_tuple", "OFFICIAL_TIMEOUT_S", "own_device", "owned_tempdir",
+    "MPS_DEFAULT_PIPE", "nccl_version_tuple", "OFFICIAL_TIMEOUT_S", "own_device", "owned_tempdir",
     "pinned_cpus", "prepare_rank_cache", "rank_birth", "rank_device", "rank_failures", "RankPool", "release_uid",
     "RUN_OWNER", "run_steps", "SEED_MAX", "SPEC_KEYS", "spec_line", "start_nursery", "Terminated", "TestCase",
     "transport_text", "UserError", "validate_cases", "version_text",
@@ -99,7 +99,6 @@ MASTER_PORT_ENV = "A2A_MASTER_PORT"
 # The judge's own run (the human face sets it; the runner never does): keyed seeds from the secret and a fresh
 # input in every timed step of benchmark mode too (judge.Seeds).
 JUDGE_ENV = "A2A_JUDGE"
-MPS_DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # where MPS clients look when CUDA_MPS_PIPE_DIRECTORY is unset
 MAX_REPEATS = 100
 LEADERBOARD_SEED_STEP = 13  # the runner's step between leaderboard mode's seeds (the judge draws its own)
 L2_CLEAR_BYTES = 256 * 1024 * 1024  # the runner's L2 clear (utils.clear_l2_cache)
@@ -1869,7 +1868,7 @@ def _sharing_asked() -> bool:
         return False
     if share != "mps":
         raise UserError(f"A2A_SHARE must be 'mps', not '{share[:40]}'")
-    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", MPS_DEFAULT_PIPE_DIRECTORY)
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", MPS_DEFAULT_PIPE)
     if not Path(pipe, "control").exists():
         raise UserError(f"A2A_SHARE=mps but no MPS control daemon listens in {pipe} (CUDA_MPS_PIPE_DIRECTORY)")
     return True

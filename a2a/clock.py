@@ -390,14 +390,16 @@ class Clock:
             for index in range(len(self.plan.case_args)):
                 self.samples.get((live.entry.name, index), {}).pop(round_index, None)
 
-    def _round(self, round_index: int, active: list, env: dict) -> dict:
-        """One round; returns the seconds its phases took (inputs, start, ready, visits, end; each entry's ready)."""
+    def _round(self, round_index: int, active: list, env: dict) -> tuple[dict, dict]:
+        """One round; returns the seconds its phases took (inputs, start, ready, visits, end; each entry's ready) and
+        each entry's own seconds (its ready, visits and end: what the time cap counts)."""
         seed = random.Random(self.seed + round_index).randrange(2 ** 32)
         self.round_seeds.append(seed)
         self.visits.append([])
         self.processes.append({})
         order = random.Random(seed)
         phases = dict.fromkeys(("inputs", "start", "ready", "visits", "end"), 0.0)
+        own_s: dict = {}
         mark = time.monotonic()
         bank = self._bank(round_index, range(1))
         # The visits' sets (most of the owner's CPU work) are drawn while the first pool starts and imports; joined
@@ -434,7 +436,7 @@ class Clock:
                 mark = time.monotonic()
                 ready = not live.failure and self._ready(live, bank)
                 phases.setdefault("ready_s", {})[entry.name] = round(time.monotonic() - mark, 2)
-                own_s = time.monotonic() - mark
+                own_s[entry.name] = time.monotonic() - mark
                 if born is not None and born.pool is not None and not born.pool.wait_born():
                     born.failure = "its pool's workers were not born within the setup's time"
                 phases["ready"] += time.monotonic() - mark
@@ -455,17 +457,17 @@ class Clock:
                         self.visits[-1].append((entry.name, index))
                         self._visit(live, index, round_index, bank)
                     phases["visits"] += time.monotonic() - mark
-                    own_s += time.monotonic() - mark
+                    own_s[entry.name] += time.monotonic() - mark
                 mark = time.monotonic()
                 self._end(live, round_index)
                 phases["end"] += time.monotonic() - mark
-                phases.setdefault("entry_s", {})[entry.name] = own_s + time.monotonic() - mark
+                own_s[entry.name] += time.monotonic() - mark
         finally:
             if born is not None and born.pool is not None:  # a round cut short leaves no pool behind
                 born.pool.kill()
         if later is not None:  # no entry was ready: the draw still ends with the round
             later.result()
-        return phases
+        return phases, own_s
 
     def run(self) -> Run:
         started = time.monotonic()
@@ -490,9 +492,8 @@ class Clock:
                 if not active:
                     break
                 round_started = time.monotonic()
-                phases = self._round(round_index, active, env)
+                phases, last_s = self._round(round_index, active, env)
                 round_s = time.monotonic() - round_started
-                last_s = phases.pop("entry_s", {})
                 if round_index:
                     for name, seconds in last_s.items():
                         spent_s[name] = spent_s.get(name, 0.0) + seconds

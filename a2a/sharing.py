@@ -387,7 +387,7 @@ class MpsDaemon:
         self.guardian: Optional[subprocess.Popen] = None
         self.folder: Optional[Path] = None
         self.shm: Optional[Path] = None
-        existing = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or core.MPS_DEFAULT_PIPE_DIRECTORY
+        existing = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or core.MPS_DEFAULT_PIPE
         if _control(existing, "get_server_list") is not None:
             self.pipe, self.owned = existing, False
             return
