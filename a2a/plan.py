@@ -156,7 +156,13 @@ def stage(version: Path, folder: Path, task_path: Path = TASK_YML, task: dict | 
 
 
 def list_versions() -> list[Path]:
-    return sorted(SUBMISSIONS.glob("v*.py"))
+    """Every version, oldest first by its number (v9 before v10), as the Makefile's `sort -V`: the last is the
+    newest."""
+    def number(path: Path) -> tuple:
+        found = re.match(r"v(\d+)", path.stem)
+        return (int(found[1]) if found else float("inf"), path.stem)
+
+    return sorted(SUBMISSIONS.glob("v*.py"), key=number)
 
 
 def resolve_version(name: str) -> Path:

@@ -147,3 +147,12 @@ def test_triton_constexprs_come_in_the_kernels_parameter_order(path):
             assert list(constants) == in_kernel, (kernel_name, list(constants), in_kernel)
             runtime = [name for name in kernel.arg_names if name not in constants]
             assert kernel.arg_names == runtime + in_kernel, "constexprs must come after every runtime argument"
+
+
+def test_the_versions_come_oldest_first_and_the_last_is_the_makefiles_newest():
+    """The GPU suite runs every mode of the newest (list_versions()[-1]); a name order put v9 after v11 there."""
+    numbers = [int(path.stem.split("_")[0][1:]) for path in list_versions()]
+    assert numbers == sorted(numbers) and len(numbers) >= 10, numbers
+    newest = subprocess.run(["make", "-s", "--no-print-directory", "-f", "Makefile", "-f", "-", "print-newest"],
+                            input="print-newest:\n\t@echo $(V)\n", cwd=ROOT, capture_output=True, text=True)
+    assert newest.stdout.strip() == list_versions()[-1].stem, newest.stdout + newest.stderr
