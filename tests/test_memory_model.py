@@ -147,3 +147,45 @@ def test_a_barrier_is_drained_only_past_a_store_wait_in_its_own_block(between, d
     lines = ["\t.type\tk,@function", "k:", "\tglobal_store_dword v[0:1], v3, off", "\ts_waitcnt vmcnt(0)",
              *[line if line.startswith(".") else "\t" + line for line in between], "\ts_barrier", ".Lfunc_end0:"]
     assert check_device.memory_model("\n".join(lines))["drain"] == int(drained)
+
+
+V12 = ROOT / "submissions" / "all2all" / "v12_ll_rows.py"
+V12_POLL = "        words = _poll(ptr, mask)\n"
+
+
+def _ll_shape() -> dict:
+    """The first benchmark shape that takes v12's LL path (its LL constexpr)."""
+    module = check_device.triton_module(V12)
+    return next(shape for shape in check_device.benchmark_shapes()
+                if module.constants(**shape, world_size=check_device.TRITON_WORLD, trace=False, hip=True)["LL"])
+
+
+def _ll_counts(path, target: str) -> dict:
+    module = check_device.triton_module(path)
+    return check_device.memory_model(check_device.triton_compile(module, "all2all_kernel", target, _ll_shape(),
+                                                                 False).asm["amdgcn"])
+
+
+@targets
+def test_v12s_ll_path_polls_every_word_past_the_caches_and_acquires_nothing(tmp_path, target):
+    """The LL path (a small shape) waits on words that carry their own epoch: no acquire anywhere, and every wait on
+    LL words polls them at system scope (two loads per _wait_ll call site: before its loop and in it). A copy whose
+    AMD branch reads them with tl.load(volatile=True), which gfx942 compiles to plain cached loads, loses those
+    polls."""
+    found = _ll_counts(V12, target)
+    sites = call_sites(V12, "_wait_ll")
+    assert found["acquire"] == 0 and found["poll"] >= 2 * sites, found
+    text = V12.read_text()
+    assert text.count(V12_POLL) == 1
+    planted = tmp_path / "planted_v12.py"
+    planted.write_text(text.replace(V12_POLL, "        words = tl.load(ptr, mask=mask, other=0, volatile=True)\n"))
+    assert found["poll"] - _ll_counts(planted, target)["poll"] >= 2 * sites
+
+
+def test_v12s_ll_words_are_relaxed_system_scope_stores_on_nvidia():
+    """On NVIDIA each LL word is one `st.relaxed.sys.global.b64` (a plain weak store promises another GPU's polling
+    loads nothing), at least one per _ll_store call site, and the LL path has no release fence of its own."""
+    module = check_device.triton_module(V12)
+    ptx = check_device.triton_compile(module, "all2all_kernel", "sm_90", _ll_shape(), False).asm["ptx"]
+    assert len(re.findall(r"st\.relaxed\.sys\.global\.b64", ptx)) >= call_sites(V12, "_ll_store")
+    assert not re.search(r"\bfence\.|membar\.", ptx)
