@@ -12,7 +12,8 @@ dispatched rows at most LL_MAX_BYTES and an even hidden size):
   every one holds this call's epoch, and no store waits for the ones before it;
 - the range words are relaxed stores (the rows need no order before them); the home flags go, and the reduce polls
   each combined row's own words.
-Twice the bytes on the link: the larger shapes keep v11's path.
+Twice the bytes on the link: the larger shapes keep v11's path. Both paths keep the range words by call parity (a
+hazard of v11's found by reading it; the kernel's NOTES).
 The trace build's phases: route, send_row, raise_flags (the range words; in v11's path both batched releases),
 wait_range (a range word, and in the LL path its rows' and metas' words), row_in_and_home, wait_combined (a home
 flag, or a combined row's words), reduce.
@@ -283,8 +284,8 @@ def all2all_kernel(x_ptr, indices_ptr, weights_ptr, num_tokens, epoch,
       COMB_Y    [WORLD][SLOTS] rows   one weighted row per token, written by the expert's rank
       DISP_META [WORLD][SLOTS] records of META_INTS int32: the global expert of each k that goes here (-1 for the
                                       others), then each k's weight bits, then the token
-      SENT      [WORLD][PROGRAMS_MAX] int64 = (epoch << 32) | (first slot << 16) | rows, once that source's program
-                                      has stored that range of its rows (and metas) here
+      SENT      [2][WORLD][PROGRAMS_MAX] int64 = (epoch << 32) | (first slot << 16) | rows, once that source's
+                                      program has stored that range of its rows (and metas) here; by call parity
       HOME      [WORLD][PROGRAMS_MAX] int32 = epoch once that rank has stored home every combined row of the range
                                       this rank's program sent it
     With LL the rows and metas are LL words instead (int64 (epoch << 32) | data: a row's HIDDEN / 2 words hold two
@@ -293,8 +294,11 @@ def all2all_kernel(x_ptr, indices_ptr, weights_ptr, num_tokens, epoch,
     fills at one destination are one contiguous range: one flag says which. Receiver program q takes every source's
     program q's range, so every rank launches the same grid (agreed at build: P2PState.configure). Nothing is reset
     between calls but the expert counters, which alternate by call parity: program 0 zeroes the next call's half
-    (the previous call, complete, used it last). Every program must be resident at once (they wait on each other
-    through peers): the grid is capped at what fits."""
+    (the previous call, complete, used it last). The range words alternate by call parity too: a source that sent a
+    receiver no row waits for nothing of its but its range word, so it can finish its call and store the next call's
+    word while that receiver has not yet read this call's (found reading v11, which keeps one word; not seen on a
+    GPU). It cannot get two calls ahead: every call waits for every source's range word of that call. Every program
+    must be resident at once (they wait on each other through peers): the grid is capped at what fits."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     t_kernel = _stamp(TRACE_ON, HIP)
@@ -371,7 +375,8 @@ def all2all_kernel(x_ptr, indices_ptr, weights_ptr, num_tokens, epoch,
             _trace(trace_ptr, PH_SEND_ROW, t_row, TRACE_ON, HIP)
     t_flags = _stamp(TRACE_ON, HIP)
     dst_bases = tl.load(heap_bases + ranks, mask=in_world, other=0)
-    sent = tl.cast(dst_bases + SENT + (rank * PROGRAMS_MAX + pid).to(tl.int64) * 8, tl.pointer_type(tl.int64))
+    sent = tl.cast(dst_bases + SENT + (((epoch & 1) * WORLD + rank) * PROGRAMS_MAX + pid).to(tl.int64) * 8,
+                   tl.pointer_type(tl.int64))
     range_first = tl.load(table + T_BLOCK * W_BLOCK + ranks)
     range_rows = tl.load(table + T_BLOCK * W_BLOCK + W_BLOCK + ranks)
     words = (epoch.to(tl.int64) << 32) | (range_first.to(tl.int64) << 16) | range_rows.to(tl.int64)
@@ -389,8 +394,8 @@ def all2all_kernel(x_ptr, indices_ptr, weights_ptr, num_tokens, epoch,
     for step in range(0, WORLD):
         src = (rank + step) % WORLD
         t_wait = _stamp(TRACE_ON, HIP)
-        word = _wait_range(_heap(my_base, SENT, tl.int64) + src * PROGRAMS_MAX + pid, epoch, abandon_ptr,
-                           report_ptr, timeout_ns, src, not LL, HIP)
+        word = _wait_range(_heap(my_base, SENT, tl.int64) + ((epoch & 1) * WORLD + src) * PROGRAMS_MAX + pid, epoch,
+                           abandon_ptr, report_ptr, timeout_ns, src, not LL, HIP)
         _trace(trace_ptr, PH_WAIT_RANGE, t_wait, TRACE_ON, HIP)
         arrived = (word >> 32).to(tl.int32) == epoch
         first_slot = ((word >> 16) & 0xffff).to(tl.int32)
@@ -524,7 +529,7 @@ def heap_layout(world: int, slots: int, hidden: int, topk: int, ll: bool) -> dic
     k_block = triton.next_power_of_2(topk)
     region, widen = world * slots, 2 if ll else 1
     sizes = {"DISP_X": region * hidden * 2 * widen, "COMB_Y": region * hidden * 2 * widen,
-             "DISP_META": region * meta_ints(k_block) * 4 * widen, "SENT": world * PROGRAMS_MAX * 8,
+             "DISP_META": region * meta_ints(k_block) * 4 * widen, "SENT": 2 * world * PROGRAMS_MAX * 8,
              "HOME": world * PROGRAMS_MAX * 4}
     layout, at = {}, 0
     for name, size in sizes.items():
