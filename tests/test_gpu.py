@@ -749,20 +749,56 @@ def _trace_build_matches(timed, rank, world_size, version, spec):
     return all(torch.equal(out, expected) for out in outputs), named, _phases_in_order(records, traced.TRACE_PHASES)
 
 
+def _free_running(module, rank, world_size, spec) -> tuple:
+    """Every rank keeps its tokens' rows at home (rank 0 one token, the others all they may have), so no rank sends
+    another a row and their calls meet only through the range words; each rank then queues FREE_RUNNING_CALLS calls
+    back to back with no barrier between them. Rank 0, with the least work, runs a call ahead of the others, and the
+    range word it stores for its next call must not take the place of the one a peer has not read yet (v11 keeps
+    one word, found by reading it; v12 keeps them by call parity). Returns (the last output's check, its message,
+    seconds): a wait that gave up took SPIN_TIMEOUT_S."""
+    import torch
+    import torch.distributed as dist
+
+    from reference import check_implementation, generate_input
+
+    data = generate_input(**spec, rank=rank, world_size=world_size)
+    cfg, rank_data = data[0], data[1]
+    device, local = rank_data.x.device, cfg.num_experts // world_size
+    tokens = 1 if rank == 0 else cfg.max_num_tokens - 1
+    rank_data.num_tokens = tokens
+    rank_data.x = torch.randn(tokens, cfg.hidden_dim, dtype=torch.float16, device=device)
+    rank_data.indices = (rank * local + torch.arange(cfg.experts_per_token, dtype=torch.int32, device=device)).repeat(
+        tokens, 1)
+    rank_data.weights = torch.rand(tokens, cfg.experts_per_token, dtype=torch.float32, device=device)
+    module.custom_kernel(data)
+    _sync(rank)
+    dist.barrier()
+    started = time.monotonic()
+    for _ in range(FREE_RUNNING_CALLS):
+        output = module.custom_kernel(data)
+    _sync(rank)
+    elapsed = time.monotonic() - started
+    ok, message = check_implementation(data, output.clone())
+    return ok, message, elapsed
+
+
 SPIN_TIMEOUT_S = 2
 TRACE_SPEC = dict(num_experts=256, experts_per_token=8, hidden_dim=7168, max_num_tokens=128, seed=11)
 GIVE_UP_SPEC = dict(num_experts=8, experts_per_token=2, hidden_dim=256, max_num_tokens=8, seed=3)
+FREE_RUNNING_SPEC = dict(num_experts=8, experts_per_token=2, hidden_dim=2048, max_num_tokens=128, seed=5)
+FREE_RUNNING_CALLS = 200
 
 
 def _every_trace_then_give_up(rank, world_size) -> dict:
     """One group of 2 for every P2P version's trace build and then its give-up (the give-up last: it leaves that
-    version's call unfinished). The spin timeout is read at import, so it is set before the first instance loads;
-    every timed instance loads before the first trace build (whose switch stays on in this process). A barrier
-    brings both ranks to the next version together; a version's failure ends the group (VersionFailed)."""
+    version's call unfinished); the newest also runs free (_free_running) between the two. The spin timeout is read
+    at import, so it is set before the first instance loads; every timed instance loads before the first trace build
+    (whose switch stays on in this process). A barrier brings both ranks to the next version together; a version's
+    failure ends the group (VersionFailed)."""
     import torch.distributed as dist
 
     os.environ["A2A_SPIN_TIMEOUT_S"] = str(SPIN_TIMEOUT_S)
-    found = {version: {"trace": None, "give_up": None} for version in P2P_VERSIONS}
+    found = {version: {"trace": None, "free_running": None, "give_up": None} for version in P2P_VERSIONS}
     timed = {}
     for version in P2P_VERSIONS:
         with _ends_the_group(version, rank):
@@ -771,6 +807,8 @@ def _every_trace_then_give_up(rank, world_size) -> dict:
         dist.barrier()
         with _ends_the_group(version, rank):
             found[version]["trace"] = _trace_build_matches(timed[version], rank, world_size, version, TRACE_SPEC)
+            if version == P2P_VERSIONS[-1]:
+                found[version]["free_running"] = _free_running(timed[version], rank, world_size, FREE_RUNNING_SPEC)
             found[version]["give_up"] = _peer_never_comes(timed[version], rank, world_size, GIVE_UP_SPEC)
     return found
 
@@ -796,6 +834,12 @@ def test_trace_build_is_bit_identical_and_names_its_phases_in_order(version):
     assert all(same for same, _, _ in traced)
     assert all(set(named) == set(module_phases) for _, named, _ in traced), traced
     assert all(ordered for _, _, ordered in traced)
+
+
+def test_the_newest_survives_calls_run_free_between_ranks_that_send_each_other_nothing():
+    found = [entry["free_running"] for entry in _at_2(P2P_VERSIONS[-1])]
+    assert all(ok for ok, _, _ in found), [message for _, message, _ in found]
+    assert all(elapsed < SPIN_TIMEOUT_S for _, _, elapsed in found), found  # no wait gave up
 
 
 def _load_phases(version):
