@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from boundary import CLONE_NEWPID, die_with_parent, kill_tree, process_stat
+from judge import sealed_file
 
 
 # Held while environment_with has os.environ changed, and while environ_with copies it: a thread that starts a
@@ -73,15 +74,13 @@ def receive_fds(conn, count: int) -> list:
 
 
 class PhaseSlot:
-    """Where a worker stands (an index into PHASES): one int in a memfd that the owner makes and hands the worker
-    with its pipes, mapped by both, whichever way the worker was born."""
+    """Where a worker stands (an index into PHASES): one int in a sealed file (judge.sealed_file: the rank keeps a
+    descriptor inside its mapping, and a shrunk file is SIGBUS in the owner's next read) that the owner makes and
+    hands the worker with its pipes, mapped by both, whichever way the worker was born."""
 
     def __init__(self, fd: Optional[int] = None):
-        if fd is None:
-            fd = os.memfd_create("a2a-phase", os.MFD_CLOEXEC)
-            os.ftruncate(fd, mmap.PAGESIZE)
-        self.fd = fd
-        self._map = mmap.mmap(fd, mmap.PAGESIZE)
+        self.fd = sealed_file(mmap.PAGESIZE, "a2a-phase") if fd is None else fd
+        self._map = mmap.mmap(self.fd, mmap.PAGESIZE)
 
     @property
     def value(self) -> int:

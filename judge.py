@@ -230,7 +230,7 @@ class Channel(_Header):
         self.gpu = gpu
         self.copier = gpu if copier is None else copier
         host_bytes = HEADER_BYTES if gpu is not None else self.regions["total"]
-        self.fd = _sealed_file(host_bytes)
+        self.fd = sealed_file(host_bytes)
         self.memory = mmap.mmap(self.fd, host_bytes)
         self.shared = self.stage = None
         if gpu is None:
@@ -312,10 +312,10 @@ def copiers(gpus: list, count: int, choice, can_peer) -> list:
     return chosen
 
 
-def _sealed_file(size: int) -> int:
+def sealed_file(size: int, name: str = "a2a-channel") -> int:
     """A shared file of `size` bytes that no holder can shrink or grow: the rank gets it read-write and the owner
     keeps it mapped, and a mapping whose file shrank raises SIGBUS in the owner at its next touch (redteam13's
-    memfd_truncate ended the owner so). Where memfd is missing (not Linux, so no rank sandbox either), an unlinked
+    memfd_truncate ended the owner so; red team 25 did the same through a worker's phase slot). Where memfd is missing (not Linux, so no rank sandbox either), an unlinked
     file."""
     if not hasattr(os, "memfd_create"):
         import tempfile
@@ -326,7 +326,7 @@ def _sealed_file(size: int) -> int:
         return fd
     import fcntl
 
-    fd = os.memfd_create("a2a-channel", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, size)
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
     return fd

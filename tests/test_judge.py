@@ -481,6 +481,35 @@ def test_a_rank_cannot_resize_the_channel_the_owner_maps(tmp_path, face):
     assert outcome.code == 0, str(outcome)
 
 
+# The worker's phase slot (where it stands, read by the owner's watchdog and between cases) is a shared file the
+# owner maps too; the rank keeps a descriptor on it inside its own mapping (red team 25 cut it through /proc/self/fd
+# and ended the clock's owner with SIGBUS, every entry's results with it).
+PHASE_SLOT_RESIZED = '''
+import os
+
+
+def custom_kernel(data):
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if "a2a-phase" not in os.readlink(f"/proc/self/fd/{fd}"):
+                continue
+            os.ftruncate(int(fd), 0)
+            _say("resized", fd)
+        except OSError as error:
+            _say("refused", error.errno)
+    return _v1_kernel(data)
+'''
+
+
+@pytest.mark.parametrize("face", every_time(FACES, "human"))
+def test_a_rank_cannot_resize_its_phase_slot(tmp_path, face):
+    """The slot's file is sealed: its cut is refused and the owner, which reads the slot between cases, goes on."""
+    outcome = run_face(face, "test", tmp_path, hostile(PHASE_SLOT_RESIZED), cases=2)
+    assert not outcome.said("resized"), str(outcome)
+    assert outcome.said("refused"), str(outcome)
+    assert outcome.code == 0, str(outcome)
+
+
 # Sent early: test mode on both faces; rewritten on its way out: the timed modes on both faces.
 FORGED_RESULTS = ([("sent", "human", "test"), ("sent", "protocol", "test")]
                   + [("rewritten", face, mode) for face, mode in EVERY_FACE_TIMED])
