@@ -907,7 +907,7 @@ class Sandbox:
             self.parent = None
         if self.uid is not None and self._shared_shm:
             sweep_owned(Path(self._shared_shm), self.uid)
-            sweep_owned(Path(self._mps_pipe), self.uid, channels=False)
+            sweep_owned(Path(self._mps_pipe), self.uid, channels_kept=MPS_CHANNELS_KEPT)
         if self.uid is not None:
             release_uid(self.uid)  # the guardian's work, unless it never started
         deadline = time.monotonic() + 5
@@ -925,23 +925,34 @@ class Sandbox:
         return ended
 
 
-def sweep_owned(folder: Path, uid: int, channels: bool = True) -> None:
+# A uid's sockets and named pipes kept in the MPS pipe folder at its pool's end: its server's own, made when the
+# pool's first rank reached the GPU, are among the oldest.
+MPS_CHANNELS_KEPT = 16
+
+
+def sweep_owned(folder: Path, uid: int, channels_kept: Optional[int] = None) -> None:
     """Removes what `uid` owns at the top of `folder` (a /dev/shm its pool's ranks shared with others, and with the
     MPS server they used): what a pool's ranks left there would outlive the pool and its memory cap, and be read and
-    written by the pools after it (red team 23: 1.6 GiB past a 0.5 GiB cap, over 4 rounds). `channels` False keeps
-    sockets and named pipes (the MPS pipe folder: the server of that uid outlives its pool, and its daemon may still
-    reach it there to end it; red team 24 left files on disk there)."""
+    written by the pools after it (red team 23: 1.6 GiB past a 0.5 GiB cap, over 4 rounds). `channels_kept` keeps
+    that many of the uid's sockets and named pipes, the oldest (the MPS pipe folder: the server of that uid outlives
+    its pool, and its daemon may still reach it there to end it; red team 24 left files on disk there, red team 25
+    60 000 named pipes, inodes outside every cap)."""
+    channels = []
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
         for entry in entries:
             with contextlib.suppress(OSError):
                 found = entry.stat(follow_symlinks=False)
-                channel = stat.S_ISSOCK(found.st_mode) or stat.S_ISFIFO(found.st_mode)
-                if found.st_uid != uid or channel and not channels:
+                if found.st_uid != uid:
                     continue
-                if entry.is_dir(follow_symlinks=False):
+                if channels_kept is not None and (stat.S_ISSOCK(found.st_mode) or stat.S_ISFIFO(found.st_mode)):
+                    channels.append((found.st_ctime_ns, entry.path))
+                elif entry.is_dir(follow_symlinks=False):
                     remove_tree(Path(entry.path))
                 else:
                     os.unlink(entry.path)
+    for _, path in sorted(channels)[channels_kept or 0:]:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _below_covered(path: Path) -> bool:

@@ -195,6 +195,34 @@ for name, make in (("file", lambda p: open(p, "w").write("x" * 4096)), ("tree", 
         shutil.rmtree(folder)
 
 
+def test_a_pool_sharing_gpus_leaves_at_most_a_few_channels_in_the_mps_pipe_folder_its_oldest():
+    """Red team 25: named pipes and sockets stayed in the MPS pipe folder in any number (60 000 from two ranks, on
+    disk, outside every cap). At the pool's end its uid keeps boundary.MPS_CHANNELS_KEPT of them, the oldest (its
+    MPS server's own are made when its first rank reaches the GPU)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="a2a-test-mps-", dir="/run"))
+    pipe = folder / "pipe"
+    pipe.mkdir()
+    os.chmod(folder, 0o711)
+    os.chmod(pipe, 0o1777)
+    plant = f"""
+import time
+os.mkfifo({str(pipe)!r} + "/first")
+time.sleep(0.05)
+for i in range(3 * {boundary.MPS_CHANNELS_KEPT}):
+    os.mkfifo({str(pipe)!r} + f"/more-{{i}}")
+print("made")
+"""
+    try:
+        seen = _each_pool({"sharing": {"A2A_SHARE": "mps", "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}}, plant)
+        assert "made" in seen["sharing"][0], seen
+        left = sorted(p.name for p in pipe.iterdir())
+        assert len(left) == boundary.MPS_CHANNELS_KEPT and "first" in left, left
+    finally:
+        shutil.rmtree(folder)
+
+
 def test_ranks_sharing_gpus_have_network_and_ipc_namespaces_of_their_own_too():
     """A pool sharing GPUs through MPS keeps its ranks out of the machine's IPC and network namespaces as every pool
     does (2026-11-28: MPS needed neither; its server and clients share the daemon's /dev/shm and pipe folder)."""
