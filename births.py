@@ -25,8 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from boundary import CLONE_NEWPID, die_with_parent, kill_tree, process_stat
-from judge import sealed_file
+from boundary import CLONE_NEWPID, die_with_parent, kill_tree, process_stat, sealed_file
 
 
 # Held while environment_with has os.environ changed, and while environ_with copies it: a thread that starts a
@@ -74,7 +73,7 @@ def receive_fds(conn, count: int) -> list:
 
 
 class PhaseSlot:
-    """Where a worker stands (an index into PHASES): one int in a sealed file (judge.sealed_file: the rank keeps a
+    """Where a worker stands (an index into PHASES): one int in a sealed file (boundary.sealed_file: the rank keeps a
     descriptor inside its mapping, and a shrunk file is SIGBUS in the owner's next read) that the owner makes and
     hands the worker with its pipes, mapped by both, whichever way the worker was born."""
 

@@ -35,6 +35,8 @@ import struct
 import time
 from typing import Optional
 
+from boundary import sealed_file
+
 SEED_LIMIT = 2**62  # seeds the generator takes with room for + rank (generate_input seeds seed + rank)
 RTOL, ATOL = 1e-2, 5e-3  # the reference's check
 
@@ -310,26 +312,6 @@ def copiers(gpus: list, count: int, choice, can_peer) -> list:
             copier = spare[index % len(spare)] if spare and choice is None else (gpu + 1) % count
         chosen.append(copier if copier != gpu and can_peer(copier, gpu) else None)
     return chosen
-
-
-def sealed_file(size: int, name: str = "a2a-channel") -> int:
-    """A shared file of `size` bytes that no holder can shrink or grow: the rank gets it read-write and the owner
-    keeps it mapped, and a mapping whose file shrank raises SIGBUS in the owner at its next touch (redteam13's
-    memfd_truncate ended the owner so; red team 25 did the same through a worker's phase slot). Where memfd is missing (not Linux, so no rank sandbox either), an unlinked
-    file."""
-    if not hasattr(os, "memfd_create"):
-        import tempfile
-
-        fd, path = tempfile.mkstemp(prefix="a2a-channel-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        os.unlink(path)
-        os.ftruncate(fd, size)
-        return fd
-    import fcntl
-
-    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, size)
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-    return fd
 
 
 @dataclasses.dataclass
