@@ -1012,9 +1012,32 @@ def run_folder(uid: int) -> Path:
     return Path("/var/tmp", f"a2a-run-{uid}")
 
 
+# The pools' own /dev/shm folders, below a folder of the judge's where no rank can make an entry (red team 25: ranks
+# that see the machine's /dev/shm, beside an MPS daemon that was already running, could hold another command's
+# pool's name there, /dev/shm/a2a-run-<uid> as it was, and keep that pool from starting).
+SHM_RUNS = Path("/dev/shm/a2a-runs")
+
+
 def shm_folder(uid: int) -> Optional[Path]:
     """The pool's /dev/shm (its ranks share it: NCCL and multiprocessing), on /dev/shm's own memory."""
-    return Path("/dev/shm", f"a2a-run-{uid}") if os.path.isdir("/dev/shm") else None
+    return SHM_RUNS / str(uid) if os.path.isdir("/dev/shm") else None
+
+
+def _judges_shm_runs() -> None:
+    """Makes SHM_RUNS a folder of this process's uid, mode 0711, in place of anything else of that name (a rank's
+    folder, file or link: /dev/shm is open to all)."""
+    for _ in range(100):
+        try:
+            found = os.lstat(SHM_RUNS)
+        except FileNotFoundError:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(SHM_RUNS, 0o711)
+            continue
+        if stat.S_ISDIR(found.st_mode) and found.st_uid == os.geteuid():
+            os.chmod(SHM_RUNS, 0o711)
+            return
+        remove_tree(SHM_RUNS)
+    raise RuntimeError(f"{SHM_RUNS} is taken again each time it is removed")
 
 
 # Ranks that share a GPU through CUDA MPS and their server (started by the daemon, outside every pool) share files
@@ -1057,6 +1080,8 @@ def _own_file_system(folder: Path) -> None:
 
 
 def make_run_folders(uid: int, own_shm: bool) -> None:
+    if own_shm and shm_folder(uid):
+        _judges_shm_runs()
     remove_run_folders(uid)  # a folder a cut-off clean-up left
     run_folder(uid).mkdir(mode=0o755)
     _own_file_system(run_folder(uid))

@@ -223,6 +223,32 @@ print("made")
         shutil.rmtree(folder)
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.isdir("/dev/shm"), reason="needs root and /dev/shm")
+def test_no_rank_can_hold_the_name_of_another_pools_dev_shm(tmp_path, monkeypatch):
+    """Red team 25, from the code: ranks that see the machine's /dev/shm (beside an MPS daemon that was already
+    running) could make /dev/shm/a2a-run-<uid> before another command's pool of that uid, whose start then failed.
+    The pools' folders are below the judge's own SHM_RUNS now, where no other uid makes an entry; a SHM_RUNS a rank
+    made first is replaced."""
+    monkeypatch.setattr(boundary, "SHM_RUNS", Path("/dev/shm") / f"a2a-test-runs-{tmp_path.name}")
+    squat = "import os, sys\nos.setgid(65534)\nos.setuid(65534)\nos.mkdir(sys.argv[1], 0o777)\nprint('made')"
+    try:
+        done = subprocess.run([sys.executable, "-c", squat, str(boundary.SHM_RUNS)], capture_output=True, text=True)
+        assert done.stdout.strip() == "made", done.stderr  # the folder a rank made before any judge did
+        uid = boundary.RANK_UID_BASE - 1  # no pool's: other tests' pools may run meanwhile
+        boundary.make_run_folders(uid, own_shm=True)
+        try:
+            assert boundary.shm_folder(uid).parent == boundary.SHM_RUNS and boundary.shm_folder(uid).is_dir()
+            found = os.lstat(boundary.SHM_RUNS)
+            assert found.st_uid == 0 and stat.S_IMODE(found.st_mode) == 0o711, oct(found.st_mode)
+            again = subprocess.run([sys.executable, "-c", squat, str(boundary.SHM_RUNS / str(uid + 1))],
+                                   capture_output=True, text=True)
+            assert again.returncode != 0 and "PermissionError" in again.stderr, again.stdout + again.stderr
+        finally:
+            boundary.remove_run_folders(uid)
+    finally:
+        boundary.remove_tree(boundary.SHM_RUNS)
+
+
 def test_ranks_sharing_gpus_have_network_and_ipc_namespaces_of_their_own_too():
     """A pool sharing GPUs through MPS keeps its ranks out of the machine's IPC and network namespaces as every pool
     does (2026-11-28: MPS needed neither; its server and clients share the daemon's /dev/shm and pipe folder)."""
