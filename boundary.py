@@ -932,7 +932,7 @@ def sealed_file(size: int, name: str = "a2a-channel") -> int:
     memfd_truncate ended the owner so; red team 25 did the same through a worker's phase slot). Where memfd is
     missing (not Linux, so no rank sandbox either), an unlinked file."""
     if not hasattr(os, "memfd_create"):
-        fd, path = tempfile.mkstemp(prefix="a2a-channel-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        fd, path = tempfile.mkstemp(prefix=f"{name}-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         os.unlink(path)
         os.ftruncate(fd, size)
         return fd
