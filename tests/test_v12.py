@@ -1,5 +1,7 @@
-"""v12's LL words on a CPU: which shapes take the LL path, the heap it needs, and the packing its kernel does (run by
-Triton's interpreter: the device helpers themselves, not a copy) and its reader for tests undoes."""
+"""v12 on a CPU: which shapes take the LL path, the heap it needs, the packing its kernel does (run by Triton's
+interpreter: the device helpers themselves, not a copy) and its reader for tests undoes; and two ranks of it under
+the interpreter (tools/interpret_ranks.py), calls run free among them."""
+import json
 import os
 import subprocess
 import sys
@@ -22,8 +24,9 @@ def test_the_two_smallest_benchmark_shapes_take_the_ll_path_and_double_their_row
     shapes = check_device.benchmark_shapes()
     chosen = [v12.constants(**shape, world_size=8, trace=False, hip=False)["LL"] for shape in shapes]
     assert chosen == [True, True, False, False, False], list(zip(shapes, chosen))
-    plain, ll = (v12.heap_layout(8, 16, 6144, 2, ll) for ll in (False, True))
-    assert ll["COMB_Y"] - ll["DISP_X"] == 2 * (plain["COMB_Y"] - plain["DISP_X"])
+    ll, plain = v12.heap_layout(8, 16, 6144, 2), v12.heap_layout(8, 16, 2 * v12.LL_MAX_BYTES // (16 * 2 * 2), 2)
+    assert ll["COMB_Y"] - ll["DISP_X"] == 2 * 8 * 16 * 6144 * 2  # a row's 6144 fp16 values in 8-byte words, 2 a word
+    assert plain["COMB_Y"] - plain["DISP_X"] == 8 * 16 * (2 * v12.LL_MAX_BYTES // (16 * 2 * 2)) * 2
     assert not v12.low_latency(16, 2, 6147)  # an odd hidden size has no pairs of values
 
 
@@ -71,3 +74,36 @@ def test_an_ll_word_carries_the_epoch_and_gives_back_both_fp16_values_bit_for_bi
                           env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["True", "True", "True"], done.stdout + done.stderr[-2000:]
+
+
+def _interpret(*args: str) -> tuple:
+    """tools/interpret_ranks.py: (exit code, one dict a rank, stderr)."""
+    done = subprocess.run([sys.executable, "-m", "tools.interpret_ranks", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return done.returncode, [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")], done.stderr
+
+
+@pytest.mark.parametrize("shape", ["8,2,256,8", "8,2,8192,64"], ids=["ll-path", "v11-path"])
+def test_two_ranks_of_v12_give_the_closed_form_under_the_interpreter(shape):
+    """Both of v12's paths across two ranks (threads, heaps in host memory), three calls: every output right, no
+    wait given up."""
+    code, ranks, stderr = _interpret("v12", "--shape", shape, "--calls", "3")
+    assert code == 0 and len(ranks) == 2, (code, ranks, stderr[-2000:])
+    assert all(rank["right"] and not rank["gave_up"] and not rank["error"] for rank in ranks), ranks
+
+
+def test_calls_run_free_give_up_in_v11_and_not_in_v12():
+    """Ranks that send each other nothing meet only through the range words: rank 0 runs a call ahead and, in v11,
+    stores its next word where rank 1 has not yet read this call's, so both wait until they give up. v12 keeps the
+    words by call parity (its WORKLOG plan entry). v11 is frozen: this is what the tool sees, and what v12 mends."""
+    code, ranks, stderr = _interpret("v12", "--local", "--calls", "10")
+    assert code == 0 and all(rank["right"] and not rank["gave_up"] for rank in ranks), (ranks, stderr[-2000:])
+    code, ranks, stderr = _interpret("v11", "--local", "--calls", "10", "--give-up-s", "2")
+    assert code == 1 and any("waiting for the row count from rank" in (rank["gave_up"] or "") for rank in ranks), \
+        (code, ranks, stderr[-2000:])
+
+
+def test_the_interpreter_tool_refuses_what_it_cannot_run():
+    for args in (["v1"], ["v12", "--shape", "8,2"], ["v12", "--world-size", "3"]):
+        code, ranks, stderr = _interpret(*args)
+        assert code == 113 and not ranks and len(stderr.strip().splitlines()) == 1, (args, code, stderr)

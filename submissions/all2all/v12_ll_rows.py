@@ -523,11 +523,11 @@ def low_latency(max_num_tokens: int, experts_per_token: int, hidden_dim: int) ->
     return hidden_dim % 2 == 0 and max_num_tokens * experts_per_token * hidden_dim * 2 <= LL_MAX_BYTES
 
 
-def heap_layout(world: int, slots: int, hidden: int, topk: int, ll: bool) -> dict:
-    """Byte offsets of the heap's regions (256-byte aligned) and its total size. LL: every 4 bytes of a row or meta
-    travel in an 8-byte word."""
+def heap_layout(world: int, slots: int, hidden: int, topk: int) -> dict:
+    """Byte offsets of the heap's regions (256-byte aligned) and its total size. On the LL path (low_latency) every 4
+    bytes of a row or meta travel in an 8-byte word."""
     k_block = triton.next_power_of_2(topk)
-    region, widen = world * slots, 2 if ll else 1
+    region, widen = world * slots, 2 if low_latency(slots, topk, hidden) else 1
     sizes = {"DISP_X": region * hidden * 2 * widen, "COMB_Y": region * hidden * 2 * widen,
              "DISP_META": region * meta_ints(k_block) * 4 * widen, "SENT": 2 * world * PROGRAMS_MAX * 8,
              "HOME": world * PROGRAMS_MAX * 4}
@@ -553,15 +553,14 @@ def constants(num_experts: int, experts_per_token: int, hidden_dim: int, max_num
     """The constexprs of the kernel for one shape and world size."""
     w_block, k_block = triton.next_power_of_2(world_size), triton.next_power_of_2(experts_per_token)
     t_block, n_local = triton.next_power_of_2(max_num_tokens), num_experts // world_size
-    ll = low_latency(max_num_tokens, experts_per_token, hidden_dim)
-    layout = heap_layout(world_size, max_num_tokens, hidden_dim, experts_per_token, ll)
+    layout = heap_layout(world_size, max_num_tokens, hidden_dim, experts_per_token)
     return {"WORLD": world_size, "W_BLOCK": w_block, "TOPK": experts_per_token, "K_BLOCK": k_block,
             "HIDDEN": hidden_dim, "H_BLOCK": triton.next_power_of_2(hidden_dim), "SLOTS": max_num_tokens,
             "T_BLOCK": t_block, "N_LOCAL": n_local, "NL_BLOCK": triton.next_power_of_2(n_local),
             "CAPACITY": max_num_tokens * world_size, "META_INTS": meta_ints(k_block),
             "ROUTE_WORDS": t_block * w_block + 2 * w_block, "PROGRAMS_MAX": PROGRAMS_MAX,
             **{name: offset for name, offset in layout.items() if name != "total"},
-            "LL": ll, "H2_BLOCK": max(1, triton.next_power_of_2(hidden_dim // 2)), "TRACE_ON": trace, "HIP": hip}
+            "LL": low_latency(max_num_tokens, experts_per_token, hidden_dim), "H2_BLOCK": max(1, triton.next_power_of_2(hidden_dim // 2)), "TRACE_ON": trace, "HIP": hip}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1088,7 +1087,7 @@ class P2PState:
         self.capacity = cfg.max_num_tokens * world_size  # a source token reaches an expert at most once
         self.constants = constants(cfg.num_experts, cfg.experts_per_token, cfg.hidden_dim, cfg.max_num_tokens,
                                    world_size, TRACE, HIP)
-        self.layout = heap_layout(world_size, self.slots, self.hidden, cfg.experts_per_token, self.constants["LL"])
+        self.layout = heap_layout(world_size, self.slots, self.hidden, cfg.experts_per_token)
         self.base = _runtime.heap(device, self.layout["total"])
         mine = torch.frombuffer(bytearray(_runtime.export(device, self.base)), dtype=torch.uint8).to(device)
         handles = torch.empty(world_size, mine.numel(), dtype=torch.uint8, device=device)
