@@ -262,6 +262,24 @@ def prebuild(paths: list[Path]) -> list[str]:
 # --------------------------------------------------------------------------------------------------------------
 
 
+def keep_rows_home(data: tuple) -> tuple:
+    """`data` (a rank's generated input) with every token going to the rank's own experts: rank 0 one token, the
+    others as many as max_num_tokens allows. No rank then sends another a row, and their calls meet only through
+    the flags that say so: where a rank can run a call ahead of a peer (tools/interpret_ranks.py --local, the GPU
+    suite's calls run free)."""
+    import torch
+
+    cfg, rank_data, rank, world_size = data
+    device, tokens = rank_data.x.device, 1 if rank == 0 else cfg.max_num_tokens - 1
+    first = rank * (cfg.num_experts // world_size)
+    rank_data.num_tokens = tokens
+    rank_data.x = torch.randn(tokens, cfg.hidden_dim, dtype=torch.float16, device=device)
+    rank_data.indices = (first + torch.arange(cfg.experts_per_token, dtype=torch.int32, device=device)).repeat(
+        tokens, 1)
+    rank_data.weights = torch.rand(tokens, cfg.experts_per_token, dtype=torch.float32, device=device)
+    return data
+
+
 def select_cases(task: dict, selector: str) -> list[core.TestCase]:
     """`tests`, `benchmarks`, `tests:0,3`, `benchmarks:4`, or a file of test lines (blank lines skipped); each
     case's own values are checked here, before any world size is rewritten."""

@@ -160,18 +160,27 @@ def test_ranks_sharing_gpus_through_mps_see_the_mps_servers_dev_shm():
             shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
-def test_only_ranks_sharing_gpus_write_in_the_mps_pipe_folder_and_their_files_there_go_with_the_pool():
-    """Red team 24: the MPS pipe folder (open to every uid: MPS starts each server as its clients' uid) was writable
-    to every pool's ranks wherever it existed, and what they left there (on disk, outside their memory cap) stayed
-    for the rest of the command. Now only a pool sharing GPUs through MPS writes there, and at its end its uid's
-    files and folders go; sockets and named pipes stay (the MPS server of that uid outlives its pool)."""
+@pytest.fixture
+def mps_pipe():
+    """An MPS pipe folder as the command's own daemon makes it (sharing.MpsDaemon: open to every uid, sticky, in a
+    folder others may only pass through), not below a folder ranks see as their own."""
     import tempfile
 
-    folder = Path(tempfile.mkdtemp(prefix="a2a-test-mps-", dir="/run"))  # not below a folder ranks see as their own
+    folder = Path(tempfile.mkdtemp(prefix="a2a-test-mps-", dir="/run"))
     pipe = folder / "pipe"
     pipe.mkdir()
     os.chmod(folder, 0o711)
     os.chmod(pipe, 0o1777)
+    yield pipe
+    shutil.rmtree(folder)
+
+
+def test_only_ranks_sharing_gpus_write_in_the_mps_pipe_folder_and_their_files_there_go_with_the_pool(mps_pipe):
+    """Red team 24: the MPS pipe folder (open to every uid: MPS starts each server as its clients' uid) was writable
+    to every pool's ranks wherever it existed, and what they left there (on disk, outside their memory cap) stayed
+    for the rest of the command. Now only a pool sharing GPUs through MPS writes there, and at its end its uid's
+    files and folders go; sockets and named pipes stay (the MPS server of that uid outlives its pool)."""
+    pipe = mps_pipe
     (pipe / "control").write_text("the daemon's")
     plant = f"""
 import socket
@@ -184,28 +193,19 @@ for name, make in (("file", lambda p: open(p, "w").write("x" * 4096)), ("tree", 
         print("refused", name, error.strerror)
 """
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
-    try:
-        seen = _each_pool({"sharing": {"A2A_SHARE": "mps", **env}}, plant)
-        assert seen["sharing"][0].count("made") == 4, seen
-        assert sorted(p.name for p in pipe.iterdir()) == ["control", "left-fifo", "left-socket"]
-        seen = _each_pool({"own GPU": env}, plant.replace("left-", "own-"))
-        assert seen["own GPU"][0].count("refused") == 4, seen
-        assert sorted(p.name for p in pipe.iterdir()) == ["control", "left-fifo", "left-socket"]
-    finally:
-        shutil.rmtree(folder)
+    seen = _each_pool({"sharing": {"A2A_SHARE": "mps", **env}}, plant)
+    assert seen["sharing"][0].count("made") == 4, seen
+    assert sorted(p.name for p in pipe.iterdir()) == ["control", "left-fifo", "left-socket"]
+    seen = _each_pool({"own GPU": env}, plant.replace("left-", "own-"))
+    assert seen["own GPU"][0].count("refused") == 4, seen
+    assert sorted(p.name for p in pipe.iterdir()) == ["control", "left-fifo", "left-socket"]
 
 
-def test_a_pool_sharing_gpus_leaves_at_most_a_few_channels_in_the_mps_pipe_folder_its_oldest():
+def test_a_pool_sharing_gpus_leaves_at_most_a_few_channels_in_the_mps_pipe_folder_its_oldest(mps_pipe):
     """Red team 25: named pipes and sockets stayed in the MPS pipe folder in any number (60 000 from two ranks, on
     disk, outside every cap). At the pool's end its uid keeps boundary.MPS_CHANNELS_KEPT of them, the oldest (its
     MPS server's own are made when its first rank reaches the GPU)."""
-    import tempfile
-
-    folder = Path(tempfile.mkdtemp(prefix="a2a-test-mps-", dir="/run"))
-    pipe = folder / "pipe"
-    pipe.mkdir()
-    os.chmod(folder, 0o711)
-    os.chmod(pipe, 0o1777)
+    pipe = mps_pipe
     plant = f"""
 import time
 os.mkfifo({str(pipe)!r} + "/first")
@@ -214,13 +214,10 @@ for i in range(3 * {boundary.MPS_CHANNELS_KEPT}):
     os.mkfifo({str(pipe)!r} + f"/more-{{i}}")
 print("made")
 """
-    try:
-        seen = _each_pool({"sharing": {"A2A_SHARE": "mps", "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}}, plant)
-        assert "made" in seen["sharing"][0], seen
-        left = sorted(p.name for p in pipe.iterdir())
-        assert len(left) == boundary.MPS_CHANNELS_KEPT and "first" in left, left
-    finally:
-        shutil.rmtree(folder)
+    seen = _each_pool({"sharing": {"A2A_SHARE": "mps", "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}}, plant)
+    assert "made" in seen["sharing"][0], seen
+    left = sorted(p.name for p in pipe.iterdir())
+    assert len(left) == boundary.MPS_CHANNELS_KEPT and "first" in left, left
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.isdir("/dev/shm"), reason="needs root and /dev/shm")

@@ -20,7 +20,7 @@ import pytest
 import eval as core
 from a2a import contract, sharing
 from a2a.harness import evaluate, render
-from a2a.plan import list_versions, load_version, make_plan, prebuild, resolve_version
+from a2a.plan import keep_rows_home, list_versions, load_version, make_plan, prebuild, resolve_version
 from a2a.rows import parse_popcorn
 from a2a.launch import parallel_launch
 from tests.conftest import (ROOT, gpu_count, hanging_human_face, hanging_submission, reachable, requires_gpu,
@@ -753,23 +753,14 @@ def _free_running(module, rank, world_size, spec) -> tuple:
     """Every rank keeps its tokens' rows at home (rank 0 one token, the others all they may have), so no rank sends
     another a row and their calls meet only through the range words; each rank then queues FREE_RUNNING_CALLS calls
     back to back with no barrier between them. Rank 0, with the least work, runs a call ahead of the others, and the
-    range word it stores for its next call must not take the place of the one a peer has not read yet (v11 keeps
-    one word, found by reading it; v12 keeps them by call parity). Returns (the last output's check, its message,
-    seconds): a wait that gave up took SPIN_TIMEOUT_S."""
-    import torch
+    range word it stores for its next call must not take the place of the one a peer has not read yet (v7-v11 keep
+    one word and give up here under Triton's interpreter, tools/interpret_ranks.py; v12 keeps them by call parity).
+    Returns (the last output's check, its message, seconds): a wait that gave up took SPIN_TIMEOUT_S."""
     import torch.distributed as dist
 
     from reference import check_implementation, generate_input
 
-    data = generate_input(**spec, rank=rank, world_size=world_size)
-    cfg, rank_data = data[0], data[1]
-    device, local = rank_data.x.device, cfg.num_experts // world_size
-    tokens = 1 if rank == 0 else cfg.max_num_tokens - 1
-    rank_data.num_tokens = tokens
-    rank_data.x = torch.randn(tokens, cfg.hidden_dim, dtype=torch.float16, device=device)
-    rank_data.indices = (rank * local + torch.arange(cfg.experts_per_token, dtype=torch.int32, device=device)).repeat(
-        tokens, 1)
-    rank_data.weights = torch.rand(tokens, cfg.experts_per_token, dtype=torch.float32, device=device)
+    data = keep_rows_home(generate_input(**spec, rank=rank, world_size=world_size))
     module.custom_kernel(data)
     _sync(rank)
     dist.barrier()

@@ -74,16 +74,8 @@ def _as_int(value) -> int:
 
 def _inputs(reference, shape: dict, rank: int, world: int, local: bool):
     """The rank's input as the runner draws it; with `local`, its tokens all go to its own experts."""
-    cfg, rank_data, _, _ = reference.generate_input(**shape, seed=7, rank=rank, world_size=world,
-                                                    device=torch.device("cpu"))
-    if local:
-        tokens = 1 if rank == 0 else cfg.max_num_tokens - 1
-        first = rank * (cfg.num_experts // world)
-        rank_data.num_tokens = tokens
-        rank_data.x = torch.randn(tokens, cfg.hidden_dim, dtype=torch.float16)
-        rank_data.indices = (first + torch.arange(cfg.experts_per_token, dtype=torch.int32)).repeat(tokens, 1)
-        rank_data.weights = torch.rand(tokens, cfg.experts_per_token, dtype=torch.float32)
-    return cfg, rank_data
+    data = reference.generate_input(**shape, seed=7, rank=rank, world_size=world, device=torch.device("cpu"))
+    return (planning.keep_rows_home(data) if local else data)[:2]
 
 
 def run(module, reference, shape: dict, world: int, calls: int, local: bool, hip: bool, timeout_ns: int) -> list:
