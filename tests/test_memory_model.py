@@ -189,3 +189,27 @@ def test_v12s_ll_words_are_relaxed_system_scope_stores_on_nvidia():
     ptx = check_device.triton_compile(module, "all2all_kernel", "sm_90", _ll_shape(), False).asm["ptx"]
     assert len(re.findall(r"st\.relaxed\.sys\.global\.b64", ptx)) >= call_sites(V12, "_ll_store")
     assert not re.search(r"\bfence\.|membar\.", ptx)
+
+
+V12_RECORD = "max(UNIFORM_LANES.value, triton.next_power_of_2(hidden_dim // 2 + meta_ints(k_block)))"
+
+
+def test_v12_polls_only_vectors_that_span_the_program(tmp_path):
+    """Every vector v12 polls with volatile loads (NVIDIA) is at least as long as its layout's tile
+    (check_device.replicated_polls), on a shape whose rows are shorter than a program (hidden 256: 128 words a row).
+    A copy whose records are only as long as a row and its meta polls replicated lanes there: each warp would count
+    its own arrivals (v12's first GPU run). AMD polls with atomics, whose values every thread shares."""
+    target = "sm_90"
+    shape = {"num_experts": 8, "experts_per_token": 2, "hidden_dim": 256, "max_num_tokens": 8}
+    module = check_device.triton_module(V12)
+    assert module.constants(**shape, world_size=check_device.TRITON_WORLD, trace=False, hip=False)["LL"]
+    ttgir = check_device.triton_compile(module, "all2all_kernel", target, shape, False).asm["ttgir"]
+    assert re.search(r"tt\.load .*isVolatile = true.*: tensor<", ttgir)
+    assert check_device.replicated_polls(ttgir) == []
+    text = V12.read_text()
+    assert text.count(V12_RECORD) == 1
+    planted = tmp_path / "planted_v12.py"
+    planted.write_text(text.replace(V12_RECORD, "triton.next_power_of_2(hidden_dim // 2 + meta_ints(k_block))"))
+    planted_ttgir = check_device.triton_compile(check_device.triton_module(planted), "all2all_kernel", target, shape,
+                                                False).asm["ttgir"]
+    assert check_device.replicated_polls(planted_ttgir), "the planted copy's short records were not found"

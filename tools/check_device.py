@@ -365,6 +365,30 @@ def triton_compile(module, kernel_name: str, target_name: str, shape: dict, trac
     return _TRITON_BUILDS[key]
 
 
+_BLOCKED_1D = re.compile(r"^(#\w+) = #ttg\.blocked<\{sizePerThread = \[(\d+)\], threadsPerWarp = \[(\d+)\], "
+                         r"warpsPerCTA = \[(\d+)\]", re.M)
+_VOLATILE_LOAD = re.compile(r"tt\.load .*isVolatile = true")
+_POLLED_VECTOR = re.compile(r"tensor<(\d+)x!tt\.ptr<\w+>, (#\w+)>")
+
+
+def replicated_polls(ttgir: str) -> list[str]:
+    """The volatile loads of a compiled Triton kernel (its polls on NVIDIA) over a vector smaller than its layout's
+    tile, or on a layout this check cannot size: lanes that several threads hold, each thread loading them for
+    itself. Each warp then counts what it alone saw (a sum over such lanes crosses no warp), and a loop on that count
+    lets warps part and meet at each other's barriers (v12's first GPU run gave up so). An atomic's value is loaded by
+    one thread a lane and handed to the others through shared memory (v7-v10 poll vectors so), a scalar's by one
+    thread for all: both alike in every thread."""
+    tiles = {name: int(per_thread) * int(threads) * int(warps)
+             for name, per_thread, threads, warps in _BLOCKED_1D.findall(ttgir)}
+    found = []
+    for line in ttgir.splitlines():
+        vector = _POLLED_VECTOR.search(line) if _VOLATILE_LOAD.search(line) else None
+        if vector and int(vector[1]) < tiles.get(vector[2], int(vector[1]) + 1):
+            found.append(f"a poll of {vector[1]} lanes on {vector[2]} (tile {tiles.get(vector[2], 'unknown')}): "
+                         f"{line.strip().split(' loc(')[0][:160]}")
+    return found
+
+
 def check_triton(path: Path, every_shape: bool = True) -> list[str]:
     """Every kernel of a Triton version, every benchmark shape (or the largest alone), both targets; the trace build
     on the largest."""
@@ -381,11 +405,12 @@ def check_triton(path: Path, every_shape: bool = True) -> list[str]:
             # every other shape for seconds more).
             for kernel_name, shape in itertools.product(module.TRITON_KERNELS, cases):
                 try:
-                    triton_compile(module, kernel_name, target_name, shape, trace)
+                    built = triton_compile(module, kernel_name, target_name, shape, trace)
                 except Exception as error:  # the compiler's message is the finding
                     lines = [line for line in str(error).splitlines() if line.strip()]
                     errors.append(f"{kernel_name} {shape}: " + "\n    ".join(lines[-6:]))
                     break
+                errors += [f"{kernel_name} {shape}: {poll}" for poll in replicated_polls(built.asm["ttgir"])]
             name = f"triton {target_name}{build}"
             say(f"{path.name}: {name}: {'ok' if not errors else 'FAILED'} "
                   f"({len(module.TRITON_KERNELS)} kernel(s) x {len(cases)} shape(s), world size {TRITON_WORLD})")

@@ -7,16 +7,21 @@ E=8 k=2 its two batched flag releases are 6.8-7.6 µs of a 15.3-16.2 µs kernel 
 release orders every store before it. v12 keeps v11 whole (route, item split, range words, expert counters, reduce
 order, native entry, driver launch, give-up record) and adds one path, chosen per shape (the LL constexpr: a rank's
 dispatched rows at most LL_MAX_BYTES and an even hidden size):
-- a row travels as 8-byte words (epoch << 32) | two fp16 values, a meta as words (epoch << 32) | one int32 (NCCL's
-  LL protocol); an aligned 8-byte store is seen whole or not at all, so a receiver polls a row's own words until
-  every one holds this call's epoch, and no store waits for the ones before it;
+- a row travels as 8-byte words (epoch << 32) | two fp16 values, its meta as words (epoch << 32) | one int32 (NCCL's
+  LL protocol), the two one record; an aligned 8-byte store is seen whole or not at all, so a receiver polls a
+  record's own words until every one holds this call's epoch, and no store waits for the ones before it;
 - the range words are relaxed stores (the rows need no order before them); the home flags go, and the reduce polls
   each combined row's own words.
 Twice the bytes on the link: the larger shapes keep v11's path. Both paths keep the range words by call parity (a
 hazard of v11's found by reading it; the kernel's NOTES).
+Its first GPU run (four H200s, 2026-11-28, at 4fbe131) gave up on the LL path now and then: a meta's 8 words were
+polled with volatile loads as a vector smaller than the program, which each warp loads and counts for itself, so
+warps left the poll apart and met at each other's barriers. Since then a row and its meta are one record, stored
+and polled as one vector that spans the program, and a wait gives up by thread 0's clock alike in every thread
+(_uniform; tools/check_device.py's replicated_polls holds every Triton version to it).
 The trace build's phases: route, send_row, raise_flags (the range words; in v11's path both batched releases),
-wait_range (a range word, and in the LL path its rows' and metas' words), row_in_and_home, wait_combined (a home
-flag, or a combined row's words), reduce.
+wait_range (a range word, and in the LL path its records' words), row_in_and_home, wait_combined (a home flag, or
+a combined row's words), reduce.
 """
 import contextlib
 import ctypes
@@ -56,6 +61,9 @@ WAIT_KINDS = {1: "the row count", 2: "a dispatched row", 3: "a combined row"}
 WAIT_COUNT = tl.constexpr(1)  # a source program's range word carries its row count
 WAIT_DISPATCHED_ROW = tl.constexpr(2)
 WAIT_COMBINED_ROW = tl.constexpr(3)
+# Lanes of a vector that spans any program without replicas (a block has at most 1024 threads on either vendor):
+# a sum over it crosses warps through shared memory, so every thread gets the same answer (_uniform, RECORD).
+UNIFORM_LANES = tl.constexpr(1024)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -140,7 +148,24 @@ def _give_up(abandon_ptr, report_ptr, kind: tl.constexpr, peer, slot, epoch):
 
 
 @triton.jit
-def _wait_flag(flag_ptr, epoch, abandon_ptr, report_ptr, timeout_ns, kind: tl.constexpr, peer, slot,
+def _uniform(value, lanes):
+    """Thread 0's `value` (an int32 each thread computed for itself, such as a clock comparison) in every thread.
+    NOTES: a branch or loop every thread of a program must take alike (every shared-memory barrier of a reduce or a
+    scalar atomic is met by all warps at the same point) can only test a program-uniform value. A sum over a vector
+    smaller than the program (replicated lanes) stays inside each warp, so each warp tests what it alone loaded:
+    v12's first GPU run gave up on such a poll, warps out of step at mismatched barriers. `lanes` spans the program
+    without replicas (UNIFORM_LANES)."""
+    return tl.sum(tl.where(lanes == 0, value, 0), 0)
+
+
+@triton.jit
+def _late(start, timeout_ns, lanes, HIP: tl.constexpr):
+    """Whether timeout_ns have passed since `start` by thread 0's clock, alike in every thread (_uniform)."""
+    return _uniform((_now_ns(HIP) - start > timeout_ns).to(tl.int32), lanes) != 0
+
+
+@triton.jit
+def _wait_flag(flag_ptr, epoch, abandon_ptr, report_ptr, timeout_ns, lanes, kind: tl.constexpr, peer, slot,
                HIP: tl.constexpr):
     """Waits until the flag holds `epoch`; gives up after timeout_ns (or at once once another wait has). Returns
     the acquired value: equal to epoch unless the wait gave up."""
@@ -155,14 +180,14 @@ def _wait_flag(flag_ptr, epoch, abandon_ptr, report_ptr, timeout_ns, kind: tl.co
                 waiting = 0
             elif _poll(abandon_ptr, None) != 0:
                 waiting = 0
-            elif _now_ns(HIP) - start > timeout_ns:
+            elif _late(start, timeout_ns, lanes, HIP):
                 _give_up(abandon_ptr, report_ptr, kind, peer, slot, epoch)
                 waiting = 0
     return _acquire(flag_ptr, None)
 
 
 @triton.jit
-def _wait_range(range_ptr, epoch, abandon_ptr, report_ptr, timeout_ns, source, ACQUIRE: tl.constexpr,
+def _wait_range(range_ptr, epoch, abandon_ptr, report_ptr, timeout_ns, lanes, source, ACQUIRE: tl.constexpr,
                 HIP: tl.constexpr):
     """Waits until a source program's range word holds this call's epoch ((epoch << 32) | first slot << 16 | rows);
     gives up after timeout_ns (or at once once another wait has). Returns the word, acquired where ACQUIRE (v11's
@@ -178,7 +203,7 @@ def _wait_range(range_ptr, epoch, abandon_ptr, report_ptr, timeout_ns, source, A
                 waiting = 0
             elif _poll(abandon_ptr, None) != 0:
                 waiting = 0
-            elif _now_ns(HIP) - start > timeout_ns:
+            elif _late(start, timeout_ns, lanes, HIP):
                 _give_up(abandon_ptr, report_ptr, WAIT_COUNT, source, -1, epoch)
                 waiting = 0
     if ACQUIRE:
@@ -211,7 +236,8 @@ def _ll_store(ptr, words, mask, HIP: tl.constexpr):
 def _ll_missing(ptr, mask, epoch, HIP: tl.constexpr):
     """(the LL words under `mask`, how many of them do not hold this call's epoch yet); the words outside `mask` are
     undefined.
-    NOTES: on NVIDIA volatile loads (relaxed at system scope, two words a load); on AMD _poll's loads with sc0 sc1:
+    NOTES: `ptr` spans the program without replicas (RECORD lanes): the count is then the same in every thread, and
+    every word is held by the one thread that polled it (_uniform's NOTES). On NVIDIA volatile loads (relaxed at system scope, two words a load); on AMD _poll's loads with sc0 sc1:
     tl.load(volatile=True) compiles there to plain buffer loads, which a spinning wave may answer from its cache, and
     _poll on NVIDIA is an atomic add per word."""
     if HIP:
@@ -222,7 +248,7 @@ def _ll_missing(ptr, mask, epoch, HIP: tl.constexpr):
 
 
 @triton.jit
-def _wait_ll(ptr, mask, epoch, abandon_ptr, report_ptr, timeout_ns, kind: tl.constexpr, peer, slot,
+def _wait_ll(ptr, mask, epoch, abandon_ptr, report_ptr, timeout_ns, lanes, kind: tl.constexpr, peer, slot,
              HIP: tl.constexpr):
     """Polls LL words until every one under `mask` holds this call's epoch; gives up after timeout_ns (or at once
     once another wait has). Returns the words: their low 32 bits are this call's data under `mask` unless the wait
@@ -236,7 +262,7 @@ def _wait_ll(ptr, mask, epoch, abandon_ptr, report_ptr, timeout_ns, kind: tl.con
             if missing != 0:
                 if _poll(abandon_ptr, None) != 0:
                     missing = 0
-                elif _now_ns(HIP) - start > timeout_ns:
+                elif _late(start, timeout_ns, lanes, HIP):
                     _give_up(abandon_ptr, report_ptr, kind, peer, slot, epoch)
                     missing = 0
     return words
@@ -268,6 +294,16 @@ def _heap(base, offset, dtype: tl.constexpr):
     return tl.multiple_of(tl.cast(base + offset, tl.pointer_type(dtype)), 16)
 
 
+@triton.jit
+def _record(base, index, record, DISP_X: tl.constexpr, DISP_META: tl.constexpr, HIDDEN: tl.constexpr,
+            META_INTS: tl.constexpr):
+    """The LL words of record `index` in a heap (its base as an integer): lanes below HIDDEN / 2 are its row's (in
+    DISP_X), the lanes after them its meta's (in DISP_META)."""
+    row = base + DISP_X + (index * (HIDDEN // 2) + record).to(tl.int64) * 8
+    meta = base + DISP_META + (index * META_INTS + record - HIDDEN // 2).to(tl.int64) * 8
+    return tl.cast(tl.where(record < HIDDEN // 2, row, meta), tl.pointer_type(tl.int64))
+
+
 @triton.jit(do_not_specialize=["num_tokens", "epoch", "report_address", "rank", "timeout_ns"])
 def all2all_kernel(x_ptr, indices_ptr, weights_ptr, num_tokens, epoch,
                    out_ptr, heap_bases, expert_count_ptr, abandon_ptr, expert_meta_ptr, route_ptr, report_address,
@@ -277,7 +313,7 @@ def all2all_kernel(x_ptr, indices_ptr, weights_ptr, num_tokens, epoch,
                    N_LOCAL: tl.constexpr, NL_BLOCK: tl.constexpr, CAPACITY: tl.constexpr, META_INTS: tl.constexpr,
                    ROUTE_WORDS: tl.constexpr, PROGRAMS_MAX: tl.constexpr, DISP_X: tl.constexpr,
                    COMB_Y: tl.constexpr, DISP_META: tl.constexpr, SENT: tl.constexpr, HOME: tl.constexpr,
-                   LL: tl.constexpr, H2_BLOCK: tl.constexpr, TRACE_ON: tl.constexpr, HIP: tl.constexpr):
+                   LL: tl.constexpr, RECORD: tl.constexpr, TRACE_ON: tl.constexpr, HIP: tl.constexpr):
     """One call: route, send, receive + expert + send home, reduce; the parts meet only through flags.
     Heap layout (byte offsets, the same on every rank; `SLOTS` = max tokens = rows one source sends one rank):
       DISP_X    [WORLD][SLOTS] rows   written by the source, read here: the receive buffer expert_meta points into
@@ -289,7 +325,10 @@ def all2all_kernel(x_ptr, indices_ptr, weights_ptr, num_tokens, epoch,
       HOME      [WORLD][PROGRAMS_MAX] int32 = epoch once that rank has stored home every combined row of the range
                                       this rank's program sent it
     With LL the rows and metas are LL words instead (int64 (epoch << 32) | data: a row's HIDDEN / 2 words hold two
-    fp16 values each, a meta's words one int32 each) and HOME is unused: every word says itself whether it arrived.
+    fp16 values each, a meta's words one int32 each: the experts, then at K_BLOCK the sum of the weights of the k
+    that go here and the token) and HOME is unused: every word says itself whether it arrived. A row and its meta
+    are one record of RECORD lanes, stored and polled as one vector that spans the program without replicas
+    (_uniform's NOTES).
     NOTES: a program's share of (token, rank) items is a contiguous run of items in token order, so the slots it
     fills at one destination are one contiguous range: one flag says which. Receiver program q takes every source's
     program q's range, so every rank launches the same grid (agreed at build: P2PState.configure). Nothing is reset
@@ -309,8 +348,12 @@ def all2all_kernel(x_ptr, indices_ptr, weights_ptr, num_tokens, epoch,
     ranks = tl.arange(0, W_BLOCK)
     columns = tl.arange(0, H_BLOCK)
     in_row = columns < HIDDEN
-    halves = tl.arange(0, H2_BLOCK)  # LL: a row's words, two values each
-    in_half = halves < HIDDEN // 2
+    lanes = tl.arange(0, UNIFORM_LANES)  # for the waits' one decision (_uniform)
+    # LL: a record's lanes, a row's words (two values each) and then its meta's
+    record = tl.arange(0, RECORD)
+    in_half = record < HIDDEN // 2
+    meta_lane = record - HIDDEN // 2
+    in_meta = (meta_lane >= 0) & ((meta_lane < TOPK) | (meta_lane == K_BLOCK) | (meta_lane == K_BLOCK + 1))
     in_world = ranks < WORLD
     table = route_ptr + pid * ROUTE_WORDS  # this program's route table: [T_BLOCK][W_BLOCK] slots, then its ranges'
     # first slots and rows per destination
@@ -357,14 +400,18 @@ def all2all_kernel(x_ptr, indices_ptr, weights_ptr, num_tokens, epoch,
             here = (ks < TOPK) & (pair_experts // N_LOCAL == dst)
             weights = tl.load(weights_ptr + token * TOPK + ks, mask=ks < TOPK, other=0.0)
             if LL:
-                x_words = tl.load(tl.cast(x_ptr, tl.pointer_type(tl.int32)) + token * (HIDDEN // 2) + halves,
-                                  mask=in_half)
-                _ll_store(_heap(dst_base, DISP_X, tl.int64) + index * (HIDDEN // 2) + halves, _ll(x_words, epoch),
-                          in_half, HIP)
-                meta = _heap(dst_base, DISP_META, tl.int64) + index * META_INTS
-                _ll_store(meta + ks, _ll(tl.where(here, pair_experts, -1), epoch), ks < TOPK, HIP)
-                _ll_store(meta + K_BLOCK + ks, _ll(weights.to(tl.int32, bitcast=True), epoch), ks < TOPK, HIP)
-                _ll_store(meta + 2 * K_BLOCK + ks, _ll(tl.zeros([K_BLOCK], tl.int32) + token, epoch), ks < 1, HIP)
+                x_words = tl.load(tl.cast(x_ptr, tl.pointer_type(tl.int32)) + token * (HIDDEN // 2) + record,
+                                  mask=in_half, other=0)
+                record_experts = tl.load(indices_ptr + token * TOPK + meta_lane, mask=in_meta & (meta_lane < TOPK),
+                                         other=-1)
+                weight_sum = tl.sum(tl.where(here, weights, 0.0), 0)
+                values = tl.where(in_half, x_words,
+                                  tl.where(meta_lane < TOPK,
+                                           tl.where(record_experts // N_LOCAL == dst, record_experts, -1),
+                                           tl.where(meta_lane == K_BLOCK, weight_sum.to(tl.int32, bitcast=True),
+                                                    token)))
+                _ll_store(_record(dst_base, index, record, DISP_X, DISP_META, HIDDEN, META_INTS), _ll(values, epoch),
+                          in_half | in_meta, HIP)
             else:
                 row = tl.load(x_ptr + token * HIDDEN + columns, mask=in_row)
                 tl.store(_heap(dst_base, DISP_X, tl.float16) + index * HIDDEN + columns, row, mask=in_row)
@@ -395,7 +442,7 @@ def all2all_kernel(x_ptr, indices_ptr, weights_ptr, num_tokens, epoch,
         src = (rank + step) % WORLD
         t_wait = _stamp(TRACE_ON, HIP)
         word = _wait_range(_heap(my_base, SENT, tl.int64) + ((epoch & 1) * WORLD + src) * PROGRAMS_MAX + pid, epoch,
-                           abandon_ptr, report_ptr, timeout_ns, src, not LL, HIP)
+                           abandon_ptr, report_ptr, timeout_ns, lanes, src, not LL, HIP)
         _trace(trace_ptr, PH_WAIT_RANGE, t_wait, TRACE_ON, HIP)
         arrived = (word >> 32).to(tl.int32) == epoch
         first_slot = ((word >> 16) & 0xffff).to(tl.int32)
@@ -403,45 +450,46 @@ def all2all_kernel(x_ptr, indices_ptr, weights_ptr, num_tokens, epoch,
         src_base = tl.load(heap_bases + src)
         for slot in range(first_slot, first_slot + count):
             index = src * SLOTS + slot
+            home = rank * SLOTS + slot
             if LL:
                 t_wait = _stamp(TRACE_ON, HIP)
-                meta = _heap(my_base, DISP_META, tl.int64) + index * META_INTS
-                # NOTES: outside its mask a polled vector is undefined: every lane read below is masked again.
-                expert_words = _wait_ll(meta + ks, ks < TOPK, epoch, abandon_ptr, report_ptr, timeout_ns,
+                record_words = _wait_ll(_record(my_base, index, record, DISP_X, DISP_META, HIDDEN, META_INTS),
+                                        in_half | in_meta, epoch, abandon_ptr, report_ptr, timeout_ns, lanes,
                                         WAIT_DISPATCHED_ROW, src, slot, HIP)
-                pair_experts = tl.where(ks < TOPK, expert_words.to(tl.int32), -1)
-                weight_words = _wait_ll(meta + K_BLOCK + ks, ks < TOPK, epoch, abandon_ptr, report_ptr, timeout_ns,
-                                        WAIT_DISPATCHED_ROW, src, slot, HIP)
-                weights = tl.where(ks < TOPK, weight_words.to(tl.int32), 0).to(tl.float32, bitcast=True)
-                token_words = _wait_ll(meta + 2 * K_BLOCK + ks, ks < 1, epoch, abandon_ptr, report_ptr, timeout_ns,
-                                       WAIT_DISPATCHED_ROW, src, slot, HIP)
-                token = tl.sum(tl.where(ks < 1, token_words.to(tl.int32), 0), 0)
-                row_words = _wait_ll(_heap(my_base, DISP_X, tl.int64) + index * (HIDDEN // 2) + halves, in_half,
-                                     epoch, abandon_ptr, report_ptr, timeout_ns, WAIT_DISPATCHED_ROW, src, slot, HIP)
                 _trace(trace_ptr, PH_WAIT_RANGE, t_wait, TRACE_ON, HIP)
+                t_row = _stamp(TRACE_ON, HIP)
+                # NOTES: outside its mask a polled vector is undefined: every lane read below is masked again.
+                data = record_words.to(tl.int32)
+                weight_sum = tl.sum(tl.where(meta_lane == K_BLOCK, data, 0), 0).to(tl.float32, bitcast=True)
+                token = tl.sum(tl.where(meta_lane == K_BLOCK + 1, data, 0), 0)
+                here = in_meta & (meta_lane < TOPK) & (data >= 0)
+                local = data - rank * N_LOCAL
+                position = tl.atomic_add(expert_count + local, 1, mask=here, sem="relaxed", scope="gpu")
+                entry = expert_meta_ptr + (local * CAPACITY + position) * 4
+                tl.store(entry, tl.full([RECORD], 0, tl.int32) + src, mask=here)
+                tl.store(entry + 1, tl.full([RECORD], 0, tl.int32) + slot, mask=here)
+                tl.store(entry + 2, tl.full([RECORD], 0, tl.int32) + token, mask=here)
+                tl.store(entry + 3, meta_lane, mask=here)
+                in_low, in_high = _halves(record_words)
+                out_low = ((in_low * scale).to(tl.float16).to(tl.float32) * weight_sum).to(tl.float16)
+                out_high = ((in_high * scale).to(tl.float16).to(tl.float32) * weight_sum).to(tl.float16)
+                _ll_store(_heap(src_base, COMB_Y, tl.int64) + home * (HIDDEN // 2) + record,
+                          _ll(_pair(out_low, out_high), epoch), in_half, HIP)
             else:
                 meta = _heap(my_base, DISP_META, tl.int32) + index * META_INTS
                 pair_experts = tl.load(meta + ks, mask=ks < TOPK, other=-1)
                 weights = tl.load(meta + K_BLOCK + ks, mask=ks < TOPK, other=0).to(tl.float32, bitcast=True)
                 token = tl.load(meta + 2 * K_BLOCK)
-            t_row = _stamp(TRACE_ON, HIP)
-            here = pair_experts >= 0
-            weight_sum = tl.sum(tl.where(here, weights, 0.0), 0)
-            local = pair_experts - rank * N_LOCAL
-            position = tl.atomic_add(expert_count + local, 1, mask=here, sem="relaxed", scope="gpu")
-            entry = expert_meta_ptr + (local * CAPACITY + position) * 4
-            tl.store(entry, tl.full([K_BLOCK], 0, tl.int32) + src, mask=here)
-            tl.store(entry + 1, tl.full([K_BLOCK], 0, tl.int32) + slot, mask=here)
-            tl.store(entry + 2, tl.full([K_BLOCK], 0, tl.int32) + token, mask=here)
-            tl.store(entry + 3, ks, mask=here)
-            home = rank * SLOTS + slot
-            if LL:
-                in_low, in_high = _halves(row_words)
-                out_low = ((in_low * scale).to(tl.float16).to(tl.float32) * weight_sum).to(tl.float16)
-                out_high = ((in_high * scale).to(tl.float16).to(tl.float32) * weight_sum).to(tl.float16)
-                _ll_store(_heap(src_base, COMB_Y, tl.int64) + home * (HIDDEN // 2) + halves,
-                          _ll(_pair(out_low, out_high), epoch), in_half, HIP)
-            else:
+                t_row = _stamp(TRACE_ON, HIP)
+                here = pair_experts >= 0
+                weight_sum = tl.sum(tl.where(here, weights, 0.0), 0)
+                local = pair_experts - rank * N_LOCAL
+                position = tl.atomic_add(expert_count + local, 1, mask=here, sem="relaxed", scope="gpu")
+                entry = expert_meta_ptr + (local * CAPACITY + position) * 4
+                tl.store(entry, tl.full([K_BLOCK], 0, tl.int32) + src, mask=here)
+                tl.store(entry + 1, tl.full([K_BLOCK], 0, tl.int32) + slot, mask=here)
+                tl.store(entry + 2, tl.full([K_BLOCK], 0, tl.int32) + token, mask=here)
+                tl.store(entry + 3, ks, mask=here)
                 received = tl.load(_heap(my_base, DISP_X, tl.float16) + index * HIDDEN + columns, mask=in_row)
                 expert_out = (received.to(tl.float32) * scale).to(tl.float16)
                 weighted = (expert_out.to(tl.float32) * weight_sum).to(tl.float16)
@@ -461,22 +509,22 @@ def all2all_kernel(x_ptr, indices_ptr, weights_ptr, num_tokens, epoch,
     # programs.
     for token in range(pid * num_tokens // programs, (pid + 1) * num_tokens // programs):
         if LL:
-            total_low = tl.zeros([H2_BLOCK], dtype=tl.float32)
-            total_high = tl.zeros([H2_BLOCK], dtype=tl.float32)
+            total_low = tl.zeros([RECORD], dtype=tl.float32)
+            total_high = tl.zeros([RECORD], dtype=tl.float32)
             for dst in tl.static_range(WORLD):
                 slot = tl.load(table + token * W_BLOCK + dst)
                 if slot >= 0:
                     t_wait = _stamp(TRACE_ON, HIP)
                     combined = _heap(my_base, COMB_Y, tl.int64) + (dst * SLOTS + slot) * (HIDDEN // 2)
-                    combined_words = _wait_ll(combined + halves, in_half, epoch, abandon_ptr, report_ptr, timeout_ns,
-                                              WAIT_COMBINED_ROW, dst, slot, HIP)
+                    combined_words = _wait_ll(combined + record, in_half, epoch, abandon_ptr, report_ptr, timeout_ns,
+                                              lanes, WAIT_COMBINED_ROW, dst, slot, HIP)
                     _trace(trace_ptr, PH_WAIT_COMBINED, t_wait, TRACE_ON, HIP)
                     t_reduce = _stamp(TRACE_ON, HIP)
                     home_low, home_high = _halves(combined_words)
                     total_low += home_low
                     total_high += home_high
                     _trace(trace_ptr, PH_REDUCE, t_reduce, TRACE_ON, HIP)
-            tl.store(tl.cast(out_ptr, tl.pointer_type(tl.int32)) + token * (HIDDEN // 2) + halves,
+            tl.store(tl.cast(out_ptr, tl.pointer_type(tl.int32)) + token * (HIDDEN // 2) + record,
                      _pair(total_low.to(tl.float16), total_high.to(tl.float16)), mask=in_half)
         else:
             total = tl.zeros([H_BLOCK], dtype=tl.float32)
@@ -487,7 +535,8 @@ def all2all_kernel(x_ptr, indices_ptr, weights_ptr, num_tokens, epoch,
                     sender = ((item + 1) * programs + items - 1) // items - 1
                     t_wait = _stamp(TRACE_ON, HIP)
                     ready = _wait_flag(_heap(my_base, HOME, tl.int32) + dst * PROGRAMS_MAX + sender, epoch,
-                                       abandon_ptr, report_ptr, timeout_ns, WAIT_COMBINED_ROW, dst, slot, HIP) == epoch
+                                       abandon_ptr, report_ptr, timeout_ns, lanes, WAIT_COMBINED_ROW, dst, slot,
+                                       HIP) == epoch
                     _trace(trace_ptr, PH_WAIT_COMBINED, t_wait, TRACE_ON, HIP)
                     t_reduce = _stamp(TRACE_ON, HIP)
                     row = tl.load(_heap(my_base, COMB_Y, tl.float16) + (dst * SLOTS + slot) * HIDDEN + columns,
@@ -560,7 +609,9 @@ def constants(num_experts: int, experts_per_token: int, hidden_dim: int, max_num
             "CAPACITY": max_num_tokens * world_size, "META_INTS": meta_ints(k_block),
             "ROUTE_WORDS": t_block * w_block + 2 * w_block, "PROGRAMS_MAX": PROGRAMS_MAX,
             **{name: offset for name, offset in layout.items() if name != "total"},
-            "LL": low_latency(max_num_tokens, experts_per_token, hidden_dim), "H2_BLOCK": max(1, triton.next_power_of_2(hidden_dim // 2)), "TRACE_ON": trace, "HIP": hip}
+            "LL": low_latency(max_num_tokens, experts_per_token, hidden_dim),
+            "RECORD": max(UNIFORM_LANES.value, triton.next_power_of_2(hidden_dim // 2 + meta_ints(k_block))),
+            "TRACE_ON": trace, "HIP": hip}
 
 
 # ---------------------------------------------------------------------------------------------------------------
