@@ -89,7 +89,20 @@ def test_two_ranks_of_v12_give_the_closed_form_under_the_interpreter(shape):
     wait given up."""
     code, ranks, stderr = _interpret("v12", "--shape", shape, "--calls", "3")
     assert code == 0 and len(ranks) == 2, (code, ranks, stderr[-2000:])
-    assert all(rank["right"] and not rank["gave_up"] and not rank["error"] for rank in ranks), ranks
+    assert all(rank["right"] and rank["counts_right"] and not rank["gave_up"] and not rank["error"]
+               for rank in ranks), ranks
+
+
+def test_ranks_of_several_programs_each_give_the_closed_form_under_the_interpreter():
+    """Three ranks of three programs each, one thread a program (receiver program q reads each source's program q,
+    a rank's programs finish a call before its next one starts), on a record shorter than a program (hidden 256),
+    two calls: every output and every expert's row count right (a program that did all its rank's work would count
+    each row three times), no wait given up."""
+    code, ranks, stderr = _interpret("v12", "--shape", "6,2,256,8", "--world-size", "3", "--programs", "3",
+                                     "--calls", "2", "--seed", "11")
+    assert code == 0 and len(ranks) == 3, (code, ranks, stderr[-2000:])
+    assert all(rank["right"] and rank["counts_right"] and not rank["gave_up"] and not rank["error"]
+               for rank in ranks), ranks
 
 
 def test_calls_run_free_give_up_in_v11_and_not_in_v12():
@@ -104,6 +117,6 @@ def test_calls_run_free_give_up_in_v11_and_not_in_v12():
 
 
 def test_the_interpreter_tool_refuses_what_it_cannot_run():
-    for args in (["v1"], ["v12", "--shape", "8,2"], ["v12", "--world-size", "3"]):
+    for args in (["v1"], ["v12", "--shape", "8,2"], ["v12", "--world-size", "3"], ["v12", "--programs", "0"]):
         code, ranks, stderr = _interpret(*args)
         assert code == 113 and not ranks and len(stderr.strip().splitlines()) == 1, (args, code, stderr)
