@@ -170,11 +170,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("version", help="a Triton version (v7 on): name or file")
     parser.add_argument("--shape", default="8,2,256,8", help="num_experts,experts_per_token,hidden_dim,max_tokens")
-    cli.add_options(parser, "world-size", world_size={"default": 2, "help": "ranks, one thread each (default: 2)"})
+    cli.add_options(parser, "world-size", "seed",
+                    world_size={"default": 2, "help": "ranks, one thread each (default: 2)"},
+                    seed={"default": 7, "help": "the inputs' seed (default: 7)"})
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--local", action="store_true", help="every token's rows stay on its own rank")
     parser.add_argument("--programs", type=int, default=1, help="programs a rank, one thread each (default: 1)")
-    parser.add_argument("--seed", type=int, default=7, help="the inputs' seed (default: 7)")
     parser.add_argument("--give-up-s", type=float, default=20.0,
                         help="seconds of the host's clock after which a wait gives up (the interpreter is slow)")
     args = parser.parse_args(argv)

@@ -237,9 +237,10 @@ def _ll_missing(ptr, mask, epoch, HIP: tl.constexpr):
     """(the LL words under `mask`, how many of them do not hold this call's epoch yet); the words outside `mask` are
     undefined.
     NOTES: `ptr` spans the program without replicas (RECORD lanes): the count is then the same in every thread, and
-    every word is held by the one thread that polled it (_uniform's NOTES). On NVIDIA volatile loads (relaxed at system scope, two words a load); on AMD _poll's loads with sc0 sc1:
-    tl.load(volatile=True) compiles there to plain buffer loads, which a spinning wave may answer from its cache, and
-    _poll on NVIDIA is an atomic add per word."""
+    every word is held by the one thread that polled it (_uniform's NOTES). On NVIDIA volatile loads (relaxed at
+    system scope, two words a load); on AMD _poll's loads with sc0 sc1: tl.load(volatile=True) compiles there to
+    plain buffer loads, which a spinning wave may answer from its cache, and _poll on NVIDIA is an atomic add per
+    word."""
     if HIP:
         words = _poll(ptr, mask)
     else:
