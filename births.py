@@ -352,7 +352,7 @@ def _outer_pid(parent: int, inner: int, known: set) -> int:
         try:
             if int(process_stat(int(entry))[1]) != parent:
                 continue
-            status = Path(f"/proc/{entry}/status").read_text()
+            status = Path(f"/proc/{entry}/status").read_bytes().decode("utf-8", "replace")  # a name is any bytes
         except (OSError, IndexError, ValueError):
             continue
         nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), None)

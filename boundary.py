@@ -59,9 +59,11 @@ def become_subreaper() -> None:
     _prctl(36, 1)
 
 
-def process_stat(pid: int) -> list[str]:
-    """The fields of /proc/<pid>/stat after the command name (state, ppid, ... start time at 19); OSError if gone."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def process_stat(pid) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, ... start time at 19); OSError if gone.
+    `pid` may name a thread too ("<pid>/task/<tid>"). NOTES: read as bytes: the name is whatever bytes a process
+    gave itself (prctl PR_SET_NAME), and text decoding it ended a judge that looked over /proc (red team 26)."""
+    return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].decode("ascii", "replace").split()
 
 
 def descendants(pid: int) -> list[int]:
@@ -646,7 +648,7 @@ def has_ended(pid: int) -> bool:
         return True
     for thread in threads:
         with contextlib.suppress(OSError, IndexError):
-            if Path(f"/proc/{pid}/task/{thread}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX":
+            if process_stat(f"{pid}/task/{thread}")[0] not in "ZX":
                 return False
     return True
 

@@ -1138,3 +1138,28 @@ def test_forked_ranks_do_not_share_torchs_random_state():
     finally:
         pool.shutdown()
     assert all(result.ok for result in results) and len({result.value for result in results}) == 2, results
+
+
+NAMED_IN_BYTES = r"""
+import ctypes, sys, time
+ctypes.CDLL(None, use_errno=True).prctl(15, ctypes.c_char_p(b"\xff\xfe) Z 1"), 0, 0, 0)  # PR_SET_NAME
+print("named", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_process_named_in_any_bytes_does_not_end_a_look_over_proc():
+    """Any process may name itself with bytes that are not UTF-8, and with ') Z 1' in them (red team 26: one such
+    process, anywhere on the machine, ended every judge command that looked for a pool's descendants, exit 1). Its
+    stat still reads right, and it is found below its parent."""
+    child = subprocess.Popen([sys.executable, "-c", NAMED_IN_BYTES], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"named\n"
+        assert Path(f"/proc/{child.pid}/comm").read_bytes().startswith(b"\xff\xfe")
+        fields = boundary.process_stat(child.pid)
+        assert fields[0] in "SR" and int(fields[1]) == os.getpid(), fields
+        assert child.pid in boundary.descendants(os.getpid())
+        assert not boundary.has_ended(child.pid)
+    finally:
+        child.kill()
+        child.wait()
