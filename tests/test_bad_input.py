@@ -145,11 +145,14 @@ def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("o")], "a refused command saved something"
     for args, message in [((), "usage"), ((str(tmp_path / "s"), "bogus"), "unknown step 'bogus'"),
                           ((str(tmp_path / "s"), "env", "set:PATH=/tmp"), "sets no A2A_ variable"),
-                          ((str(tmp_path / "s"), "check", "env", "stability:x"), "unknown step 'stability:x'")]:
+                          ((str(tmp_path / "s"), "check", "env", "stability:x"), "unknown step 'stability:x'"),
+                          ((str(tmp_path / "s"), "check", "tests:run_free or free_running"),
+                           "'free_running' selects no test")]:
         done = subprocess.run(["bash", "tools/gpu_session.sh", *args], cwd=ROOT, capture_output=True, text=True)
         assert done.returncode == EXIT_BAD_INPUT and message in done.stderr, done.stderr
     checked = subprocess.run(["bash", "tools/gpu_session.sh", str(tmp_path / "s"), "check", "env", "build",
-                              "leaderboard:v1,v10:--world-size 4"], cwd=ROOT, capture_output=True, text=True)
+                              "leaderboard:v1,v10:--world-size 4", "tests:run_free or trace_build"], cwd=ROOT,
+                             capture_output=True, text=True)
     assert checked.returncode == 0 and "every step known" in checked.stdout, checked.stderr
     assert not (tmp_path / "s").exists()
 

@@ -50,7 +50,24 @@ for item in "${@:$((2 + ${checking:-0}))}"; do  # every step known before anythi
     echo "tools/gpu_session.sh: '$item' sets no A2A_ variable (set:A2A_NAME=VALUE)" >&2; exit 113
   fi
 done
-if [ -n "$checking" ]; then echo "tools/gpu_session.sh: ${*:3} (every step known)"; exit 0; fi
+if [ -n "$checking" ]; then
+  # A `tests:` expression's every `or` term (the whole of one with parentheses) must select a test (2026-11-28:
+  # `free_running` selected none, unseen among the 22 the other terms did). Collecting needs no GPU.
+  collect=python3; [ -x "$(dirname "$0")/../.venv/bin/python" ] && collect="$(dirname "$0")/../.venv/bin/python"
+  for item in "${@:3}"; do
+    [[ "$item" == tests:* ]] || continue
+    expression=${item#tests:}
+    while read -r term; do
+      [ -n "$term" ] || continue
+      selected=$(cd "$(dirname "$0")/.." && "$collect" -m pytest --collect-only -q -p no:cacheprovider \
+                 tests/test_gpu.py -k "$term" 2>/dev/null | grep -c '::')
+      if [ "$selected" -eq 0 ]; then
+        echo "tools/gpu_session.sh: '$item': '$term' selects no test of tests/test_gpu.py" >&2; exit 113
+      fi
+    done <<< "$(if [[ "$expression" == *[\(\)]* ]]; then echo "$expression"; else sed 's/ or /\n/g' <<< "$expression"; fi)"
+  done
+  echo "tools/gpu_session.sh: ${*:3} (every step known)"; exit 0
+fi
 out=$(realpath -m "$1"); shift
 cd "$(dirname "$0")/.."
 # A machine lent again may keep an earlier session's DIR (seen 2026-11-27: its logs and results went into the next
