@@ -1310,7 +1310,8 @@ class RankPool:
             text.close(wait_s=1.0)
 
     def _where(self, slot: int, test: TestCase) -> str:
-        phase = PHASES[self.workers[slot][2].value] if 0 <= self.workers[slot][2].value < len(PHASES) else "?"
+        index = self.workers[slot][2].value  # NOTES: read once: the rank may rewrite the byte between two reads
+        phase = PHASES[index] if 0 <= index < len(PHASES) else "?"  # (red team 26: IndexError in the owner)
         return f"in {test.spec}" if phase == "in the launched function" else phase
 
     def await_idle(self) -> None:

@@ -510,6 +510,30 @@ def test_a_rank_cannot_resize_its_phase_slot(tmp_path, face):
     assert outcome.code == 0, str(outcome)
 
 
+class _SlotRewrittenBetweenReads:
+    """A phase slot whose rank writes a valid phase, then a byte past the table, then valid again (red team 26's C
+    loop flipped it every 50 ns): each read of `value` sees the next."""
+
+    def __init__(self):
+        self.reads = 0
+
+    @property
+    def value(self) -> int:
+        self.reads += 1
+        return 4 if self.reads % 2 else 255
+
+
+def test_the_owner_reads_a_ranks_phase_once():
+    """The owner names where a late rank is from its phase slot, which the rank may rewrite at any moment: one read,
+    checked and used (two reads gave the rank an IndexError in the owner, which ended a whole leaderboard run)."""
+    import eval as core
+
+    pool = type("Pool", (), {"workers": [(None, None, _SlotRewrittenBetweenReads())]})()
+    case = core.TestCase(args={}, spec="a case")
+    assert core.RankPool._where(pool, 0, case) in (core.PHASES[4], "in a case")
+    assert pool.workers[0][2].reads == 1
+
+
 # Sent early: test mode on both faces; rewritten on its way out: the timed modes on both faces.
 FORGED_RESULTS = ([("sent", "human", "test"), ("sent", "protocol", "test")]
                   + [("rewritten", face, mode) for face, mode in EVERY_FACE_TIMED])
