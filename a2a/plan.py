@@ -197,6 +197,8 @@ def submission_problem(path: Path) -> Optional[str]:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except (SyntaxError, ValueError) as exc:
         return f"{path.name} does not parse: {getattr(exc, 'lineno', '?')}: {getattr(exc, 'msg', exc)}"
+    except (RecursionError, MemoryError) as exc:  # an expression nested past the parser's depth (red team 26)
+        return f"{path.name} does not parse: {type(exc).__name__} (nested too deeply)"
     except OSError as exc:
         return f"cannot read {path}: {exc.strerror}"
     names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}

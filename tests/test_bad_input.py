@@ -37,6 +37,11 @@ def human_face_cases(tmp: Path):
         (("test", "/dev/null"), "is a device, not a submission file"),
         (("test", "v99"), "unknown version 'v99'"),
         (("test", no_kernel), "defines no custom_kernel"),
+        # nested past the parser's depth (red team 26: RecursionError and MemoryError, internal errors)
+        (("test", _file(tmp, "deep_sum.py", "def custom_kernel(data):\n    return data\n_deep = " + "1+" * 5000
+                        + "1\n")), "deep_sum.py does not parse"),
+        (("test", _file(tmp, "deep_minus.py", "def custom_kernel(data):\n    return data\n_deep = " + "-" * 100_000
+                        + "1\n")), "deep_minus.py does not parse"),
         (("test", "v1", "--world-size", "3"), "cannot be split evenly over 3 ranks"),
         (("test", "v1", "--world-size", "16", "--backend", "nccl"), "GPU"),
         (("test", "v1", "--world-size", "0"), "--world-size must be at least 1"),
