@@ -164,6 +164,7 @@ class _Live:
     pool: Optional[core.RankPool]
     steps: Optional[core.CaseSteps]
     failure: str = ""
+    broken: bool = False  # the owner's step of it raised: its steps are left as they are, its pool killed
 
 
 @dataclasses.dataclass
@@ -317,6 +318,12 @@ class Clock:
             results = live.steps.finish()
             live.failure = core.rank_failures(results) or "the ranks left the steps before the owner stopped them"
             return None
+        except Exception as exc:  # noqa: BLE001 - said in its failure
+            # NOTES: what a rank can reach of the owner's step (its phase slot, its channel's words) could raise
+            # there; that voids this entry, not the run and every other entry's figures (red team 26).
+            live.failure = f"the owner's step of it raised {type(exc).__name__}: {exc}"
+            live.broken = True
+            return None
         problem = next(((rank, why) for rank, why in enumerate(result.problems) if why), None)
         if problem:
             live.failure = f"rank {problem[0]} - case {index}: the output the owner copied at 'done' {problem[1]}"
@@ -377,7 +384,7 @@ class Clock:
     def _end(self, live: _Live, round_index: int) -> None:
         """Ends an entry's session (the steps stopped, the ranks' results read), then its pool, and waits until no
         process of it is left (RankPool.shutdown, kill)."""
-        if live.steps is not None and live.pool is not None and live.steps.case.done is None:
+        if live.steps is not None and live.pool is not None and live.steps.case.done is None and not live.broken:
             live.steps.case.extend(VISIT_TIMEOUT_S)
             results = live.steps.finish()
             if not live.failure and not all(r.ok for r in results):

@@ -354,6 +354,28 @@ def test_an_entry_whose_pool_does_not_end_fails_and_says_so(tmp_path, monkeypatc
     assert "B" not in run.failed and {name for (name, _), rounds in run.samples.items() if rounds} == {"B"}, run.samples
 
 
+def test_an_error_of_the_owner_on_one_entrys_step_fails_that_entry_alone(tmp_path, monkeypatch):
+    """An exception the owner meets stepping one entry (red team 26: an IndexError from a phase byte its rank
+    rewrote; a UnicodeDecodeError from a process name) fails that entry, named, its pool killed; the run goes on and
+    the other entry keeps its figure."""
+    from eval import CaseSteps
+
+    plan = make_plan(["v1", "v1"], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    entries = [clock.Entry("A", "version", str(plan.versions[0])), clock.Entry("B", "version", str(plan.versions[1]))]
+    step = CaseSteps.step
+
+    def raising(self, *args, **kwargs):
+        if "A (clock round)" in self.case.test.spec:
+            raise IndexError("tuple index out of range")
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(CaseSteps, "step", raising)
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
+    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    assert "the owner's step of it raised IndexError" in run.failed.get("A", ""), run.failed
+    assert "B" not in run.failed and {name for (name, _), rounds in run.samples.items() if rounds} == {"B"}, run.samples
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="pools run in their own PID namespace only when started as root")
 def test_the_next_entrys_pool_is_born_before_a_visit_and_runs_none_of_its_code(tmp_path, monkeypatch):
     """The next entry's pool is born while an entry readies, so that a round pays one pool start: in every visit of
