@@ -321,7 +321,7 @@ class Clock:
         except Exception as exc:  # noqa: BLE001 - said in its failure
             # NOTES: what a rank can reach of the owner's step (its phase slot, its channel's words) could raise
             # there; that voids this entry, not the run and every other entry's figures (red team 26).
-            live.failure = f"the owner's step of it raised {type(exc).__name__}: {exc}"
+            live.failure = f"the owner's step of it raised {type(exc).__name__}: {str(exc)[:300]}"
             live.broken = True
             return None
         problem = next(((rank, why) for rank, why in enumerate(result.problems) if why), None)
