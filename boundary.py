@@ -944,18 +944,47 @@ def sealed_file(size: int, name: str = "a2a-channel") -> int:
     return fd
 
 
-# A uid's sockets and named pipes kept in the MPS pipe folder at its pool's end: its server's own, made when the
-# pool's first rank reached the GPU, are among the oldest.
+# A uid's sockets and named pipes kept in the MPS pipe folder at its pool's end where no live process of the uid
+# holds any there: its server's own, made when the pool's first rank reached the GPU, are among the oldest.
 MPS_CHANNELS_KEPT = 16
+
+
+def held_channels(uid: int) -> set:
+    """What the live processes of `uid` hold open: (device, inode) of each named pipe, and the path of each socket
+    bound in this network namespace (/proc/net/unix). Once a pool has ended, its uid's only live process is the MPS
+    server that runs as it (outside the pool's namespaces)."""
+    held, sockets = set(), set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if target.startswith("socket:["):
+                        sockets.add(target[8:-1])
+                    else:
+                        info = os.stat(f"/proc/{pid}/fd/{fd}")
+                        if stat.S_ISFIFO(info.st_mode):
+                            held.add((info.st_dev, info.st_ino))
+    if sockets:
+        with contextlib.suppress(OSError), open("/proc/net/unix", "rb") as table:
+            for line in table.read().splitlines()[1:]:
+                fields = line.split(maxsplit=7)
+                if len(fields) == 8 and fields[6].decode() in sockets:
+                    held.add(os.fsdecode(fields[7]))
+    return held
 
 
 def sweep_owned(folder: Path, uid: int, channels_kept: Optional[int] = None) -> None:
     """Removes what `uid` owns at the top of `folder` (a /dev/shm its pool's ranks shared with others, and with the
     MPS server they used): what a pool's ranks left there would outlive the pool and its memory cap, and be read and
-    written by the pools after it (red team 23: 1.6 GiB past a 0.5 GiB cap, over 4 rounds). `channels_kept` keeps
-    that many of the uid's sockets and named pipes, the oldest (the MPS pipe folder: the server of that uid outlives
-    its pool, and its daemon may still reach it there to end it; red team 24 left files on disk there, red team 25
-    60 000 named pipes, inodes outside every cap)."""
+    written by the pools after it (red team 23: 1.6 GiB past a 0.5 GiB cap, over 4 rounds). `channels_kept`: the MPS
+    pipe folder, where the server of that uid outlives its pool and its daemon may still reach it to end it (red
+    team 24 left files on disk there, red team 25 60 000 named pipes, inodes outside every cap). Its sockets and
+    named pipes that a live process of the uid holds open stay, the rest go; where it holds none there (an MPS
+    that opens its own only when used), the `channels_kept` oldest stay (red team 26: ranks that made that many
+    before their first CUDA call would then keep theirs in place of the server's)."""
     channels = []
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
         for entry in entries:
@@ -964,14 +993,17 @@ def sweep_owned(folder: Path, uid: int, channels_kept: Optional[int] = None) -> 
                 if found.st_uid != uid:
                     continue
                 if channels_kept is not None and (stat.S_ISSOCK(found.st_mode) or stat.S_ISFIFO(found.st_mode)):
-                    channels.append((found.st_ctime_ns, entry.path))
+                    channels.append((found.st_ctime_ns, entry.path, (found.st_dev, found.st_ino)))
                 elif entry.is_dir(follow_symlinks=False):
                     remove_tree(Path(entry.path))
                 else:
                     os.unlink(entry.path)
-    for _, path in sorted(channels)[channels_kept or 0:]:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    held = held_channels(uid) if channels else set()
+    holds = {path for _, path, identity in channels if identity in held or path in held}
+    for _, path, _ in sorted(channels)[0 if holds else channels_kept or 0:]:
+        if path not in holds:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def _below_covered(path: Path) -> bool:
@@ -1260,6 +1292,13 @@ def _copy_builds(source: Path, target: Path, uid: Optional[int]) -> None:
             os.chown(into, uid, uid)
 
 
+def judge_cache(name: str) -> Optional[Path]:
+    """The judge's folder of cache variable `name`: this process's own where it names one (an absolute path), else
+    the judge's build step's (prepare_rank_cache); the pools' ranks start from a copy of it."""
+    folder = os.environ.get(name) or str(RANK_CACHE / "prebuilt" / CACHE_FOLDERS[name])
+    return Path(os.path.abspath(folder)) if os.path.isabs(folder) else None
+
+
 def cache_views(uid: int, needed: tuple, covers: tuple) -> dict:
     """Per cache variable: (the path the pool's ranks use, where that folder is on the judge's side). A torch
     extension's build files name its folder, so a copy under another path is rebuilt whole (seen 2026-11-27: every
@@ -1271,8 +1310,7 @@ def cache_views(uid: int, needed: tuple, covers: tuple) -> dict:
     views = {}
     for name, sub in CACHE_FOLDERS.items():
         view = host = base / "cache" / sub
-        judge = os.environ.get(name) or str(RANK_CACHE / "prebuilt" / sub)  # unset: the judge's build step's
-        judge = Path(os.path.abspath(judge)) if os.path.isabs(judge) else None
+        judge = judge_cache(name)
         top = next((folder for folder in COVERED if judge and Path(folder) in judge.parents), None)
         clash = judge and any(p == judge or p in judge.parents or judge in p.parents for p in map(Path, needed))
         if top and top in covers and not clash:
@@ -1331,8 +1369,9 @@ def seed_builds(uid: int, key: Optional[str], views: dict) -> set:
                 parent.mkdir(mode=0o755)
         host.mkdir(mode=0o700, exist_ok=True)
         os.chown(host, uid, uid)
-        if os.environ.get(name) and os.path.isdir(os.environ[name]):
-            _copy_builds(Path(os.environ[name]), host, uid)
+        judge = judge_cache(name)
+        if judge and judge.is_dir():  # NOTES: the build step's too, not only a folder this process names (2026-11-28:
+            _copy_builds(judge, host, uid)  # every clock round of a fresh machine built the handshake's probes again)
         if key and (BUILDS / key / CACHE_FOLDERS[name]).is_dir():
             _copy_builds(BUILDS / key / CACHE_FOLDERS[name], host, uid)
     try:

@@ -236,7 +236,8 @@ def load_version(path: Path, name: str, trace: bool = False):
 def prebuild(paths: list[Path]) -> list[str]:
     """Builds the timed and trace extensions of `paths` and the harness's probes (a2a/probes.py) all at once, one
     child process each (a build already in the cache costs an import); returns the failures, one line each. For a
-    session that then runs many steps (tools/gpu_session.sh, tests/test_gpu.py): the evaluator never needs it. The
+    session that then runs many steps (tools/gpu_session.sh, tests/test_gpu.py), and the clock's probes alone
+    (`paths` empty: only the harness's code is built as the judge, never a submission's). The
     caches are the judge's prebuilt ones (boundary.prepare_rank_cache), which every pool's ranks start from as a
     copy of their own, unless this process names its own; this process and its children use them from here on."""
     for name, folder in core.prepare_rank_cache().items():

@@ -220,6 +220,47 @@ print("made")
     assert len(left) == boundary.MPS_CHANNELS_KEPT and "first" in left, left
 
 
+def test_the_mps_servers_open_channels_stay_and_the_ranks_go_however_many_they_made_first(mps_pipe):
+    """Red team 26, from the code: ranks that made MPS_CHANNELS_KEPT named pipes before their first CUDA call were
+    the oldest of their uid's, kept in place of the MPS server's own. Now what a live process of the uid (its MPS
+    server, outside the ended pool) holds open stays, and every other channel of the uid goes."""
+    pipe = mps_pipe
+    plant = f"""
+import socket
+for i in range(2 * {boundary.MPS_CHANNELS_KEPT}):
+    os.mkfifo({str(pipe)!r} + f"/early-{{i}}")
+socket.socket(socket.AF_UNIX).bind({str(pipe)!r} + "/early-socket")
+print("made")
+"""
+    server_code = f"""
+import os, socket, sys, time
+os.setgid({{uid}}); os.setuid({{uid}})
+os.mkfifo({str(pipe)!r} + "/server-fifo")
+held = os.open({str(pipe)!r} + "/server-fifo", os.O_RDWR)
+os.mkfifo({str(pipe)!r} + "/server-unopened")
+listening = socket.socket(socket.AF_UNIX)
+listening.bind({str(pipe)!r} + "/server-socket")
+listening.listen()
+print("ready", flush=True)
+time.sleep(60)
+"""
+    sandbox = boundary.Sandbox(env={"A2A_SHARE": "mps", "CUDA_MPS_PIPE_DIRECTORY": str(pipe)})
+    server = None
+    try:
+        made = _in_sandbox(sandbox, plant)
+        assert "made" in made.stdout, made.stdout + made.stderr
+        # the MPS server of the pool's uid: started by the daemon (root) as that uid, outside the pool
+        server = subprocess.Popen([sys.executable, "-c", server_code.format(uid=sandbox.uid)], stdout=subprocess.PIPE,
+                                  text=True)
+        assert server.stdout.readline().strip() == "ready"
+    finally:
+        sandbox.close()
+        if server is not None:
+            server.kill()
+            server.wait()
+    assert sorted(p.name for p in pipe.iterdir()) == ["server-fifo", "server-socket"]
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.isdir("/dev/shm"), reason="needs root and /dev/shm")
 def test_no_rank_can_hold_the_name_of_another_pools_dev_shm(tmp_path, monkeypatch):
     """Red team 25, from the code: ranks that see the machine's /dev/shm (beside an MPS daemon that was already
@@ -393,6 +434,30 @@ def test_builds_are_kept_for_the_same_source_only():
         same.close()
         another.close()
     subprocess.run(["rm", "-rf", str(boundary.BUILDS / key)], check=True)
+
+
+def test_every_pool_starts_from_the_judges_build_step_when_no_cache_is_named(monkeypatch):
+    """The judge's build step's cache (prepare_rank_cache) seeds every pool, also in a command that names no cache
+    folder of its own (`make leaderboard`): before, only a named folder was copied, and a fresh machine's clock
+    built the handshake's probes again in every round (60-98 s a round, H200, 2026-11-28)."""
+    for name in boundary.CACHE_FOLDERS:
+        monkeypatch.delenv(name, raising=False)
+    boundary.prepare_rank_cache()
+    built = boundary.RANK_CACHE / "prebuilt" / "torch_extensions" / f"judge_build_{os.getpid()}" / "ext.so"
+    built.parent.mkdir(parents=True, exist_ok=True)
+    built.write_text("the judge's")
+    sandbox = boundary.Sandbox()
+    try:
+        try:
+            seen = _in_sandbox(sandbox, f"print(open({str(built)!r}).read())\n"
+                                        f"with open({str(built)!r}, 'w') as f:\n    f.write('the rank’s')")
+        finally:
+            sandbox.close()
+        assert seen.returncode == 0, seen.stderr
+        assert seen.stdout.splitlines()[0] == "the judge's", seen.stdout
+        assert built.read_text() == "the judge's"  # the rank wrote its own copy, not the judge's
+    finally:
+        subprocess.run(["rm", "-rf", str(built.parent)], check=True)
 
 
 @pytest.mark.skipif(not shutil.which("ninja"), reason="no ninja on this machine (torch's extension builds use it)")

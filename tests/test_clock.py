@@ -480,3 +480,26 @@ def test_every_pools_zygote_is_forked_from_the_runs_nursery_which_ends_with_the_
     assert run.rounds == 2 and not run.failed, run.failed
     assert seen == [(True, True)] * 8, seen  # 2 rounds x 2 entries x 2 shapes
     assert len({id(n) for n in nurseries}) == 1 and not nurseries[0].is_alive()
+
+
+@pytest.mark.parametrize("backend, world_size, shared, entry, builds", [
+    ("nccl", 1, False, "handshake", True),  # the handshake row loads the probes
+    ("nccl", 2, False, "empty_submission", True),  # every pool's held calls start on the probes' flag round
+    ("nccl", 8, True, "empty_submission", False),  # ranks sharing GPUs load no probe
+    ("gloo", 2, False, "handshake", False),  # no GPU: nothing to build
+])
+def test_the_judge_builds_the_harnesss_probes_once_before_any_pool(monkeypatch, backend, world_size, shared, entry,
+                                                                   builds):
+    """The probes (a2a/probes.py) are the harness's code, kept by no pool's build key: the judge builds them into the
+    cache every pool starts from before the first round, where some pool will load them, and nowhere else."""
+    import types
+
+    from a2a import plan as planning
+
+    built = []
+    monkeypatch.setattr(planning, "prebuild", lambda paths: built.append(list(paths)) or [])
+    monkeypatch.setattr(clock, "Clock", lambda *args: types.SimpleNamespace(run=lambda: "ran"))
+    plan = types.SimpleNamespace(backend=backend, world_size=world_size, meta={"shared_gpus": shared, "placement": ""},
+                                 case_args=[{}])
+    assert clock.time_entries(plan, [clock.Entry(entry, "empty", "")], clock.Settings(), progress=lambda _: None) == "ran"
+    assert built == ([[]] if builds else [])

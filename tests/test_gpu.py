@@ -676,6 +676,27 @@ def test_a_killed_shared_run_leaves_no_mps_daemon(tmp_path, process_token, no_da
     assert not [pid for pid in _processes_named("nvidia-cuda-mps") if pid in mps], "the MPS daemon outlived the run"
 
 
+@at_problem_size
+@pytest.mark.skipif(gpu_count() >= PROBLEM_WS, reason="with a GPU per rank nothing is shared and no MPS server runs")
+def test_the_mps_server_holds_its_channels_open_when_its_pool_ends(monkeypatch, no_daemon_held):
+    """The MPS pipe folder's sweep keeps a uid's sockets and named pipes that a live process of it holds open (its
+    MPS server, which outlives the pool) and removes the rest: that holds only if a running server holds its own
+    open, which this sees at each shared pool's end (one clock round of v1 at the problem's size)."""
+    import math
+
+    import boundary
+    from a2a import clock
+
+    seen = []
+    original = boundary.held_channels
+    monkeypatch.setattr(boundary, "held_channels", lambda uid: seen.append(original(uid)) or seen[-1])
+    plan = make_plan(["v1"], "benchmarks:0", PROBLEM_WS, "nccl")
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
+    run = clock.time_entries(plan, [clock.Entry("v1", "version", str(plan.versions[0]))], settings, **QUIET)
+    assert not run.failed, run.failed
+    assert seen and all(seen), f"a shared pool's end found its uid holding no channel open: {seen}"
+
+
 def _processes_named(prefix: str) -> list:
     found = []
     for entry in os.listdir("/proc"):
