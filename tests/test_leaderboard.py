@@ -2,6 +2,7 @@
 tables and pictures with anchors, SOL, ties and a fallback from synthetic rows; which entries a GPU run times."""
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -19,10 +20,12 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_leaderboard_saves_results_with_metadata_and_intervals(tmp_path, capsys):
     # Two rounds, the fewest an interval takes: each round more is two fresh ranks (about 4 CPU seconds on 2 cores).
+    cpus = sorted(os.sched_getaffinity(0))[-2:]  # the run's conditions are its results' (A2A_PIN_CPUS among them)
     result = subprocess.run([sys.executable, "run_leaderboard.py", "--versions", "v1,v2", "--cases", "benchmarks:0",
                              "--world-size", "2", "--problem-size-cases", "tests:0", "--min-rounds", "2",
                              "--max-rounds", "2", "--steps", "2", "--out", str(tmp_path)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=900)
+                            capture_output=True, text=True, timeout=900,
+                            env=dict(os.environ, A2A_PIN_CPUS=",".join(map(str, cpus))))
     assert result.returncode == 0, result.stderr[-2000:]
     # the problem's own size in the same run: 8 ranks (gloo processes here), apart from the timed rows
     assert "World size 8, the problem's size: the official tests, 8 ranks on the CPU (gloo)" in result.stdout
@@ -44,6 +47,7 @@ def test_leaderboard_saves_results_with_metadata_and_intervals(tmp_path, capsys)
     meta = saved["meta"]
     assert meta["backend"] == "gloo" and meta["commit"] and meta["placement"] == "2 ranks on the CPU (gloo)"
     assert len(meta["round_seeds"]) == 2 and meta["clock_seed"] is not None and meta["rounds"] == 2
+    assert meta["settings"]["pinned_cpus"] == cpus
     assert {s["round"] for s in saved["samples"]} == {0, 1}
     assert saved["entries"]["v1_torch_sort"]["call"]["rounds"] == 2
     checks = pd.read_csv(folder / "checks.csv")
@@ -258,3 +262,16 @@ def test_each_entry_s_rows_are_saved_apart(tmp_path):
     files.write_text("results.json", json.dumps({"rows": 2}))
     assert json.loads((files.folder / "results.json").read_text()) == {"rows": 2}
     assert sorted(p.name for p in files.folder.iterdir()) == ["results.csv", "results.json"]
+
+
+def test_the_spread_line_says_whether_ranks_were_pinned():
+    """The spread's line names the pinning the run had (the #49 experiment compares runs with and without it), and
+    says nothing of it for a run saved before it was recorded."""
+    import run_leaderboard
+
+    spread = {"owner": {"round": 0.03, "pool": 0.156}}
+    lines = {str(pinned): run_leaderboard._spread_line({"spread": spread, "settings": {"pinned_cpus": pinned}})[0]
+             for pinned in ([31], [], None)}
+    assert "owner's step 0.030 and 0.156" in lines["None"] and "pinn" not in lines["None"]
+    assert lines["[]"].endswith("(no rank pinned)")
+    assert "A2A_PIN_CPUS=31" in lines["[31]"]
