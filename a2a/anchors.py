@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 
 ANCHORS = {
     "nccl_a2a_x2": "2x all_to_all_single (NCCL) of the routed volume",
@@ -93,8 +94,10 @@ def _nvshmem_call(exchange: Exchange, device):
     if hasattr(symm_mem, "set_backend"):
         symm_mem.set_backend("NVSHMEM")
     group = dist.group.WORLD.group_name
-    if hasattr(symm_mem, "enable_symm_mem_for_group"):
-        symm_mem.enable_symm_mem_for_group(group)
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch; a no-op that warns each round in 2.11
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            symm_mem.enable_symm_mem_for_group(group)
     h, world = exchange.hidden_dim, len(exchange.send_rows)
     capacity = max(sum(exchange.send_rows), sum(exchange.recv_rows), 1)
     capacity = torch.tensor([capacity], device=device)
