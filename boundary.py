@@ -972,7 +972,7 @@ def held_channels(uid: int) -> set:
             for line in table.read().splitlines()[1:]:
                 fields = line.split(maxsplit=7)
                 if len(fields) == 8 and fields[6].decode() in sockets:
-                    held.add(os.fsdecode(fields[7]))
+                    held.add(os.path.realpath(os.fsdecode(fields[7])))  # as bound: maybe through a link
     return held
 
 
@@ -999,7 +999,7 @@ def sweep_owned(folder: Path, uid: int, channels_kept: Optional[int] = None) -> 
                 else:
                     os.unlink(entry.path)
     held = held_channels(uid) if channels else set()
-    holds = {path for _, path, identity in channels if identity in held or path in held}
+    holds = {path for _, path, identity in channels if identity in held or os.path.realpath(path) in held}
     for _, path, _ in sorted(channels)[0 if holds else channels_kept or 0:]:
         if path not in holds:
             with contextlib.suppress(OSError):
