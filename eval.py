@@ -47,6 +47,7 @@ import select
 import signal
 import socket
 import stat
+import struct
 import sys
 import time
 import traceback
@@ -455,6 +456,45 @@ def encode(obj) -> bytes:
 
 def decode(raw: bytes):
     return wire.decode(raw, _WIRE_TYPES, max_bytes=MAX_MESSAGE_BYTES)
+
+
+class TooLarge(Exception):
+    """A rank's message whose length says more than MAX_MESSAGE_BYTES."""
+
+
+class Frames:
+    """The messages on a worker's connection (multiprocessing's frames: a 4-byte big-endian length, or -1 and 8
+    bytes of length, then the bytes), read only as far as the connection says is there. NOTES: a blocking
+    recv_bytes waited for every byte a length promised, in the thread whose deadline was to end it: a rank that
+    sent a length and part of its bytes held the owner past every watchdog (red team 27)."""
+
+    def __init__(self):
+        self.buffer = bytearray()
+
+    def read(self, conn) -> list:
+        """The whole messages that came with one read of what is there (call it once the connection is readable);
+        EOFError at the connection's end, TooLarge for a length past the limit."""
+        try:
+            chunk = os.read(conn.fileno(), 1 << 20)
+        except OSError:  # a reset connection: the worker died
+            raise EOFError from None
+        if not chunk:
+            raise EOFError
+        self.buffer += chunk
+        messages = []
+        while len(self.buffer) >= 4:
+            (length,), head = struct.unpack_from("!i", self.buffer), 4
+            if length == -1:
+                if len(self.buffer) < 12:
+                    break
+                (length,), head = struct.unpack_from("!Q", self.buffer, 4), 12
+            if not 0 <= length <= MAX_MESSAGE_BYTES:
+                raise TooLarge
+            if len(self.buffer) < head + length:
+                break
+            messages.append(bytes(self.buffer[head:head + length]))
+            del self.buffer[:head + length]
+        return messages
 
 
 class Tampering(Exception):
@@ -1049,8 +1089,9 @@ class CaseRun:
         sent = TestCase(args=args, spec="")
         self.violation: Optional[str] = None
         for rank, slot in enumerate(self.slots):
-            if pool.workers[slot][1].poll(0):  # NOTES: a message no case asked for (a result sent twice) voids this one
-                self.violation = f"rank {rank}'s worker had sent a message outside any case"
+            conn = pool.workers[slot][1]
+            if conn.poll(0) or pool.frames.get(conn, Frames()).buffer:  # NOTES: a message (or part of one) no case
+                self.violation = f"rank {rank}'s worker had sent a message outside any case"  # asked for voids this one
             pool.label(slot, rank)
             pool.workers[slot][1].send((job, sent, rank, params or {}, setup, self.case_id))
             if fds:  # right behind the job's message, where the rank's receive_fds reads them
@@ -1067,19 +1108,24 @@ class CaseRun:
     def _receive(self, rank: int, conn) -> None:
         process = self.pool.workers[self.slots[rank]][0]
         try:
-            message = decode(conn.recv_bytes(MAX_MESSAGE_BYTES))
-        except OSError as exc:
-            if "bad message length" in str(exc):
-                self.violation = self.violation or (f"rank {rank} sent the evaluator a message larger than "
-                                                    f"{MAX_MESSAGE_BYTES >> 20} MiB")
-                return
+            raws = self.pool.frames.setdefault(conn, Frames()).read(conn)
+        except TooLarge:
+            self.violation = self.violation or (f"rank {rank} sent the evaluator a message larger than "
+                                                f"{MAX_MESSAGE_BYTES >> 20} MiB")
+            return
+        except EOFError:
             process.join(timeout=5)  # the pipe closes before the dying process is reaped: wait for its code
             self.results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode, self.pool.guards)))
             return
-        except EOFError:
-            process.join(timeout=5)
-            self.results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode, self.pool.guards)))
-            return
+        if len(raws) > 1:  # NOTES: the harness sends exactly one result per case
+            self.violation = self.violation or f"rank {rank} sent the evaluator more than one message in a case"
+        for raw in raws[:1]:
+            self._take(rank, raw)
+
+    def _take(self, rank: int, raw: bytes) -> None:
+        """A rank's one message of the case: its result, or the violation it is."""
+        try:
+            message = decode(raw)
         except Exception as exc:  # not plain data (a class, a forged pickle, a malformed message): never run
             self.violation = self.violation or (f"rank {rank} sent the evaluator something that is not plain data "
                                                 f"({type(exc).__name__}: {str(exc)[:120]})")
@@ -1234,6 +1280,7 @@ class RankPool:
         self.guards = self.sandbox.guards
         self.workers: list = []
         self.texts: dict = {}  # worker process -> the readers of its stdout and stderr
+        self.frames: dict = {}  # worker connection -> what it sent so far of its next message (Frames)
         self.cases_run = 0
         try:
             self.workers = [self._start() for _ in range(size)]
@@ -1363,6 +1410,7 @@ class RankPool:
             if not (isinstance(process, Forked) and process.zygote.ended):
                 kill_tree(process.pid, include_root=process.is_alive())
             process.join()
+            self.frames.pop(conn, None)
             conn.close()
             self._close_texts(process)
             self.workers[slot] = None
@@ -1384,6 +1432,7 @@ class RankPool:
             if process.is_alive():
                 kill_tree(process.pid)
                 process.join()
+            self.frames.pop(conn, None)
             conn.close()
             self._close_texts(process)
         self.workers = []

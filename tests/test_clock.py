@@ -503,3 +503,23 @@ def test_the_judge_builds_the_harnesss_probes_once_before_any_pool(monkeypatch, 
                                  case_args=[{}])
     assert clock.time_entries(plan, [clock.Entry(entry, "empty", "")], clock.Settings(), progress=lambda _: None) == "ran"
     assert built == ([[]] if builds else [])
+
+
+def test_a_message_cut_short_fails_its_entry_alone_at_the_rounds_limit(tmp_path, monkeypatch):
+    """Red team 27: a length promising 1000 bytes and 2 of them on the worker's connection held the clock's owner in
+    a read past every limit, and the run never ended. Now the entry fails at its limit and the other keeps its
+    figure."""
+    from tests.conftest import v1_kernel_source
+
+    cut = tmp_path / "cut.py"
+    cut.write_text(v1_kernel_source("_v1") + "\nimport os, struct, sys, time\n\n\ndef custom_kernel(data):\n"
+                   "    if data[2] == 0:\n        pipe = sys.modules['eval']._owner_conn  # the worker's, to the owner\n"
+                   "        os.write(pipe.fileno(), struct.pack('!i', 1000) + b'w1')\n        time.sleep(3600)\n"
+                   "    return _v1(data)\n")
+    monkeypatch.setattr(clock, "SETUP_TIMEOUT_S", 10.0)
+    plan = make_plan([str(cut), "v1"], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    entries = [clock.Entry("cut", "version", str(plan.versions[0])), clock.Entry("v1", "version", str(plan.versions[1]))]
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
+    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    assert "watchdog" in run.failed.get("cut", "") and "v1" not in run.failed, run.failed
+    assert {name for (name, _), rounds in run.samples.items() if rounds} == {"v1"}, run.samples

@@ -2214,6 +2214,35 @@ def test_a_crafted_message_on_the_connection_voids_quickly(tmp_path, kind, face,
     assert time.monotonic() - started < 90, str(outcome)
 
 
+# A length that promises 1000 bytes and 2 of them, on the worker's connection, then a rank that never answers (red
+# team 27: the owner's blocking read waited for the rest, in the thread whose deadline was to end it).
+CUT_FRAME = '''
+import gc
+import struct
+from multiprocessing.connection import Connection
+
+
+def custom_kernel(data):
+    if data[2] == 0:
+        pipe = next(c for c in gc.get_objects() if isinstance(c, Connection))
+        _say("cut", data[2])
+        _os.write(pipe.fileno(), struct.pack("!i", 1000) + b"w1")
+        while True:
+            _time.sleep(3600)
+    return _v1_kernel(data)
+'''
+
+
+def test_a_message_cut_short_on_the_connection_holds_the_owner_no_longer_than_its_limit(tmp_path):
+    """The rank's case fails by the watchdog at its limit (8 s here), naming the rank; before, the owner's read
+    waited for the promised bytes past every limit (the protocol face as the runner runs it hung until killed)."""
+    started = time.monotonic()
+    outcome = run_face("protocol", "test", tmp_path, hostile(CUT_FRAME), timeout_s=8)
+    assert outcome.said("cut"), str(outcome)
+    assert_fails(outcome, "watchdog")
+    assert time.monotonic() - started < 60, str(outcome)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # 11. What the owner takes from a rank: its records' types, its build logs, the import's time, the warm-up, its text
 # --------------------------------------------------------------------------------------------------------------
