@@ -99,9 +99,13 @@ def _own_mark() -> str:
     return f"{os.getpid()}:{_start_time(os.getpid())}"
 
 
-def _gone(pid, start: str) -> bool:
-    """Whether the process a mark names has ended (its pid is free, or another process's now)."""
-    return _start_time(int(pid)) != start
+def _gone(*mark) -> bool:
+    """Whether the process a mark (pid, start time) names has ended (its pid is free, or another process's now). A
+    mark that is not one names no process of a run: False (red team 27: a rank's child marked with a 5000-digit
+    pid ended every judge command that started on the machine while it lived)."""
+    if len(mark) != 2 or not re.fullmatch(r"[0-9]{1,10}", str(mark[0])):
+        return False
+    return _start_time(int(mark[0])) != mark[1]
 
 
 def claim_run(inherit: bool = False) -> None:
@@ -191,7 +195,7 @@ def remove_tree(path: Path) -> None:
 def _remove_orphan_tempdirs() -> None:
     for folder in Path(tempfile.gettempdir()).glob("a2a-*"):
         with contextlib.suppress(OSError, ValueError):
-            if _gone(*(folder / TEMP_OWNER_MARK).read_text().split(":")):
+            if _gone(*(folder / TEMP_OWNER_MARK).read_text().strip().split(":")):
                 remove_tree(folder)
 
 
@@ -205,7 +209,7 @@ def sweep_orphans() -> list[int]:
         _release_stale_uids()
     _remove_orphan_tempdirs()
     for pid, environ in other_processes():
-        matched = re.search(rb"(?:^|\0)" + RUN_OWNER.encode() + rb"=(\d+):(\d+)", environ)
+        matched = re.search(rb"(?:^|\0)" + RUN_OWNER.encode() + rb"=([0-9]{1,10}):([0-9]{1,20})(?:\0|$)", environ)
         if not matched or not _gone(matched[1], matched[2].decode()):
             continue
         with contextlib.suppress(ProcessLookupError):
@@ -214,13 +218,29 @@ def sweep_orphans() -> list[int]:
     return killed
 
 
+# What of a pool uid's process environment is read: a rank's is the judge's (kilobytes) and what it adds (red team
+# 27: 600 children of 1.9 MiB each slowed every other judge command's start tenfold).
+POOL_ENVIRON_BYTES = 256 << 10
+
+
+def _pool_uid(pid: str) -> bool:
+    """Whether process `pid` runs as one of the pools' uids (its real uid, from its status)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path(f"/proc/{pid}/status").read_bytes().splitlines():
+            if line.startswith(b"Uid:"):
+                return RANK_UID_BASE <= int(line.split()[1]) < RANK_UID_BASE + RANK_UID_SPAN
+    return False
+
+
 def other_processes():
     """(pid, environment as bytes) of every other process this one may read, from /proc (the one scan that finds
-    processes by what their environment carries: the orphan sweep, the tests' leftover checks)."""
+    processes by what their environment carries: the orphan sweep, the tests' leftover checks); of a pool uid's
+    process, its first POOL_ENVIRON_BYTES."""
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
             try:
-                yield int(entry), Path(f"/proc/{entry}/environ").read_bytes()
+                with open(f"/proc/{entry}/environ", "rb") as environ:
+                    yield int(entry), environ.read(POOL_ENVIRON_BYTES if _pool_uid(entry) else -1)
             except OSError:
                 continue
 

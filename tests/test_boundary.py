@@ -1228,3 +1228,43 @@ def test_a_process_named_in_any_bytes_does_not_end_a_look_over_proc():
     finally:
         child.kill()
         child.wait()
+
+
+def test_an_owner_mark_that_is_no_mark_ends_no_judge_command_and_no_process(tmp_path, monkeypatch):
+    """Red team 27: a rank's child whose owner mark held a 5000-digit pid made every judge command that started
+    meanwhile end with a raw ValueError (int() of more than 4300 digits) in its first act, the orphan sweep; a
+    temporary folder's mark of three parts did the same with a TypeError. A mark that is not one names no run's
+    process: the sweep passes it by and kills nothing."""
+    monkeypatch.setattr(boundary.tempfile, "gettempdir", lambda: str(tmp_path))
+    (tmp_path / "a2a-planted").mkdir()
+    (tmp_path / "a2a-planted" / boundary.TEMP_OWNER_MARK).write_text("1:2:3")
+    marked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env=dict(os.environ, **{boundary.RUN_OWNER: "9" * 5000 + ":1"}))
+    try:
+        time.sleep(0.2)
+        assert marked.pid not in boundary.sweep_orphans()
+        assert marked.poll() is None and (tmp_path / "a2a-planted").exists()
+    finally:
+        marked.kill()
+        marked.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a process of a pool's uid needs root to start")
+def test_a_pool_uids_process_is_read_no_further_than_its_bound():
+    """Red team 27: 600 children of a rank with 1.9 MiB of environment each made every judge command's start read
+    1.1 GB (20 s where 2 s is usual). Of a process of a pool's uid the scan reads its first POOL_ENVIRON_BYTES."""
+    uid = boundary.RANK_UID_BASE + boundary.RANK_UID_SPAN - 1
+    big = subprocess.Popen([sys.executable, "-c", f"import os, time; os.setgid({uid}); os.setuid({uid}); "
+                            "os.execve('/bin/sleep', ['sleep', '60'], {'PAD': 'x' * (120 << 10), 'PAD2': 'y' * (120 << 10), "
+                            "'PAD3': 'z' * (120 << 10)})"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            found = dict(boundary.other_processes()).get(big.pid, b"")
+            if b"PAD3" in found or len(found) >= boundary.POOL_ENVIRON_BYTES:
+                break
+            time.sleep(0.05)
+        assert len(found) == boundary.POOL_ENVIRON_BYTES, len(found)
+    finally:
+        big.kill()
+        big.wait()
