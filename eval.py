@@ -1102,8 +1102,9 @@ class CaseRun:
         self.done: Optional[list] = None
 
     def extend(self, seconds: float) -> None:
-        """A new deadline, `seconds` from now (a long-lived job's next phase)."""
+        """A new deadline, `seconds` from now (a long-lived job's next phase), named by the watchdog if it passes."""
         self.deadline = time.monotonic() + seconds
+        self.timeout_s = seconds
 
     def _receive(self, rank: int, conn) -> None:
         process = self.pool.workers[self.slots[rank]][0]
