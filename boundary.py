@@ -210,7 +210,7 @@ def sweep_orphans() -> list[int]:
     _remove_orphan_tempdirs()
     for pid, environ in other_processes():
         matched = re.search(rb"(?:^|\0)" + RUN_OWNER.encode() + rb"=([0-9]{1,10}):([0-9]{1,20})(?:\0|$)", environ)
-        if not matched or not _gone(matched[1], matched[2].decode()):
+        if not matched or not _gone(matched[1].decode(), matched[2].decode()):
             continue
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
