@@ -1119,7 +1119,8 @@ class CaseRun:
             self.results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode, self.pool.guards)))
             return
         if len(raws) > 1:  # NOTES: the harness sends exactly one result per case
-            self.violation = self.violation or f"rank {rank} sent the evaluator more than one message in a case"
+            self.violation = self.violation or (f"rank {rank} sent the evaluator a message outside any case (a "
+                                                "second one behind its result)")
         for raw in raws[:1]:
             self._take(rank, raw)
 
