@@ -47,7 +47,6 @@ import select
 import signal
 import socket
 import stat
-import struct
 import sys
 import time
 import traceback
@@ -456,45 +455,6 @@ def encode(obj) -> bytes:
 
 def decode(raw: bytes):
     return wire.decode(raw, _WIRE_TYPES, max_bytes=MAX_MESSAGE_BYTES)
-
-
-class TooLarge(Exception):
-    """A rank's message whose length says more than MAX_MESSAGE_BYTES."""
-
-
-class Frames:
-    """The messages on a worker's connection (multiprocessing's frames: a 4-byte big-endian length, or -1 and 8
-    bytes of length, then the bytes), read only as far as the connection says is there. NOTES: a blocking
-    recv_bytes waited for every byte a length promised, in the thread whose deadline was to end it: a rank that
-    sent a length and part of its bytes held the owner past every watchdog (red team 27)."""
-
-    def __init__(self):
-        self.buffer = bytearray()
-
-    def read(self, conn) -> list:
-        """The whole messages that came with one read of what is there (call it once the connection is readable);
-        EOFError at the connection's end, TooLarge for a length past the limit."""
-        try:
-            chunk = os.read(conn.fileno(), 1 << 20)
-        except OSError:  # a reset connection: the worker died
-            raise EOFError from None
-        if not chunk:
-            raise EOFError
-        self.buffer += chunk
-        messages = []
-        while len(self.buffer) >= 4:
-            (length,), head = struct.unpack_from("!i", self.buffer), 4
-            if length == -1:
-                if len(self.buffer) < 12:
-                    break
-                (length,), head = struct.unpack_from("!Q", self.buffer, 4), 12
-            if not 0 <= length <= MAX_MESSAGE_BYTES:
-                raise TooLarge
-            if len(self.buffer) < head + length:
-                break
-            messages.append(bytes(self.buffer[head:head + length]))
-            del self.buffer[:head + length]
-        return messages
 
 
 class Tampering(Exception):
@@ -1090,8 +1050,9 @@ class CaseRun:
         self.violation: Optional[str] = None
         for rank, slot in enumerate(self.slots):
             conn = pool.workers[slot][1]
-            if conn.poll(0) or pool.frames.get(conn, Frames()).buffer:  # NOTES: a message (or part of one) no case
-                self.violation = f"rank {rank}'s worker had sent a message outside any case"  # asked for voids this one
+            begun = pool.frames.get(conn)  # NOTES: a message (or part of one) no case asked for voids this one
+            if conn.poll(0) or (begun is not None and begun.buffer):
+                self.violation = f"rank {rank}'s worker had sent a message outside any case"
             pool.label(slot, rank)
             pool.workers[slot][1].send((job, sent, rank, params or {}, setup, self.case_id))
             if fds:  # right behind the job's message, where the rank's receive_fds reads them
@@ -1109,8 +1070,8 @@ class CaseRun:
     def _receive(self, rank: int, conn) -> None:
         process = self.pool.workers[self.slots[rank]][0]
         try:
-            raws = self.pool.frames.setdefault(conn, Frames()).read(conn)
-        except TooLarge:
+            raws = self.pool.frames.setdefault(conn, wire.Frames(MAX_MESSAGE_BYTES)).read(conn)
+        except wire.TooLarge:
             self.violation = self.violation or (f"rank {rank} sent the evaluator a message larger than "
                                                 f"{MAX_MESSAGE_BYTES >> 20} MiB")
             return
@@ -1282,7 +1243,7 @@ class RankPool:
         self.guards = self.sandbox.guards
         self.workers: list = []
         self.texts: dict = {}  # worker process -> the readers of its stdout and stderr
-        self.frames: dict = {}  # worker connection -> what it sent so far of its next message (Frames)
+        self.frames: dict = {}  # worker connection -> what it sent so far of its next message (wire.Frames)
         self.cases_run = 0
         try:
             self.workers = [self._start() for _ in range(size)]
