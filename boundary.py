@@ -223,13 +223,14 @@ def sweep_orphans() -> list[int]:
 POOL_ENVIRON_BYTES = 256 << 10
 
 
-def _pool_uid(pid: str) -> bool:
-    """Whether process `pid` runs as one of the pools' uids (its real uid, from its status)."""
+def process_uid(pid) -> Optional[int]:
+    """The real uid process `pid` runs as, from its status (its /proc folder is root's once it is not dumpable);
+    None if it is gone."""
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path(f"/proc/{pid}/status").read_bytes().splitlines():
             if line.startswith(b"Uid:"):
-                return RANK_UID_BASE <= int(line.split()[1]) < RANK_UID_BASE + RANK_UID_SPAN
-    return False
+                return int(line.split()[1])
+    return None
 
 
 def other_processes():
@@ -240,7 +241,8 @@ def other_processes():
         if entry.isdigit() and int(entry) != os.getpid():
             try:
                 with open(f"/proc/{entry}/environ", "rb") as environ:
-                    yield int(entry), environ.read(POOL_ENVIRON_BYTES if _pool_uid(entry) else -1)
+                    pool = RANK_UID_BASE <= (process_uid(entry) or 0) < RANK_UID_BASE + RANK_UID_SPAN
+                    yield int(entry), environ.read(POOL_ENVIRON_BYTES if pool else -1)
             except OSError:
                 continue
 
@@ -975,9 +977,9 @@ def held_channels(uid: int) -> set:
     server that runs as it (outside the pool's namespaces)."""
     held, sockets = set(), set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
+        if process_uid(pid) != uid:
+            continue
         with contextlib.suppress(OSError):
-            if os.stat(f"/proc/{pid}").st_uid != uid:
-                continue
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 with contextlib.suppress(OSError):
                     target = os.readlink(f"/proc/{pid}/fd/{fd}")

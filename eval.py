@@ -1054,9 +1054,9 @@ class CaseRun:
             if conn.poll(0) or (begun is not None and begun.buffer):
                 self.violation = f"rank {rank}'s worker had sent a message outside any case"
             pool.label(slot, rank)
-            pool.workers[slot][1].send((job, sent, rank, params or {}, setup, self.case_id))
+            conn.send((job, sent, rank, params or {}, setup, self.case_id))
             if fds:  # right behind the job's message, where the rank's receive_fds reads them
-                send_fds(pool.workers[slot][1], fds[rank])
+                send_fds(conn, fds[rank])
         self.results: dict = {}
         self.deadline = time.monotonic() + timeout_s
         self.timeout_s = timeout_s
