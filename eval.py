@@ -751,6 +751,11 @@ def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable,
     gpu = device.type == "cuda"
     configs = [MoEConfig(c["num_experts"], c["experts_per_token"], c["hidden_dim"], c["max_num_tokens"]) for c in cases]
     floor_out = [torch.zeros(c["max_num_tokens"], c["hidden_dim"], dtype=torch.float16, device=device) for c in cases]
+    # NOTES: a case's views are made once, at its largest token count, and a step's are cut from them (four slices,
+    # kept for the steps with the same count): making them whole (a dozen tensor views) in every step was 35-150 µs
+    # of each window on the H200 hosts' CPUs (the step anatomy's "before its call", b04a593).
+    whole = [channel.views.tensors(c["max_num_tokens"], c["hidden_dim"], c["experts_per_token"]) for c in cases]
+    made_views = {}
     steps = 0
     while True:
         _set_phase("waiting for the owner")
@@ -758,7 +763,9 @@ def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable,
         if kind == judge.STOP:
             return steps
         args = cases[case]
-        views = channel.views.tensors(tokens, args["hidden_dim"], args["experts_per_token"])
+        views = made_views.get((case, tokens))
+        if views is None:
+            views = made_views[case, tokens] = {name: view[:tokens] for name, view in whole[case].items()}
         rank_data = RankTestData.__new__(RankTestData)
         rank_data.num_tokens = tokens
         # On the device transport the inputs are the owner's shared regions themselves (no copy in the window).

@@ -2494,3 +2494,25 @@ def test_the_step_anatomy_leaves_out_ranks_stamps_outside_the_owners_window():
     text = steps.anatomy_text()
     assert text.startswith("place 10.0, wake 3.0, rank 9.0 (before its call 2.0 (on its CPU 1.5), its call 1.0, "
                            "after it 6.0), collect 8.0 µs (p50 of 4 steps; 2 with"), text
+
+
+def test_a_steps_input_is_one_short_span_whatever_the_largest_case():
+    """On GPUs the owner copies a step's input into the rank's regions as one span (judge.input_span), inside the
+    step's window: it must hold every input view the rank reads for that step, and no more than the small regions
+    and the step's own rows (the regions laid out x first made every step copy the largest case's x, 3.7 MB)."""
+    import judge
+    import torch
+
+    cases = [dict(c.args) for c in make_plan("v1", "benchmarks", 8, "gloo").cases]
+    regions = judge.layout(cases)
+    memory = torch.zeros(regions["total"], dtype=torch.uint8)
+    base = memory.data_ptr()
+    for args in cases:
+        for tokens in (1, args["max_num_tokens"] - 1):
+            first, end = judge.input_span(regions, tokens, args["hidden_dim"])
+            views = judge.Views(memory, regions).tensors(tokens, args["hidden_dim"], args["experts_per_token"])
+            for name in ("x", "indices", "weights"):
+                start = views[name].data_ptr() - base
+                assert first <= start and start + views[name].numel() * views[name].element_size() <= end, name
+            small = regions["x"] - regions[judge.INPUT_REGIONS[0]]
+            assert end - first == small + tokens * args["hidden_dim"] * 2
