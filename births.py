@@ -333,6 +333,31 @@ def pinned_cpus() -> list:
     return cpus
 
 
+# A2A_PIN_OWNER_CPU=3: the clock's owner (the process whose clock ranks) on that CPU for each visit, its steps'
+# spinning and copies with it. The other half of the experiment: in the step anatomy the owner's own phases and the
+# rank's drew their speed apart (correlation 0.3-0.4 over a run's visits, 0.95 within each side: b04a593).
+OWNER_CPU_ENV = "A2A_PIN_OWNER_CPU"
+
+
+def owner_cpu() -> Optional[int]:
+    """The CPU of A2A_PIN_OWNER_CPU (None when unset); ValueError names one this process may not run on, or one
+    A2A_PIN_CPUS gives a rank as well."""
+    text = os.environ.get(OWNER_CPU_ENV, "").strip()
+    if not text:
+        return None
+    allowed = os.sched_getaffinity(0)
+    try:
+        cpu = int(text)
+    except ValueError:
+        raise ValueError(f"{OWNER_CPU_ENV}={text!r}: expected one CPU number, e.g. 3") from None
+    if cpu not in allowed:
+        raise ValueError(f"{OWNER_CPU_ENV}={text!r}: CPU {cpu} is not among this process's "
+                         f"({min(allowed)}-{max(allowed)})")
+    if cpu in pinned_cpus():
+        raise ValueError(f"{OWNER_CPU_ENV}={text!r}: {PIN_CPUS_ENV} gives CPU {cpu} to a rank")
+    return cpu
+
+
 def rank_birth(runner_face: bool = False) -> str:
     """How a pool's workers are born: the runner's face spawns each one (its process model); the judge's own faces
     fork them from a zygote per pool (one torch import a pool, not one a worker), unless A2A_RANK_BIRTH=spawn."""

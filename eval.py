@@ -61,7 +61,7 @@ from boundary import (MPS_DEFAULT_PIPE, POOL_MEMORY_ENV, RankSandbox, RUN_OWNER,
                       prepare_rank_cache, release_uid)
 import births  # noqa: E402
 from births import (Forked, Nursery, PhaseSlot, Zygote, close_all_but, environ_with, environment_with,  # noqa: E402
-                    pinned_cpus, rank_birth, send_fds, stdin_from_null)
+                    owner_cpu, pinned_cpus, rank_birth, send_fds, stdin_from_null)
 import judge  # noqa: E402
 from judge import HOLD_MAX_CYCLES, HOLD_START_CYCLES, cantor_combine  # noqa: E402
 import wire  # noqa: E402
@@ -72,7 +72,7 @@ __all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything
     "clone_data", "die_with_parent", "environ_with", "environment_with", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED",
     "EXIT_CRASH", "EXTRA_STAT_FIELDS", "EXTRA_STATS", "get_test_cases", "HERE", "import_submission",
     "install_signal_handlers", "kill_tree", "LEADERBOARD_SEED_STEP", "LOG_DIR_ENV", "machine_gpus", "MODES",
-    "MPS_DEFAULT_PIPE", "nccl_version_tuple", "OFFICIAL_TIMEOUT_S", "own_device", "owned_tempdir",
+    "MPS_DEFAULT_PIPE", "nccl_version_tuple", "OFFICIAL_TIMEOUT_S", "own_device", "owned_tempdir", "owner_cpu",
     "pinned_cpus", "prepare_rank_cache", "rank_birth", "rank_device", "rank_failures", "RankPool", "release_uid",
     "RUN_OWNER", "run_steps", "SEED_MAX", "SPEC_KEYS", "spec_line", "start_nursery", "Terminated", "TestCase",
     "transport_text", "UserError", "validate_cases", "version_text",
@@ -1204,6 +1204,7 @@ def check_environment() -> None:
         rank_birth()
         pool_memory_bytes()
         pinned_cpus()
+        owner_cpu()
     except ValueError as error:
         raise UserError(str(error)) from None
 

@@ -37,7 +37,7 @@ from tabulate import tabulate
 
 import eval as core
 import wire
-from births import PIN_CPUS_ENV
+from births import OWNER_CPU_ENV, PIN_CPUS_ENV
 from a2a import cli, clock, harness
 from a2a import intervals as iv
 from a2a import plan as planning
@@ -160,7 +160,7 @@ def run(plan: planning.RunPlan, settings: clock.Settings, anchors: bool = True,
                 settings={"steps": settings.steps, "warmup": settings.warmup, "min_rounds": settings.min_rounds,
                           "max_rounds": settings.max_rounds, "time_cap_s": settings.time_cap_s,
                           "targets": {t.metric: t.half_width for t in settings.targets},
-                          "pinned_cpus": core.pinned_cpus()})
+                          "pinned_cpus": core.pinned_cpus(), "owner_cpu": core.owner_cpu()})
     frame = pd.DataFrame(rows_of(timed, plan))
     frame["shape"] = [result_rows.shape_label(**r) for r in frame[list(core.SPEC_KEYS)].to_dict("records")]
     frame["placement"] = meta["placement"]
@@ -266,8 +266,11 @@ def _spread_line(meta: dict) -> list:
     parts = [f"{title} {found['round']:.3f} and {found['pool']:.3f}" for metric, title in titles
              if (found := meta.get("spread", {}).get(metric))]
     pinned = meta.get("settings", {}).get("pinned_cpus")  # absent in runs saved before it was recorded
-    where = ("" if pinned is None else " (no rank pinned)" if not pinned else
-             f" (ranks pinned, {PIN_CPUS_ENV}={','.join(map(str, pinned))}: rank i of every pool on the i-th CPU)")
+    where = ("" if pinned is None else " (no rank pinned" if not pinned else
+             f" (ranks pinned, {PIN_CPUS_ENV}={','.join(map(str, pinned))}: rank i of every pool on the i-th CPU")
+    if (owner := meta.get("settings", {}).get("owner_cpu")) is not None:
+        where += f"; the owner on CPU {owner} while it visits, {OWNER_CPU_ENV}={owner}"
+    where += ")" if where else ""
     return [f"Spread of the entries' per-round geomeans (SD of the log, shared by the round and each pool's own): "
             f"{'; '.join(parts)}{where}"] if parts else []
 

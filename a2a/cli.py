@@ -36,6 +36,7 @@ COMMANDS = {
     "launch-floor": ("-m tools.launch_floor", "one trivial kernel launched each way a version could: host µs, call "
                                               "time, held device time"),
     "runner-face": ("-m tools.runner_face", "gpu-mode's own evaluator beside ours on each version's bundle"),
+    "cpu-speed": ("-m tools.cpu_speed", "this machine's host speed CPU by CPU: alone, in fresh processes, under load"),
 }
 
 

@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import gc
 import math
+import os
 import random
 import secrets
 import statistics
@@ -228,6 +229,23 @@ def entry_intervals(samples: dict, name: str, n_cases: int) -> dict:
 
 
 @contextlib.contextmanager
+def _owner_pinned():
+    """The owner's thread on the CPU A2A_PIN_OWNER_CPU names for the block, then back where it may run: only this
+    thread (Linux affinity is a thread's), and only while it visits, so that the pools it starts between visits are
+    born where they may run."""
+    cpu = core.owner_cpu()
+    if cpu is None:
+        yield
+        return
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+@contextlib.contextmanager
 def _collected():
     """The owner's garbage collected, then off for the block: a collection inside a timed step is the owner's pause
     in the ranking figure (timeit and pyperf time with it off too). NOTES: a round now births, readies and ends pools
@@ -335,8 +353,9 @@ class Clock:
         return all(self._step(live, judge.CALL, i, bank[i][0]) is not None for i in range(len(bank)))
 
     def _visit(self, live: _Live, index: int, round_index: int, bank: list) -> None:
-        """One visit of `live` on case `index`, the owner's garbage collector off (_collected)."""
-        with _collected():
+        """One visit of `live` on case `index`, the owner's garbage collector off (_collected), on its CPU if one is
+        named (_owner_pinned)."""
+        with _collected(), _owner_pinned():
             self._visit_steps(live, index, round_index, bank)
 
     def _visit_steps(self, live: _Live, index: int, round_index: int, bank: list) -> None:

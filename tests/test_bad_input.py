@@ -128,7 +128,8 @@ def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
     """Each found before a rank starts: one line, 113, nothing saved."""
     a_file = Path(_file(tmp_path, "a_file", ""))
     for variable, value in (("A2A_POOL_MEMORY_GB", "-1"), ("A2A_POOL_MEMORY_GB", "nan"), ("A2A_RANK_BIRTH", "exec"),
-                            ("A2A_PIN_CPUS", "first"), ("A2A_PIN_CPUS", "9999")):
+                            ("A2A_PIN_CPUS", "first"), ("A2A_PIN_CPUS", "9999"), ("A2A_PIN_OWNER_CPU", "0,1"),
+                            ("A2A_PIN_OWNER_CPU", "9999")):
         for command in (("eval.py", "test", "v1"), ("run_leaderboard.py", "--versions", "v1", "--out",
                                                      str(tmp_path / "o0"))):
             result = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True,

@@ -432,6 +432,34 @@ def test_a_pools_ranks_are_pinned_where_asked_before_their_import(tmp_path, monk
     assert sorted(mark.read_text().split("\n")[:-1]) == sorted([f"[{cpus[-1]}]", f"[{cpus[0]}]"]), mark.read_text()
 
 
+def test_the_owner_visits_on_the_cpu_named_and_starts_pools_where_it_may_run(tmp_path, monkeypatch):
+    """A2A_PIN_OWNER_CPU: the owner's thread runs every visit's steps on that CPU, and is back on every CPU it may
+    use before and after (the pools it starts between visits are not born on one CPU)."""
+    import judge
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: pinned and unpinned are the same")
+    monkeypatch.setenv("A2A_PIN_OWNER_CPU", str(cpus[-1]))
+    plan = make_plan(["v1"], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    seen = []
+    step = judge.Steps.step
+
+    def watched(self, *args, **kwargs):
+        seen.append(sorted(os.sched_getaffinity(0)))
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(judge.Steps, "step", watched)
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=2, max_rounds=2, time_cap_s=math.inf, targets=())
+    run = clock.time_entries(plan, [clock.Entry("v1", "version", str(plan.versions[0]))], settings,
+                             progress=lambda _: None)
+    assert not run.failed, run.failed
+    assert sorted(os.sched_getaffinity(0)) == cpus
+    visiting = [s for s in seen if s == [cpus[-1]]]
+    assert len(visiting) >= 2 * 2 * 2 and all(s in ([cpus[-1]], cpus) for s in seen), seen
+    assert cpus in seen  # the ready steps, outside the visits
+
+
 def test_the_owners_garbage_collector_is_off_in_every_visit_and_on_after(tmp_path, monkeypatch):
     """A collection inside a timed step would be the owner's own pause in the ranking figure: the owner collects
     before each visit and leaves the collector off through its steps (the ready steps before keep it on)."""

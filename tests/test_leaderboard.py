@@ -275,3 +275,5 @@ def test_the_spread_line_says_whether_ranks_were_pinned():
     assert "owner's step 0.030 and 0.156" in lines["None"] and "pinn" not in lines["None"]
     assert lines["[]"].endswith("(no rank pinned)")
     assert "A2A_PIN_CPUS=31" in lines["[31]"]
+    owner = run_leaderboard._spread_line({"spread": spread, "settings": {"pinned_cpus": [], "owner_cpu": 5}})[0]
+    assert owner.endswith("(no rank pinned; the owner on CPU 5 while it visits, A2A_PIN_OWNER_CPU=5)"), owner

@@ -19,6 +19,8 @@
 #          nccl (tools/build_nccl.sh: NCCL 2.30+ for ranks sharing a GPU; NCCL_SRC names a source archive) |
 #          sm_share:WORLD[:PERCENTS] (tools/sm_share.py) |
 #          runner:VERSIONS[:OPTIONS] (gpu-mode's own evaluator beside ours, tools/runner_face.py; carry build/runner) |
+#          cpus (tools/cpu_speed.py: the host's speed CPU by CPU, about 30 s; before choosing A2A_PIN_CPUS and
+#          A2A_PIN_OWNER_CPU) |
 #          set:A2A_NAME=VALUE (exported to the steps after it, and named in their logs' names; an empty VALUE unsets it:
 #          e.g. set:A2A_STEP_ANATOMY=1 set:A2A_OWNER_GPU=next) |
 #          wait[:SECONDS] (until a detached run is done, or at most SECONDS) | pack:DEST
@@ -36,7 +38,7 @@
 # Export A2A_COMMIT=<the commit being measured> in the device command: the tree travels with a stale .git, so
 # without it results are labelled with an older commit and '-dirty' (seen 2026-11-22: 07249e2-dirty for 630334a).
 set -uo pipefail
-KNOWN="set cold build _build _cold tests test_gpu sol leaderboard eval env trace sweep diff anatomy ideas nccl sm_share runner pack wait start"
+KNOWN="set cold build _build _cold tests test_gpu sol leaderboard eval env trace sweep diff anatomy ideas nccl sm_share runner cpus pack wait start"
 if [ $# -lt 2 ] || [ -z "$1" ]; then
   echo "usage: tools/gpu_session.sh DIR [start|check] STEP... (a folder for logs and a step at least)" >&2; exit 113
 fi
@@ -153,6 +155,7 @@ run_steps() {
                --block "${IDEAS_BLOCK:-1}" --out "$out/results" ;;
       nccl) step nccl 900 tools/build_nccl.sh ;;
       runner) step "runner_face_${a//,/-}" 1800 $py -m a2a.cli runner-face --versions "$a" --out "$out/results" $b ;;
+      cpus) step cpus 300 $py -m a2a.cli cpu-speed --out "$out/results" ;;
       sm_share) step "sm_share_$a" 1500 $py -m a2a.cli sm-share --world-size "$a" ${b:+--percents "$b"} --out "$out/results" ;;
       pack) mkdir -p "$a"; tar czf "$a/session.tgz" -C "$out" logs results traces; ls -la "$a" ;;
       wait) local until=$((SECONDS + ${a:-1000000}))
