@@ -678,23 +678,52 @@ def test_a_killed_shared_run_leaves_no_mps_daemon(tmp_path, process_token, no_da
 
 @at_problem_size
 @pytest.mark.skipif(gpu_count() >= PROBLEM_WS, reason="with a GPU per rank nothing is shared and no MPS server runs")
-def test_the_mps_server_holds_its_channels_open_when_its_pool_ends(monkeypatch, no_daemon_held):
-    """The MPS pipe folder's sweep keeps a uid's sockets and named pipes that a live process of it holds open (its
-    MPS server, which outlives the pool) and removes the rest: that holds only if a running server holds its own
-    open, which this sees at each shared pool's end (one clock round of v1 at the problem's size)."""
+def test_the_mps_pipe_folder_sweep_leaves_nothing_unheld_and_the_next_pool_still_shares(monkeypatch, no_daemon_held):
+    """At each shared pool's end the MPS pipe folder's sweep (boundary.sweep_owned) removes the pool uid's files
+    there and keeps only the channels a live process of that uid holds open. On a real MPS: two clock rounds of v1
+    at the problem's size, one pool each on the same daemon, so the second shows the first's sweep left MPS
+    working; each sweep's before and after is printed (`pytest -rP`: what an MPS server of the uid makes there).
+    The 2026-11-28 run (b04a593, two H200s) found no channel of the uid there at a pool's end."""
     import math
+    import stat as stat_module
 
     import boundary
     from a2a import clock
 
-    seen = []
-    original = boundary.held_channels
-    monkeypatch.setattr(boundary, "held_channels", lambda uid: seen.append(original(uid)) or seen[-1])
+    sweeps = []
+    original = boundary.sweep_owned
+
+    def listing(folder: Path, uid: int) -> list:
+        found = []
+        for entry in sorted(folder.iterdir()) if folder.is_dir() else ():
+            with contextlib.suppress(OSError):
+                info = entry.lstat()
+                if info.st_uid == uid:
+                    kind = ("socket" if stat_module.S_ISSOCK(info.st_mode) else "fifo" if stat_module.S_ISFIFO(
+                        info.st_mode) else "folder" if stat_module.S_ISDIR(info.st_mode) else "file")
+                    found.append((entry.name, kind, (info.st_dev, info.st_ino)))
+        return found
+
+    def watched(folder, uid, channels_kept=None):
+        if channels_kept is None:  # the shared /dev/shm's sweep
+            return original(folder, uid, channels_kept=channels_kept)
+        before = listing(Path(folder), uid)
+        original(folder, uid, channels_kept=channels_kept)
+        held = boundary.held_channels(uid)
+        after = [(name, kind, identity in held or os.path.realpath(Path(folder) / name) in held)
+                 for name, kind, identity in listing(Path(folder), uid)]
+        sweeps.append({"folder": str(folder), "uid": uid, "before": [e[:2] for e in before], "after": after})
+
+    monkeypatch.setattr(boundary, "sweep_owned", watched)
     plan = make_plan(["v1"], "benchmarks:0", PROBLEM_WS, "nccl")
-    settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=2, max_rounds=2, time_cap_s=math.inf, targets=())
     run = clock.time_entries(plan, [clock.Entry("v1", "version", str(plan.versions[0]))], settings, **QUIET)
+    for sweep in sweeps:
+        print(f"MPS pipe folder sweep: {sweep}")  # for `pytest -rP`
     assert not run.failed, run.failed
-    assert seen and all(seen), f"a shared pool's end found its uid holding no channel open: {seen}"
+    assert len(sweeps) >= 2, f"expected a sweep at each of two shared pools' ends: {sweeps}"
+    unheld = [(sweep["uid"], name) for sweep in sweeps for name, _, held in sweep["after"] if not held]
+    assert not unheld, f"left in the MPS pipe folder, held open by no live process of its uid: {unheld}"
 
 
 def _processes_named(prefix: str) -> list:
