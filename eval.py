@@ -68,14 +68,13 @@ import wire  # noqa: E402
 
 __all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything else is the core's own
     "all_ok", "bound", "calculate_extra_stats", "cantor_combine", "case_problem", "CaseSteps", "check_environment",
-    "claim_run",
-    "clone_data", "die_with_parent", "environ_with", "environment_with", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED",
-    "EXIT_CRASH", "EXTRA_STAT_FIELDS", "EXTRA_STATS", "get_test_cases", "HERE", "import_submission",
-    "install_signal_handlers", "kill_tree", "LEADERBOARD_SEED_STEP", "LOG_DIR_ENV", "machine_gpus", "MODES",
-    "MPS_DEFAULT_PIPE", "nccl_version_tuple", "OFFICIAL_TIMEOUT_S", "own_device", "owned_tempdir", "owner_cpu",
-    "pinned_cpus", "prepare_rank_cache", "rank_birth", "rank_device", "rank_failures", "RankPool", "release_uid",
-    "RUN_OWNER", "run_steps", "SEED_MAX", "SPEC_KEYS", "spec_line", "start_nursery", "Terminated", "TestCase",
-    "transport_text", "UserError", "validate_cases", "version_text",
+    "claim_run", "clone_data", "die_with_parent", "environ_with", "environment_with", "EXIT_BAD_INPUT",
+    "EXIT_CHECK_FAILED", "EXIT_CRASH", "EXTRA_STAT_FIELDS", "EXTRA_STATS", "get_test_cases", "HERE",
+    "import_submission", "install_signal_handlers", "kill_tree", "LEADERBOARD_SEED_STEP", "LOG_DIR_ENV",
+    "machine_gpus", "MODES", "MPS_DEFAULT_PIPE", "nccl_version_tuple", "OFFICIAL_TIMEOUT_S", "own_device",
+    "owned_tempdir", "owner_cpu", "pinned_cpus", "prepare_rank_cache", "rank_birth", "rank_device", "rank_failures",
+    "RankPool", "release_uid", "RUN_OWNER", "run_steps", "SEED_MAX", "SPEC_KEYS", "spec_line", "start_nursery",
+    "Terminated", "TestCase", "transport_text", "UserError", "validate_cases", "version_text",
     # what a2a/bench.py, the tools' measuring loop, builds on
     "barrier", "Bound", "clear_l2", "Hold", "on_gpu", "synchronize", "timing_events",
 ]
@@ -751,9 +750,8 @@ def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable,
     gpu = device.type == "cuda"
     configs = [MoEConfig(c["num_experts"], c["experts_per_token"], c["hidden_dim"], c["max_num_tokens"]) for c in cases]
     floor_out = [torch.zeros(c["max_num_tokens"], c["hidden_dim"], dtype=torch.float16, device=device) for c in cases]
-    # NOTES: a case's views are made once, at its largest token count, and a step's are cut from them (four slices,
-    # kept for the steps with the same count): making them whole (a dozen tensor views) in every step was 35-150 µs
-    # of each window on the H200 hosts' CPUs (the step anatomy's "before its call", b04a593).
+    # NOTES: a step's views are cut from its case's whole ones, once per token count: a dozen views made in every
+    # step were 34-155 µs of each window on the H200 hosts (step anatomy, "before its call", b04a593).
     whole = [channel.views.tensors(c["max_num_tokens"], c["hidden_dim"], c["experts_per_token"]) for c in cases]
     made_views = {}
     steps = 0
@@ -762,7 +760,6 @@ def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable,
         kind, case, tokens = channel.wait()
         if kind == judge.STOP:
             return steps
-        args = cases[case]
         views = made_views.get((case, tokens))
         if views is None:
             views = made_views[case, tokens] = {name: view[:tokens] for name, view in whole[case].items()}
@@ -790,7 +787,7 @@ def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable,
                 output = call_for(case)(data)
                 call_ns = time.perf_counter_ns() - started
             channel.stamp(judge.CALL_TO_NS)
-            status = _output_status(output, tokens, args["hidden_dim"], device)
+            status = _output_status(output, tokens, cases[case]["hidden_dim"], device)
             if status and harness_row:
                 status, output = 0, floor_out[case][:tokens]
             if not status:

@@ -118,3 +118,12 @@ def test_the_shared_options_are_declared_once():
     assert not own, own
     users = [path.name for path in files if "cli.add_options(parser" in path.read_text()]
     assert len(users) >= 9, users
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_no_harness_module_is_over_2000_lines(name):
+    """Issue #49's structure: a reviewer reads each of the judge's modules in one sitting; eval.py was 2,725 lines."""
+    path = module_file(name)
+    lines = len(path.read_text().splitlines())
+    assert lines <= 2000, f"{path.name}: {lines} lines"
+
