@@ -554,7 +554,7 @@ _SYSCALLS = {"x86_64": (0xC000003E, {"clone": 56, "unshare": 272, "clone3": 435,
                                      "request_key": 249, "keyctl": 250, "ptrace": 101, "ioctl": 16}),
              "aarch64": (0xC00000B7, {"clone": 220, "unshare": 97, "clone3": 435, "add_key": 217,
                                       "request_key": 218, "keyctl": 219, "ptrace": 117, "ioctl": 29})}
-CLONE_PARENT, PTRACE_TRACEME = 0x00008000, 0
+CLONE_PARENT = 0x00008000
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C  # a terminal's input pushed by ioctl (red team 23: typed into the operator's shell)
 _X32_BIT = 0x40000000
 _LOAD, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
@@ -572,8 +572,10 @@ def rank_filter(machine: str) -> list:
     """The filter's instructions (code, jt, jf, k): clone and unshare with CLONE_NEWUSER fail with EPERM, and clone
     with CLONE_PARENT (red team 19: a child of the rank's parent, the owner under spawn, which never reaps it, so the
     namespace could not end and the owner waited on it forever); clone3, whose flags a filter cannot read, fails
-    with ENOSYS (glibc then falls back to clone); PTRACE_TRACEME fails with EPERM (red team 19: the owner became the
-    rank's tracer, and a stop it then read as its worker's exit ended the run with 114); the kernel's keyrings
+    with ENOSYS (glibc then falls back to clone); ptrace fails with EPERM, every request of it (red team 19:
+    PTRACE_TRACEME made the owner the rank's tracer, and a stop it then read as its worker's exit ended the run with
+    114; red team 28: two workers that seized each other hid their exits from their parent, whose wait never ended);
+    the kernel's keyrings
     (add_key, request_key, keyctl: a uid's keys outlive its processes, red team 14), the ioctls that push input into
     a terminal (TIOCSTI, TIOCLINUX: red team 23) and a call of another ABI (x32, 32-bit) fail with EPERM; everything
     else is allowed. Empty for an unknown architecture."""
@@ -586,10 +588,9 @@ def rank_filter(machine: str) -> list:
         (_LOAD, None, None, 4), (_JEQ, "native", "deny", arch),
         ("native", _LOAD, None, None, 0), (_JGE, "deny", None, _X32_BIT), (_JEQ, "absent", None, number["clone3"]),
         *((_JEQ, "deny", None, number[name]) for name in ("add_key", "request_key", "keyctl")),
-        (_JEQ, "request", None, number["ptrace"]), (_JEQ, "terminal", None, number["ioctl"]),
+        (_JEQ, "deny", None, number["ptrace"]), (_JEQ, "terminal", None, number["ioctl"]),
         (_JEQ, "flags", None, number["clone"]), (_JEQ, "flags", "allow", number["unshare"]),
-        ("flags", _LOAD, None, None, 16), (_JSET, "deny", "allow", CLONE_NEWUSER | CLONE_PARENT),  # the first
-        ("request", _LOAD, None, None, 16), (_JEQ, "deny", "allow", PTRACE_TRACEME),  # argument's low half
+        ("flags", _LOAD, None, None, 16), (_JSET, "deny", "allow", CLONE_NEWUSER | CLONE_PARENT),  # arg 1, low half
         ("terminal", _LOAD, None, None, 24), (_JEQ, "deny", None, TIOCSTI), (_JEQ, "deny", "allow", TIOCLINUX),
         ("allow", _RET, None, None, SECCOMP_RET_ALLOW), ("absent", _RET, None, None, SECCOMP_RET_ERRNO | errno.ENOSYS),
         ("deny", _RET, None, None, SECCOMP_RET_ERRNO | errno.EPERM)]

@@ -693,6 +693,11 @@ def _reach():
         _os._exit(0)
     said.append(f"parent={parent}/{error}")
     said.append(f"traceme={libc.ptrace(0, 0, None, None)}/{_ctypes.get_errno()}")
+    # a process of the rank's own uid seized (red team 28: two workers seized each other and hid their exits)
+    sleeper = _subprocess.Popen(["sleep", "30"])
+    said.append(f"seize={libc.ptrace(0x4206, sleeper.pid, None, None)}/{_ctypes.get_errno()}")
+    sleeper.kill()
+    sleeper.wait()
     seen = []
     thread = _threading.Thread(target=lambda: seen.append(1))
     thread.start()
@@ -718,8 +723,9 @@ def test_a_rank_reaches_no_socket_ipc_object_or_user_namespace_outside_its_pool(
     reach each, to leave a POSIX message queue and a key in its uid's keyring (red team 14: both outlived the
     command), to make a user namespace and to call clone3: nothing of the test's is reached and no queue is left
     (the pool's own network and IPC namespaces), the keyring and the user namespace are refused (EPERM) and clone3
-    is absent (ENOSYS), while threads and child processes still start and the run passes; its processes and its
-    files' size are capped (RANK_LIMITS; red team 14: a rank could make more processes than the kernel's pid_max)."""
+    is absent (ENOSYS), ptrace of any process is refused (red team 28), while threads and child processes still start
+    and the run passes; its processes and its files' size are capped (RANK_LIMITS; red team 14: a rank could make
+    more processes than the kernel's pid_max)."""
     import ctypes
     import errno
     import socket
@@ -754,6 +760,7 @@ def test_a_rank_reaches_no_socket_ipc_object_or_user_namespace_outside_its_pool(
         assert tried["key"] == f"-1/{errno.EPERM}", line
         assert tried["userns"] == f"-1/{errno.EPERM}" and tried["clone3"] == f"-1/{errno.ENOSYS}", line
         assert tried["parent"] == f"-1/{errno.EPERM}" and tried["traceme"] == f"-1/{errno.EPERM}", line
+        assert tried["seize"] == f"-1/{errno.EPERM}", line
         assert tried["thread"] == "1" and tried["child"] == "0", line
         assert tried["limits"] == ",".join(str(boundary.RANK_LIMITS[name])
                                            for name in ("RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE"))
