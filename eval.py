@@ -60,8 +60,8 @@ from boundary import (MPS_DEFAULT_PIPE, POOL_MEMORY_ENV, RankSandbox, RUN_OWNER,
                       hide_result_channel, kill_tree, memory_cap_hit, owned_tempdir, pool_memory_bytes,
                       prepare_rank_cache, release_uid)
 import births  # noqa: E402
-from births import (Forked, Nursery, PhaseSlot, Zygote, close_all_but, environ_with, environment_with,  # noqa: E402
-                    owner_cpu, pinned_cpus, rank_birth, send_fds, stdin_from_null)
+from births import (KILLED_WAIT_S, Forked, Nursery, PhaseSlot, Zygote, close_all_but, environ_with,  # noqa: E402
+                    environment_with, join_within, owner_cpu, pinned_cpus, rank_birth, send_fds, stdin_from_null)
 import judge  # noqa: E402
 from judge import HOLD_MAX_CYCLES, HOLD_START_CYCLES, cantor_combine  # noqa: E402
 import wire  # noqa: E402
@@ -89,8 +89,7 @@ SPEC_KEYS = ("num_experts", "experts_per_token", "hidden_dim", "max_num_tokens",
 
 # Per-case timeouts of the official runner (seconds); A2A_TIMEOUT replaces them.
 OFFICIAL_TIMEOUT_S = {"test": 60, "benchmark": 180, "leaderboard": 180, "profile": 120}
-# After one rank of a case has failed, how long the others get to return before the watchdog kills them.
-FAILED_PEER_GRACE_S = 10.0
+FAILED_PEER_GRACE_S = 10.0  # after one rank of a case failed, how long the others get before the watchdog
 DEFAULT_MASTER_PORT = 12356  # the runner's fixed rendezvous port
 # Moves the protocol face's fixed port (never set by the runner): runs side by side on one machine, such as the test
 # suite's parallel workers, each on a port of its own.
@@ -925,8 +924,7 @@ def _leave_group() -> None:
         dist.destroy_process_group()
 
 
-# How long a worker may take to leave its last case's group before the next case (RankPool.await_idle).
-LEAVE_GRACE_S = 10.0
+LEAVE_GRACE_S = 10.0  # how long a worker may take to leave its last case's group (RankPool.await_idle)
 # A rank writes its Python stack to stderr on this signal (the watchdog asks before it kills), and is given this long.
 STACK_SIGNAL = signal.SIGUSR1
 STACK_WRITE_S = 0.2
@@ -1058,9 +1056,12 @@ class CaseRun:
             if conn.poll(0) or (begun is not None and begun.buffer):
                 self.violation = f"rank {rank}'s worker had sent a message outside any case"
             pool.label(slot, rank)
-            conn.send((job, sent, rank, params or {}, setup, self.case_id))
-            if fds:  # right behind the job's message, where the rank's receive_fds reads them
-                send_fds(conn, fds[rank])
+            try:  # the fds right behind the job's message, where the rank's receive_fds reads them
+                conn.send((job, sent, rank, params or {}, setup, self.case_id))
+                if fds:
+                    send_fds(conn, fds[rank])
+            except OSError as error:  # its end shut (red team 28: SHUT_RD made this 114, the harness's own code)
+                self.violation = self.violation or f"rank {rank}'s worker refused the case's job ({error.strerror})"
         self.results: dict = {}
         self.deadline = time.monotonic() + timeout_s
         self.timeout_s = timeout_s
@@ -1080,7 +1081,7 @@ class CaseRun:
                                                 f"{MAX_MESSAGE_BYTES >> 20} MiB")
             return
         except EOFError:
-            process.join(timeout=5)  # the pipe closes before the dying process is reaped: wait for its code
+            join_within(process, 5)  # the pipe closes before the dying process is reaped: wait for its code
             self.results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode, self.pool.guards)))
             return
         if len(raws) > 1:  # NOTES: the harness sends exactly one result per case
@@ -1377,7 +1378,7 @@ class RankPool:
             # workers with it, and their pids may be anyone's now
             if not (isinstance(process, Forked) and process.zygote.ended):
                 kill_tree(process.pid, include_root=process.is_alive())
-            process.join()
+            join_within(process, KILLED_WAIT_S)  # past it, the pool's end takes it (its namespace, its uid)
             self.frames.pop(conn, None)
             conn.close()
             self._close_texts(process)
@@ -1396,10 +1397,9 @@ class RankPool:
                 conn.send(None)
         deadline = time.monotonic() + 10  # one grace for the whole pool, not one per worker
         for process, conn, _ in live:
-            process.join(timeout=max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
+            if not join_within(process, max(0.0, deadline - time.monotonic())):
                 kill_tree(process.pid)
-                process.join()
+                join_within(process, KILLED_WAIT_S)
             self.frames.pop(conn, None)
             conn.close()
             self._close_texts(process)

@@ -2243,6 +2243,71 @@ def test_a_message_cut_short_on_the_connection_holds_the_owner_no_longer_than_it
     assert time.monotonic() - started < 60, str(outcome)
 
 
+# Red team 28: a worker that never ends at its pool's end (it sleeps on the end message), and one whose result
+# connection's reading side it shut (the owner's next job then fails with EPIPE).
+LINGER = '''
+from multiprocessing.connection import Connection
+
+_LINGERING = []
+
+
+def custom_kernel(data):
+    if not _LINGERING:
+        _LINGERING.append(1)
+        original = Connection.recv
+
+        def recv(self):
+            message = original(self)
+            while message is None:
+                _time.sleep(3600)
+            return message
+        Connection.recv = recv
+        _say("linger", data[2])
+    return _v1_kernel(data)
+'''
+
+SHUT_READING = '''
+import gc
+import socket
+from multiprocessing.connection import Connection
+
+_SHUT = []
+
+
+def custom_kernel(data):
+    if not _SHUT:
+        _SHUT.append(1)
+        for conn in [c for c in gc.get_objects() if isinstance(c, Connection) and not c.closed]:
+            with socket.socket(fileno=_os.dup(conn.fileno())) as end:
+                end.shutdown(socket.SHUT_RD)
+        Connection.recv = lambda self: _time.sleep(1e9)  # alive, so never retired as dead
+        _say("shut", data[2])
+    return _v1_kernel(data)
+'''
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_a_spawned_worker_that_ignores_its_pools_end_is_killed_after_its_grace(tmp_path, face):
+    """Under spawn (the protocol face's birth, and the human face's with A2A_RANK_BIRTH=spawn) a worker's own join
+    with a timeout never timed out: its first act closes the pipe multiprocessing waits on. A worker that sleeps on
+    its pool's end message hung the protocol face after `check: pass` (red team 28); now it is killed after the
+    pool's grace and the run ends with its verdict."""
+    started = time.monotonic()
+    outcome = run_face(face, "test", tmp_path, hostile(LINGER), env={"A2A_RANK_BIRTH": "spawn"})
+    assert outcome.said("linger") and outcome.code == 0, str(outcome)
+    assert time.monotonic() - started < 120, str(outcome)
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_a_worker_whose_connection_refuses_the_next_job_fails_the_case_never_the_owner(tmp_path, face):
+    """A rank shuts the reading side of its result connection after a right answer: the owner's next job send
+    fails (EPIPE), which ended the run with 114, the harness's own code (red team 28). Now the case is void on the
+    rank's account: 112, naming it."""
+    outcome = run_face(face, "test", tmp_path, hostile(SHUT_READING), cases=2)
+    assert outcome.said("shut"), str(outcome)
+    assert_fails(outcome, "refused the case's job")
+
+
 # --------------------------------------------------------------------------------------------------------------
 # 11. What the owner takes from a rank: its records' types, its build logs, the import's time, the warm-up, its text
 # --------------------------------------------------------------------------------------------------------------
