@@ -1275,3 +1275,33 @@ def test_a_pool_uids_process_is_read_no_further_than_its_bound():
     finally:
         big.kill()
         big.wait()
+
+
+def _environ_starts(pid: int, prefix: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            return environ.read(len(prefix)) == prefix
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a process of a pool's uid needs root to start")
+def test_over_one_scan_the_pool_uids_processes_are_read_no_further_than_the_total(monkeypatch):
+    """Red team 28: 3000 children of 260 KiB each (each within the per-process bound) still made every other judge
+    command's start 7.8x slower. Over one scan the pool uids' processes are read up to POOL_ENVIRON_TOTAL_BYTES."""
+    monkeypatch.setattr(boundary, "POOL_ENVIRON_TOTAL_BYTES", 600 << 10)  # the bound, at a size a test can reach
+    uid = boundary.RANK_UID_BASE + boundary.RANK_UID_SPAN - 1
+    code = (f"import os; os.setgid({uid}); os.setuid({uid}); "
+            "os.execve('/bin/sleep', ['sleep', '60'], {'PAD': 'x' * (300 << 10)})")
+    children = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(4)]
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(_environ_starts(child.pid, b"PAD=") for child in children):
+            time.sleep(0.05)
+        read = dict(boundary.other_processes())
+        sizes = [len(read.get(child.pid, b"")) for child in children]
+        assert sum(sizes) <= 600 << 10 and min(sizes) < boundary.POOL_ENVIRON_BYTES, sizes
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
