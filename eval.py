@@ -91,8 +91,7 @@ SPEC_KEYS = ("num_experts", "experts_per_token", "hidden_dim", "max_num_tokens",
 OFFICIAL_TIMEOUT_S = {"test": 60, "benchmark": 180, "leaderboard": 180, "profile": 120}
 FAILED_PEER_GRACE_S = 10.0  # after one rank of a case failed, how long the others get before the watchdog
 DEFAULT_MASTER_PORT = 12356  # the runner's fixed rendezvous port
-# Moves the protocol face's fixed port (never set by the runner): runs side by side on one machine, such as the test
-# suite's parallel workers, each on a port of its own.
+# Moves the protocol face's fixed port (never set by the runner): runs side by side, each on a port of its own.
 MASTER_PORT_ENV = "A2A_MASTER_PORT"
 # The judge's own run (the human face sets it; the runner never does): keyed seeds from the secret and a fresh
 # input in every timed step of benchmark mode too (judge.Seeds).
@@ -1018,7 +1017,7 @@ def _send_result(conn, result: RankResult) -> None:
 
 
 def _death_message(exitcode: Optional[int], guards=None) -> str:
-    """What a dead rank's exit says; a SIGKILL from the kernel at its pool's memory cap says so."""
+    """What a rank's end says (None: alive past its connection's end); a SIGKILL at its pool's memory cap says so."""
     cap = ""
     if exitcode == -signal.SIGKILL and guards is not None and guards.memory_bytes and memory_cap_hit(guards.uid):
         cap = (f"; the kernel killed a process of its pool at the pool's memory cap, "
@@ -1026,7 +1025,8 @@ def _death_message(exitcode: Optional[int], guards=None) -> str:
     with contextlib.suppress(ValueError, TypeError):
         if exitcode < 0:
             return f"rank process died (exit code {exitcode}, {signal.Signals(-exitcode).name}{cap})"
-    return f"rank process died (exit code {exitcode})"
+    return (f"rank process died (exit code {exitcode})" if exitcode is not None else  # alive 5 s after (red team 28)
+            "rank process closed its connection to the evaluator and lived on (killed)")
 
 
 class CaseRun:

@@ -2286,6 +2286,32 @@ def custom_kernel(data):
 '''
 
 
+CONNECTION_GONE = '''
+import gc
+from multiprocessing.connection import Connection
+
+
+def custom_kernel(data):
+    if data[2] == 1:
+        for conn in [c for c in gc.get_objects() if isinstance(c, Connection) and not c.closed]:
+            _os.close(conn.fileno())
+        Connection.send_bytes = lambda self, *args, **kwargs: _time.sleep(1e9)
+        _say("gone", data[2])
+    return _v1_kernel(data)
+'''
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_a_rank_that_closes_its_connection_and_lives_on_is_named_so(tmp_path, face):
+    """Rank 1 closes its result connection and stays alive: the case fails on its account, named for what it did
+    (it was "rank process died (exit code None)"), within the 5 s the owner waits for an exit, under either birth."""
+    started = time.monotonic()
+    outcome = run_face(face, "test", tmp_path, hostile(CONNECTION_GONE))
+    assert outcome.said("gone"), str(outcome)
+    assert_fails(outcome, "closed its connection to the evaluator and lived on")
+    assert time.monotonic() - started < 60, str(outcome)
+
+
 @pytest.mark.parametrize("face", FACES)
 def test_a_spawned_worker_that_ignores_its_pools_end_is_killed_after_its_grace(tmp_path, face):
     """Under spawn (the protocol face's birth, and the human face's with A2A_RANK_BIRTH=spawn) a worker's own join
