@@ -293,10 +293,10 @@ KILLED_WAIT_S = 10.0  # the most the owner waits for a killed worker's exit; pas
 
 
 def join_within(process, timeout_s: float) -> bool:
-    """Waits at most `timeout_s` for a worker to end, whatever its birth; whether it has. NOTES: a spawned worker's
-    own join(timeout) may never return: its first act closes the pipe multiprocessing waits on (close_all_but), which
-    then reads as its end, and Popen.wait goes on to a blocking waitpid (red team 28: the protocol face hung after
-    `check: pass`). Its exit code is polled instead."""
+    """Waits at most `timeout_s` for a pool's process to end, whatever its birth; whether it has. NOTES: a spawned
+    worker's own join(timeout) may never return: its first act closes the pipe multiprocessing waits on
+    (close_all_but), which then reads as its end, and Popen.wait goes on to a blocking waitpid (red team 28: the
+    protocol face hung after `check: pass`). Its exit code is polled instead."""
     if not isinstance(process, multiprocessing.process.BaseProcess):
         process.join(timeout=timeout_s)
         return process.exitcode is not None

@@ -1061,7 +1061,7 @@ class CaseRun:
                 if fds:
                     send_fds(conn, fds[rank])
             except OSError as error:  # its end shut (red team 28: SHUT_RD made this 114, the harness's own code)
-                self.violation = self.violation or f"rank {rank}'s worker refused the case's job ({error.strerror})"
+                self.violation = self.violation or f"rank {rank}'s worker refused the case's job ({error})"
         self.results: dict = {}
         self.deadline = time.monotonic() + timeout_s
         self.timeout_s = timeout_s
