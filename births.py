@@ -375,6 +375,17 @@ def owner_cpu() -> Optional[int]:
     return cpu
 
 
+@contextlib.contextmanager
+def on_cpu(cpu: int):
+    """This thread on `cpu` for the block (Linux affinity is a thread's), then back where it could run before."""
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
 def rank_birth(runner_face: bool = False) -> str:
     """How a pool's workers are born: the runner's face spawns each one (its process model); the judge's own faces
     fork them from a zygote per pool (one torch import a pool, not one a worker), unless A2A_RANK_BIRTH=spawn."""

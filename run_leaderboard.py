@@ -265,12 +265,13 @@ def _spread_line(meta: dict) -> list:
     titles = (("owner", "owner's step"), ("call", "call"), ("held", "held"))
     parts = [f"{title} {found['round']:.3f} and {found['pool']:.3f}" for metric, title in titles
              if (found := meta.get("spread", {}).get(metric))]
-    pinned = meta.get("settings", {}).get("pinned_cpus")  # absent in runs saved before it was recorded
-    where = ("" if pinned is None else " (no rank pinned" if not pinned else
-             f" (ranks pinned, {PIN_CPUS_ENV}={','.join(map(str, pinned))}: rank i of every pool on the i-th CPU")
-    if (owner := meta.get("settings", {}).get("owner_cpu")) is not None:
-        where += f"; the owner on CPU {owner} while it visits, {OWNER_CPU_ENV}={owner}"
-    where += ")" if where else ""
+    settings = meta.get("settings", {})
+    pinned = settings.get("pinned_cpus")  # absent in runs saved before it was recorded
+    notes = [] if pinned is None else ["no rank pinned" if not pinned else f"ranks pinned, {PIN_CPUS_ENV}="
+                                       f"{','.join(map(str, pinned))}: rank i of every pool on the i-th CPU"]
+    if (owner := settings.get("owner_cpu")) is not None:
+        notes.append(f"the owner on CPU {owner} while it visits, {OWNER_CPU_ENV}={owner}")
+    where = f" ({'; '.join(notes)})" if notes else ""
     return [f"Spread of the entries' per-round geomeans (SD of the log, shared by the round and each pool's own): "
             f"{'; '.join(parts)}{where}"] if parts else []
 

@@ -31,7 +31,6 @@ import contextlib
 import dataclasses
 import gc
 import math
-import os
 import random
 import secrets
 import statistics
@@ -41,6 +40,7 @@ from typing import Optional
 
 import eval as core
 import judge
+from births import on_cpu
 from a2a import intervals as iv
 from a2a import sharing
 
@@ -228,21 +228,11 @@ def entry_intervals(samples: dict, name: str, n_cases: int) -> dict:
     return out
 
 
-@contextlib.contextmanager
 def _owner_pinned():
-    """The owner's thread on the CPU A2A_PIN_OWNER_CPU names for the block, then back where it may run: only this
-    thread (Linux affinity is a thread's), and only while it visits, so that the pools it starts between visits are
-    born where they may run."""
+    """The owner's thread on the CPU A2A_PIN_OWNER_CPU names (births.on_cpu), only while it visits, so that the pools
+    it starts between visits are born where they may run."""
     cpu = core.owner_cpu()
-    if cpu is None:
-        yield
-        return
-    allowed = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, allowed)
+    return contextlib.nullcontext() if cpu is None else on_cpu(cpu)
 
 
 @contextlib.contextmanager

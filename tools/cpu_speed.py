@@ -30,6 +30,7 @@ from pathlib import Path
 
 import eval as core
 from a2a import cli
+from births import on_cpu
 from a2a import plan as planning
 
 LOADED_TARGETS = 4  # CPUs measured under load: the fastest, the slowest, and the ones nearest the median
@@ -57,15 +58,11 @@ def block_us(iterations: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def on_cpu(cpu: int, iterations: int, repeats: int) -> float:
-    """block_us with this thread on `cpu` (then back where it may run)."""
-    allowed = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})
-    try:
+def block_on(cpu: int, iterations: int, repeats: int) -> float:
+    """block_us with this thread on `cpu` (births.on_cpu)."""
+    with on_cpu(cpu):
         time.sleep(0.001)  # leave the old CPU before the clock starts
         return block_us(iterations, repeats)
-    finally:
-        os.sched_setaffinity(0, allowed)
 
 
 def fresh_process(cpu: int, iterations: int, repeats: int) -> float:
@@ -93,7 +90,7 @@ def under_load(targets: list, cpus: list, iterations: int, repeats: int) -> dict
                     for cpu in cpus if cpu != target]
         try:
             time.sleep(0.3)  # every spinner started and spinning
-            found[target] = on_cpu(target, iterations, repeats)
+            found[target] = block_on(target, iterations, repeats)
         finally:
             for spinner in spinners:
                 spinner.kill()
@@ -112,7 +109,7 @@ def measure(passes: int, fresh: int, iterations: int, repeats: int) -> dict:
     by_cpu = {cpu: [] for cpu in cpus}
     for number in range(passes):
         for cpu in cpus if number % 2 == 0 else reversed(cpus):
-            by_cpu[cpu].append(on_cpu(cpu, iterations, repeats))
+            by_cpu[cpu].append(block_on(cpu, iterations, repeats))
     mean_of = {cpu: statistics.fmean(values) for cpu, values in by_cpu.items()}
     ranked = sorted(cpus, key=mean_of.get)
     fastest, slowest = ranked[0], ranked[-1]
@@ -171,7 +168,7 @@ def main(argv=None) -> int:
         if getattr(args, name) < low:
             raise core.UserError(f"--{name} must be at least {low}, not {getattr(args, name)}")
     if args.one is not None:
-        print(json.dumps({"block_us": on_cpu(args.one, args.iterations, args.repeats)}))
+        print(json.dumps({"block_us": block_on(args.one, args.iterations, args.repeats)}))
         return 0
     cli.writable(args.out)
     found = measure(args.passes, args.fresh, args.iterations, args.repeats)
