@@ -260,11 +260,12 @@ def _markdown_cell(text: str) -> str:
 
 
 def _spread_line(meta: dict) -> list:
-    """Where the rounds' spread is (clock.spread): the part the round's machine shares across entries, and the part
-    of each entry's own pool, born anew each round."""
+    """Where the rounds' spread is (clock.spread): the part the round's machine shares across entries, the part of
+    each entry's own pool, born anew each round, and each visit's own (runs saved before it was kept show two)."""
     titles = (("owner", "owner's step"), ("call", "call"), ("held", "held"))
-    parts = [f"{title} {found['round']:.3f} and {found['pool']:.3f}" for metric, title in titles
-             if (found := meta.get("spread", {}).get(metric))]
+    parts = [f"{title} {found['round']:.3f}, {found['pool']:.3f} and {found['visit']:.3f}"
+             if found.get("visit") is not None else f"{title} {found['round']:.3f} and {found['pool']:.3f}"
+             for metric, title in titles if (found := meta.get("spread", {}).get(metric))]
     settings = meta.get("settings", {})
     pinned = settings.get("pinned_cpus")  # absent in runs saved before it was recorded
     notes = [] if pinned is None else ["no rank pinned" if not pinned else f"ranks pinned, {PIN_CPUS_ENV}="
@@ -272,7 +273,8 @@ def _spread_line(meta: dict) -> list:
     if (owner := settings.get("owner_cpu")) is not None:
         notes.append(f"the owner on CPU {owner} while it visits, {OWNER_CPU_ENV}={owner}")
     where = f" ({'; '.join(notes)})" if notes else ""
-    return [f"Spread of the entries' per-round geomeans (SD of the log, shared by the round and each pool's own): "
+    return [f"Spread of the entries' figures (SD of the log: the round's shared part, each pool's own in its geomean "
+            f"over the shapes, and each visit's own): "
             f"{'; '.join(parts)}{where}"] if parts else []
 
 
@@ -351,8 +353,7 @@ def save_rows(files: cli.RunFiles, frame: pd.DataFrame, meta: dict) -> None:
 def results_json(meta: dict, figures, frame: pd.DataFrame, timed, summary: dict, checks: pd.DataFrame,
                  partial: str = "") -> str:
     """results.json's text; `partial`: why this is not yet the run's final one (a key the final one lacks)."""
-    samples = [{"entry": name, "case": index, "round": r, **values}
-               for (name, index), per_round in (timed.samples.items() if timed else []) for r, values in per_round.items()]
+    samples = timed.sample_rows() if timed else []
     entries = {name: {"kind": s["kind"], "ranks": s.get("ranks", {}),
                       **{m: i._asdict() for m, i in s["intervals"].items()}} for name, s in summary.items()}
     return json.dumps({**({"partial": partial} if partial else {}), "meta": meta, "sol": figures, "entries": entries,
@@ -477,8 +478,9 @@ def stability(plan: planning.RunPlan, settings: clock.Settings, runs: int, ancho
         timed = clock.time_entries(plan, entries, dataclasses.replace(settings, order=order, seed=None), progress)
         results.append({"reverse": reverse, "seed": timed.seed, "rounds": timed.rounds, "wall_s": timed.wall_s,
                         "failed": timed.failed, "throttled": timed.throttled,
-                        "clocks": clock.clocks_locked(timed.clocks),
-                        "entries": {n: {m: i._asdict() for m, i in timed.entry_intervals(n).items()} for n in names}})
+                        "clocks": clock.clocks_locked(timed.clocks), "spread": clock.spread(timed),
+                        "entries": {n: {m: i._asdict() for m, i in timed.entry_intervals(n).items()} for n in names},
+                        "samples": timed.sample_rows()})
     meta = {**plan.meta_for("stability"), "runs": runs, "timing": TIMING}
     text = agreement([f"device: {meta['device']}, {meta['placement']}, {meta['date']}, commit {meta['commit']}; {runs} "
                       f"back-to-back clock runs and one with the entries in reverse order"], results, names, True)

@@ -193,6 +193,12 @@ class Run:
     def entry_intervals(self, name: str) -> dict:
         return entry_intervals(self.samples, name, len(self.cases))
 
+    def sample_rows(self) -> list:
+        """Every visit's sample as a row (entry, case, round and its metrics): what results.json keeps, so that a
+        run's spread can be taken apart later (by round, pool and visit)."""
+        return [{"entry": name, "case": index, "round": r, **values}
+                for (name, index), per_round in self.samples.items() for r, values in per_round.items()]
+
     def case_intervals(self, name: str, index: int) -> dict:
         per_round = self.samples.get((name, index), {})
         return {metric: iv.interval([v[metric] for v in per_round.values() if metric in v]) for metric in METRICS
@@ -202,17 +208,17 @@ class Run:
 def spread(run: Run) -> dict:
     """{metric: intervals.spread_parts of the entries' per-round geomeans over the shapes}: how much of a round's
     spread the round's machine shares across entries and how much is each entry's own pool (a pool is born anew each
-    round). Failed entries are left out."""
+    round); and "visit", each visit's own part (intervals.visit_spread). Failed entries are left out."""
     out = {}
     for metric in METRICS:
-        per_entry = {}
+        per_entry, cases = {}, {}
         for entry in run.entries:
             per_case = {i: {r: v[metric] for r, v in run.samples.get((entry.name, i), {}).items() if metric in v}
                         for i in range(len(run.cases))}
             if (values := iv.geomean_by_round(per_case)) and entry.name not in run.failed:
-                per_entry[entry.name] = values
+                per_entry[entry.name], cases[entry.name] = values, per_case
         if parts := iv.spread_parts(per_entry):
-            out[metric] = parts
+            out[metric] = {**parts, "visit": iv.visit_spread(cases)}
     return out
 
 

@@ -82,6 +82,27 @@ def spread_parts(per_entry: dict) -> Optional[dict]:
             "rounds": len(rounds)}
 
 
+def visit_spread(per_entry: dict) -> Optional[float]:
+    """The part of the spread that is each visit's own, from {entry: {case: {round: value}}}: the log of a visit's
+    value less its (entry, case) mean and less its pool's mean over the shapes (the pool: an entry's round). Where it
+    outweighs the pool's part, more visits per pool narrow a figure more than more pools do. None with no pool of two
+    shapes."""
+    own = []
+    for per_case in per_entry.values():
+        centred: dict = {}
+        for values in per_case.values():
+            if len(values) < 2:
+                continue
+            logs = {r: math.log(v) for r, v in values.items()}
+            mean = statistics.fmean(logs.values())
+            for r, x in logs.items():
+                centred.setdefault(r, []).append(x - mean)
+        for pool in centred.values():
+            if len(pool) >= 2:
+                own += [x - statistics.fmean(pool) for x in pool]
+    return statistics.stdev(own) if len(own) >= 2 else None
+
+
 def ranks_with_ties(intervals: dict) -> dict:
     """{entry: (rank, [entries tied with it])}: an entry's rank is one more than the number of entries whose center
     lies below its own; entries whose intervals overlap are named as tied. NOTES: by center, not by how far an

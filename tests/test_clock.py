@@ -4,6 +4,7 @@ seed, the stopping rule."""
 import math
 import os
 import random
+import statistics
 import sys
 import threading
 from pathlib import Path
@@ -55,6 +56,18 @@ def test_the_rounds_spread_splits_into_the_rounds_machine_and_each_entrys_pool()
     assert parts["round"] == pytest.approx(0.2) and parts["pool"] == pytest.approx(math.sqrt(0.01 / 5))
     assert (parts["entries"], parts["rounds"]) == (2, 3)
     assert iv.spread_parts({"A": per_entry["A"]}) is None
+
+
+def test_a_visits_own_spread_is_what_its_pool_and_its_shape_do_not_explain():
+    """Shapes at their own levels, pools (an entry's round) moving all their shapes by -0.3/+0.3 in the log, and
+    visits of +-0.1 each: the visit part comes back alone (SD of 0.1, -0.1 over the 8 visits), the pools' moves
+    taken out; a pool of one shape counts no visit."""
+    pools, visits = [-0.3, 0.3], [0.1, -0.1]
+    per_case = {i: {r: math.exp(level + pools[r] + visits[(i + r) % 2]) for r in range(2)}
+                for i, level in enumerate((2.0, 4.0))}
+    spread = iv.visit_spread({"A": per_case, "B": per_case})
+    assert spread == pytest.approx(statistics.stdev([0.1, -0.1] * 4))
+    assert iv.visit_spread({"A": {0: per_case[0]}}) is None
 
 
 def test_entries_rank_by_center_and_name_the_ones_whose_intervals_overlap():

@@ -121,7 +121,7 @@ def _synthetic() -> tuple[pd.DataFrame, dict]:
 META = {"device": "test", "world_size": 2, "placement": "2 ranks on 2 GPUs, one each", "backend": "nccl",
         "mode": "benchmark", "date": "2026-11-22", "commit": "abc", "skipped": [], "clocks": "GPU clocks not locked",
         "throttled_visits": 1, "rounds": 8, "wall_s": 100, "clock_seed": 7, "guards": "test",
-        "spread": {"owner": {"round": 0.1, "pool": 0.15, "entries": 3, "rounds": 8},
+        "spread": {"owner": {"round": 0.1, "pool": 0.15, "visit": 0.09, "entries": 3, "rounds": 8},
                    "held": {"round": 0.02, "pool": 0.04, "entries": 3, "rounds": 8}}}
 
 
@@ -148,8 +148,7 @@ def test_tables_show_intervals_ties_the_mark_and_a_sync_fallback():
     assert f"Mark geomean (SOL here, dedup, plus the handshake's call time, per shape): " \
            f"{geomean([28 * s for _, s in SHAPES]):.1f} µs." in text
     assert "throttled visits left out: 1" in text and "GPU clocks not locked" in text
-    assert "(SD of the log, shared by the round and each pool's own): owner's step 0.100 and 0.150; held 0.020 " \
-           "and 0.040" in text, text
+    assert "each visit's own): owner's step 0.100, 0.150 and 0.090; held 0.020 and 0.040" in text, text
     assert "150.0 [142.5, 157.5]" in text  # v2's call time on the first shape, in the per-shape table
 
 
@@ -277,3 +276,40 @@ def test_the_spread_line_says_whether_ranks_were_pinned():
     assert "A2A_PIN_CPUS=31" in lines["[31]"]
     owner = run_leaderboard._spread_line({"spread": spread, "settings": {"pinned_cpus": [], "owner_cpu": 5}})[0]
     assert owner.endswith("(no rank pinned; the owner on CPU 5 while it visits, A2A_PIN_OWNER_CPU=5)"), owner
+
+
+def test_a_stability_run_keeps_each_runs_samples_and_spread(tmp_path, monkeypatch, capsys):
+    """Each run of `--stability` keeps its visits' samples and the split of its spread (round, pool) in results.json,
+    so that where a run-to-run gap comes from can be worked out after the device is gone (twenty-fifth session: the
+    world-size-4 runs kept only their geomeans). The clock here is synthetic: one entry's figures move with the run."""
+    import dataclasses
+
+    import run_leaderboard
+    from a2a import plan as planning
+
+    plan = planning.make_plan(["v1"], "benchmarks:0,1", 2, "gloo")
+    made = []
+
+    def fake_time_entries(plan, entries, settings, progress):
+        scale = 1.0 + 0.1 * len(made)
+        entries = list(entries) + [clock.Entry("other", "empty")]  # a spread's split takes two entries
+        samples = {(e.name, i): {r: {"owner": scale * (100 + 10 * n + i + r), "held": 5.0 + n + r / 10}
+                                 for r in range(3)}
+                   for n, e in enumerate(entries) for i in range(len(plan.case_args))}
+        made.append(settings.order)
+        return clock.Run(entries, plan.case_args, samples, {}, {}, set(), [1, 2, 3], 7, [], 0, "test", 1.0, 3,
+                         [], [], [], [])
+
+    monkeypatch.setattr(clock, "time_entries", fake_time_entries)
+    settings = dataclasses.replace(clock.Settings(), targets=())
+    assert run_leaderboard.stability(plan, settings, 2, False, tmp_path, progress=lambda _: None) == 0
+    assert made[-1] == tuple(reversed(made[0])) and len(made) == 3
+    saved = json.loads(next(tmp_path.glob("*/results.json")).read_text())
+    names = list(made[0]) + ["other"]
+    for number, run in enumerate(saved["runs"]):
+        assert {(s["entry"], s["case"], s["round"]) for s in run["samples"]} == \
+            {(n, i, r) for n in names for i in range(2) for r in range(3)}
+        first = next(s for s in run["samples"] if (s["entry"], s["case"], s["round"]) == (names[0], 1, 2))
+        assert first["owner"] == pytest.approx((1.0 + 0.1 * number) * 103)
+        assert set(run["spread"]) == {"owner", "held"} and run["spread"]["owner"]["rounds"] == 3
+    capsys.readouterr()
