@@ -93,8 +93,7 @@ FAILED_PEER_GRACE_S = 10.0  # after one rank of a case failed, how long the othe
 DEFAULT_MASTER_PORT = 12356  # the runner's fixed rendezvous port
 # Moves the protocol face's fixed port (never set by the runner): runs side by side, each on a port of its own.
 MASTER_PORT_ENV = "A2A_MASTER_PORT"
-# The judge's own run (the human face sets it; the runner never does): keyed seeds from the secret and a fresh
-# input in every timed step of benchmark mode too (judge.Seeds).
+# The judge's own run (the human face sets it; never the runner): keyed seeds, fresh inputs in benchmark mode too.
 JUDGE_ENV = "A2A_JUDGE"
 MAX_REPEATS = 100
 LEADERBOARD_SEED_STEP = 13  # the runner's step between leaderboard mode's seeds (the judge draws its own)
@@ -126,8 +125,7 @@ class Terminated(BaseException):
 
 
 def _raise_terminated(signum, _frame):
-    # The clean-up that follows must not be cut short by a second signal (seen: a second SIGTERM while the pool was
-    # being killed left a submission's child behind).
+    # The clean-up must not be cut short by a second signal (one while the pool was killed left a child behind).
     for other in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(other, signal.SIG_IGN)
     raise Terminated(signum)
@@ -812,25 +810,26 @@ def _rank_steps(b: Bound, test: TestCase, rank: int, cases: list, regions: dict)
 FLOOR_STEPS = 10  # floor steps before a timed loop (human face): the owner's step with no call, its handshake's cost
 
 
-def _rank_profile(b: Bound, test: TestCase, rank: int):
+def profiled_steps(rank: int, world_size: int, cases: list, regions: dict) -> list:
+    """Profile mode's rank (the "call" job): the owner's steps (its input, its check: red team 29 passed zeros and
+    read a seed when a rank made its own input), each call under torch.profiler; the last one's rows, plain data."""
     from torch.profiler import ProfilerActivity, profile
 
-    generate_input, _ = b.reference
-    custom_kernel = import_submission()
-    _set_phase("generating input")
-    data = clone_data(generate_input(**test.args, rank=rank), rank, b)
-    synchronize(b)
+    b, custom_kernel, rows = bound(), import_submission(), []
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu() else [])
-    _set_phase("profiling")
-    with profile(activities=activities) as prof:
-        custom_kernel(data)
+
+    def call(data):
         synchronize(b)
-    rows = []
-    for event in prof.key_averages():  # plain rows: the owner unpickles nothing a rank chose
-        rows.append({"key": str(event.key), "count": int(event.count),
-                     **{name: float(next((getattr(event, a) for a in attrs if hasattr(event, a)), 0.0))
-                        for name, attrs in PROFILE_TOTALS.items()}})
-    return True, rows
+        with profile(activities=activities) as prof:
+            output = custom_kernel(data)
+            synchronize(b)
+        rows[:] = [{"key": str(event.key), "count": int(event.count),
+                    **{name: float(next((getattr(event, a) for a in attrs if hasattr(event, a)), 0.0))
+                       for name, attrs in PROFILE_TOTALS.items()}} for event in prof.key_averages()]
+        return output
+
+    run_steps(rank, world_size, cases, regions, lambda _case: call)
+    return rows
 
 
 def _rank_call(b: Bound, test: TestCase, rank: int, fn, args: tuple):
@@ -839,7 +838,7 @@ def _rank_call(b: Bound, test: TestCase, rank: int, fn, args: tuple):
     return True, fn(rank, test.args["world_size"], *args)
 
 
-_RANK_JOBS = {"steps": _rank_steps, "profile": _rank_profile, "call": _rank_call}
+_RANK_JOBS = {"steps": _rank_steps, "call": _rank_call}
 
 
 def _join_group(rank: int, world_size: int, setup: RankSetup, case_id: int):
@@ -956,8 +955,7 @@ def _worker_loop(conn, parent_pid: int, sandbox: Optional[RankSandbox] = None, b
     _owner_conn = conn
     out, err, phase = fds or receive_fds(3)
     # NOTES: nothing inherited stays open, the owner's helpers' pipes above all (red team 19: a spawned rank wrote to
-    # multiprocessing's resource tracker, a root process outside the pool: raw text on the judge's stderr, 2.4 GB of
-    # its memory past the pool's cap)
+    # multiprocessing's resource tracker, a root process outside the pool, 2.4 GB past the pool's cap)
     close_all_but((0, 1, 2, conn.fileno(), out, err, phase))
     _phase_slot = PhaseSlot(phase)
     os.close(phase)  # the map holds its own reference
@@ -1045,9 +1043,8 @@ class CaseRun:
                 pool.workers[slot] = pool._start()
         self.case_id, pool.cases_run = pool.cases_run, pool.cases_run + 1
         setup = pool._setup()
-        # The ranks get the case's shape, never a seed (the owner makes their inputs; a runner's case seed inverts to
-        # its secret) nor the spec line; only profile mode, where a rank makes its own input, gets the case's seed.
-        args = {k: v for k, v in test.args.items() if k != "seed" or job == "profile"}
+        # The ranks get the case's shape, never a seed (a runner's case seed inverts to its secret) nor the spec.
+        args = {k: v for k, v in test.args.items() if k != "seed"}
         sent = TestCase(args=args, spec="")
         self.violation: Optional[str] = None
         for rank, slot in enumerate(self.slots):
@@ -1637,8 +1634,8 @@ class ProtocolRun:
     fresh: bool
     import_logged: bool = False
 
-    def start(self, test: TestCase, mode: str) -> CaseSteps:
-        return CaseSteps(self.pool, test, [test.args], self.timeout_s or OFFICIAL_TIMEOUT_S[mode])
+    def start(self, test: TestCase, mode: str, fn: Optional[Callable] = None) -> CaseSteps:
+        return CaseSteps(self.pool, test, [test.args], self.timeout_s or OFFICIAL_TIMEOUT_S[mode], fn)
 
     @staticmethod
     def inputs(test: TestCase, seed: int) -> list:
@@ -1822,8 +1819,11 @@ def run_profiling(run: ProtocolRun, tests: list[TestCase]) -> int:
     run.logger.log("benchmark-count", len(tests))
     for idx, test in enumerate(tests):
         run.logger.log(f"benchmark.{idx}.spec", test.spec)
-        started = time.monotonic()
-        results = run.ended(run.pool.run("profile", test, run.timeout_s or OFFICIAL_TIMEOUT_S["profile"]), started)
+        inputs = run.inputs(test, run.seeds.case_seed(idx, test.args["seed"]))
+        steps, problems = run.start(test, "profile", profiled_steps), None
+        with contextlib.suppress(judge.RankEnded, judge.Missed):  # the ranks' failures are read below
+            problems = steps.step(judge.CALL, 0, inputs).problems
+        results = step_failures(run.ended(steps.finish(), steps.started), problems, "custom_kernel")
         unfit = [rank for rank, r in enumerate(results) if r.ok and not profile_rows_fit(r.value)]
         if unfit or not all(r.ok for r in results):
             passed = False

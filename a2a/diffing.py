@@ -25,9 +25,11 @@ import difflib
 import math
 import re
 import statistics
+import tokenize
 from pathlib import Path
 
 import wire
+from eval import UserError
 
 DEVICE_STRINGS = ("KERNELS", "BINDING")
 RENAME_SIMILARITY = 0.8
@@ -42,10 +44,38 @@ STEPS = 8  # steps of each kind per visit
 # --------------------------------------------------------------------------------------------------------------
 
 
+def read_source(path: Path) -> str:
+    """A version file's text as Python reads it (its coding line honoured, newlines made "\\n"); bad input (113)
+    where Python could not read or parse it (red team 29: a latin-1 file ended diff.py with 114)."""
+    try:
+        with tokenize.open(path) as file:
+            text = file.read()
+        ast.parse(text)
+    except (OSError, SyntaxError, UnicodeError, ValueError, RecursionError, MemoryError) as error:
+        raise UserError(f"{path}: not a Python file Python can read ({type(error).__name__})") from None
+    return text
+
+
+def lines_of(text: str) -> list:
+    """The lines as Python's tokenizer counts them: split at "\\n" only (str.splitlines also splits at U+2028 and
+    others, which moved every later line against the syntax tree's numbers: red team 29 hid two lines that run)."""
+    lines = text.split("\n")
+    return [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+
+
+def _offset(lines: list, starts: list, lineno: int, col_bytes: int) -> int:
+    """A syntax tree position (1-based line, UTF-8 byte column) as an index into the text."""
+    return starts[lineno - 1] + len(lines[lineno - 1].encode()[:col_bytes].decode(errors="ignore"))
+
+
 def split_source(text: str) -> dict:
-    """{"KERNELS": device source, "BINDING": torch layer, "python": the rest, each device string replaced by one
-    placeholder line}."""
-    lines = text.splitlines(keepends=True)
+    """{"KERNELS": device source, "BINDING": torch layer, "python": the rest, each device string's assignment replaced
+    by a placeholder and nothing else of its lines (red team 29: a statement after the string on its closing line
+    was cut from the diff with it)."""
+    lines = lines_of(text)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
     parts = {name: "" for name in DEVICE_STRINGS}
     spans = []
     for node in ast.parse(text).body:
@@ -53,27 +83,34 @@ def split_source(text: str) -> dict:
             names = [t.id for t in node.targets if isinstance(t, ast.Name) and t.id in DEVICE_STRINGS]
             if names:
                 parts[names[0]] = node.value.value
-                spans.append((node.lineno - 1, node.end_lineno, names[0]))
+                spans.append((_offset(lines, starts, node.lineno, node.col_offset),
+                              _offset(lines, starts, node.end_lineno, node.end_col_offset), names[0]))
     python, position = [], 0
     for start, end, name in sorted(spans):
-        python += lines[position:start] + [f"{name} = \"<device source, diffed on its own>\"\n"]
+        python += [text[position:start], f"{name} = \"<device source, diffed on its own>\""]
         position = end
-    parts["python"] = "".join(python + lines[position:])
+    parts["python"] = "".join(python + [text[position:]])
     return parts
 
 
-_DEVICE_FUNCTION = re.compile(r"^(?:template\s*<[^>]*>\s*)?(?:[\w:<>*&,]+\s+)+?\**(\w+)\s*\([^;{]*\)\s*(?:const\s*)?\{",
-                              re.MULTILINE)
+# NOTES: linear in the text: a parameter list nests one level of parentheses at most and stays off `;{}`, a return
+# type is at most 8 words, a template's list stays on its line (red team 29: `[^;{]*` across lines made 1.25 MB of
+# "a b(" lines take hours). __launch_bounds__(...) is an attribute, not the function's name.
+_DEVICE_FUNCTION = re.compile(r"^(?:template[ \t]*<[^<>;{}\n]*>\s*)?"
+                              r"(?:(?:__launch_bounds__\([^()\n]*\)|[\w:<>*&,]+)[ \t\n]+){1,8}?"
+                              r"\**(\w+)[ \t]*\((?:[^;{}()]|\([^;{}()]*\))*\)\s*(?:const\s*)?\{", re.MULTILINE)
+RENAME_BODY_CHARS = 1 << 16  # bodies compared for renames (difflib's ratio grows with the square of the length)
 
 
 def functions(source: str, device: bool) -> dict:
     """name -> body text (for rename matching): top-level functions and kernels of a device source, functions and
-    classes of Python (methods count as Class.method)."""
+    classes of Python (methods count as Class.method), each body as written (ast.unparse recursed past Python's
+    limit on a long sum: red team 29)."""
     if not device:
         found = {}
         for node in ast.walk(ast.parse(source)) if source.strip() else []:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                found[node.name] = ast.unparse(node).split("\n", 1)[-1]
+                found[node.name] = (ast.get_source_segment(source, node) or "").split("\n", 1)[-1]
         return found
     found = {}
     for match in _DEVICE_FUNCTION.finditer(source):
@@ -93,7 +130,7 @@ def renames(old: dict, new: dict) -> list:
     found = []
     for name in gone:
         scored = [(difflib.SequenceMatcher(None, old[name].replace(name, "#"), new[c].replace(c, "#")).ratio(), c)
-                  for c in came]
+                  for c in came if max(len(old[name]), len(new[c])) <= RENAME_BODY_CHARS]
         if scored:
             score, best = max(scored)
             if score >= RENAME_SIMILARITY:
@@ -113,10 +150,10 @@ class SectionDiff:
 
 def code_diff(path_a: Path, path_b: Path) -> list:
     """One SectionDiff per part (KERNELS, BINDING, python)."""
-    a, b = split_source(path_a.read_text()), split_source(path_b.read_text())
+    a, b = split_source(read_source(path_a)), split_source(read_source(path_b))
     out = []
     for section in DEVICE_STRINGS + ("python",):
-        lines = list(difflib.unified_diff(a[section].splitlines(keepends=True), b[section].splitlines(keepends=True),
+        lines = list(difflib.unified_diff(lines_of(a[section]), lines_of(b[section]),
                                           fromfile=f"{path_a.stem}:{section}", tofile=f"{path_b.stem}:{section}"))
         body = [line for line in lines if not line.startswith(("---", "+++"))]
         device = section != "python"

@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from a2a import diffing
 from tests.conftest import ROOT, V1
 
@@ -55,6 +57,60 @@ def test_code_diff_of_two_small_files_is_exact(tmp_path):
     assert diffing.code_summary([kernels, binding, python]).splitlines() == [
         "KERNELS: +2 -2 lines; renamed scale -> scale_rows (100% alike)", "BINDING: +0 -0 lines",
         "python: +1 -1 lines"]
+
+
+def _code_diff_against_old(tmp_path, text, encoding="utf-8") -> list:
+    old, new = tmp_path / "old.py", tmp_path / "new.py"
+    old.write_text(OLD)
+    new.write_bytes(text.encode(encoding))
+    return diffing.code_diff(old, new)
+
+
+def _added(section) -> str:
+    return "".join(line[1:] for line in section.unified.splitlines(keepends=True)
+                   if line.startswith("+") and not line.startswith("+++"))
+
+
+def test_every_line_that_runs_is_in_the_python_diff(tmp_path):
+    """Red team 29: a statement after a device string on its closing line, and lines after a comment holding U+2028
+    (str.splitlines breaks there, Python's tokenizer does not), were cut from the python part; both now show."""
+    text = OLD.replace('BINDING = "void bind() {}"', 'BINDING = "void bind() {}"; import os as ran_1') + \
+        "# a line separator \u2028 inside a comment\nimport sys as ran_2\n"
+    *_, python = _code_diff_against_old(tmp_path, text)
+    assert "; import os as ran_1" in _added(python) and "import sys as ran_2\n" in _added(python), python.unified
+
+
+def test_the_code_diff_reads_any_file_python_reads_in_time_linear_in_its_size(tmp_path):
+    """Red team 29: a latin-1 file with its coding line (114: UnicodeDecodeError), a sum of 600 terms (114:
+    ast.unparse's recursion) and a device string of 1.25 MB of "a b(" lines (a regex that backtracked for hours)."""
+    import signal
+
+    kernels, _, python = _code_diff_against_old(tmp_path, "# -*- coding: latin-1 -*-\n# caf\u00e9\n" + OLD, "latin-1")
+    assert "# caf\u00e9\n" in _added(python)
+    _, _, python = _code_diff_against_old(tmp_path, OLD + "\n\ndef six_hundred():\n    return " + "+".join("1" * 600))
+    assert "def six_hundred():" in _added(python)
+    def too_long(*_):
+        raise TimeoutError("the code diff ran past 30 s")  # re checks signals as it matches
+
+    before = signal.signal(signal.SIGALRM, too_long)
+    try:
+        for line in ("a b(\n", "a " * 30 + "\n", "template <" * 3 + "\n"):
+            signal.alarm(30)
+            kernels, *_ = _code_diff_against_old(tmp_path, OLD.replace('KERNELS = r"""', 'KERNELS = r"""' + line * 40000))
+            signal.alarm(0)
+            assert kernels.added >= 40000
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+    (tmp_path / "bad.py").write_bytes(b"x = '\xe9'\n")
+    with pytest.raises(diffing.UserError, match="bad.py: not a Python file Python can read"):
+        diffing.code_diff(tmp_path / "old.py", tmp_path / "bad.py")
+
+
+def test_a_kernels_name_is_not_its_launch_bounds():
+    source = ("__global__ void __launch_bounds__(256, 1) all2all_kernel(Params p) {\n}\n"
+              "__device__ void route(const Params& p, int (*first)[8]) {\n  x();\n}\n")
+    assert list(diffing.functions(source, device=True)) == ["all2all_kernel", "route"]
 
 
 def _diff(tmp_path, a: str, b: str):

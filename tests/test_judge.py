@@ -2395,6 +2395,62 @@ def test_a_mistyped_result_costs_the_clock_no_other_entrys_results(tmp_path):
     assert rows[path]["status"] == "fail" and "does not fit" in rows[path]["error"], rows
 
 
+# Profile mode (red team 29): zeros, and a look through the callers' frames for anything holding a case's seed (the
+# rank made its own input from the case's seed there, checked nothing, and the seed inverted to POPCORN_SEED).
+ZEROS_LOOKING_FOR_A_SEED = '''
+def custom_kernel(data):
+    import torch
+
+    frame, seeds = _sys._getframe(1), 0
+    while frame is not None:
+        for value in list(frame.f_locals.values()):
+            args = getattr(value, "args", None)
+            seeds += isinstance(args, dict) and "seed" in args
+        frame = frame.f_back
+    _say("seeds", seeds)
+    return torch.zeros_like(_v1_kernel(data))
+'''
+
+
+@pytest.mark.parametrize("face", every_time(FACES, "protocol"))
+def test_profile_mode_checks_the_owners_input_and_hands_a_rank_no_seed(tmp_path, face):
+    """Profile mode is an owner's step like every other: the owner makes the input and checks the output (zeros
+    fail with 112), and no frame of the rank holds a case's seed."""
+    outcome = run_face(face, "profile", tmp_path, hostile(ZEROS_LOOKING_FOR_A_SEED))
+    assert outcome.said("seeds") and all(words == ["0"] for words in outcome.said("seeds")), str(outcome)
+    assert_fails(outcome, *WRONG_OUTPUT)
+
+
+# The human face's floor steps run in the rank (red team 29): slowed 20 ms each, the floor read above the submission's
+# own timed steps, as if its call were free.
+SLOWED_FLOOR = '''
+import judge as _judge
+
+_done = _judge.RankChannel.done
+
+
+def _slow_floor_done(self, *args):
+    if self.field(_judge.KIND) == _judge.FLOOR:
+        _time.sleep(0.02)
+    return _done(self, *args)
+
+
+_judge.RankChannel.done = _slow_floor_done
+
+
+def custom_kernel(data):
+    return _honest(data)
+'''
+
+
+def test_a_floor_a_rank_slowed_past_its_own_timed_steps_is_void(tmp_path):
+    outcome = run_face("human", "benchmark", tmp_path, hostile(SLOWED_FLOOR))
+    assert outcome.code == 0 and "void (above p90)" in outcome.out, str(outcome)
+    honest = run_face("human", "benchmark", tmp_path / "honest", hostile("\ndef custom_kernel(data):\n"
+                                                                         "    return _honest(data)\n"))
+    assert honest.code == 0 and "void (above p90)" not in honest.out, str(honest)
+
+
 # Right answers, then a failed result whose build log is 1 MiB of the rank's choosing, different in every rank and
 # case (red team 13: four 16 MiB files of a rank's content written by root into the repository's build/logs, kept).
 BUILD_LOG_FLOOD = '''
