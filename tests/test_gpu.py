@@ -551,6 +551,16 @@ def test_benchmark_reports_device_time_and_floor():
     assert 0 < case["device_mean_us"] < case["mean_us"] and 0 < case["floor_mean_us"] < case["mean_us"]
 
 
+def test_profile_mode_profiles_a_call_on_the_owners_input_and_checks_it():
+    """Profile mode is an owner's step (red team 29): the newest version profiled at the largest world size with a
+    GPU per rank where there are GPUs enough, its output checked; the report sums what the ranks ran on devices."""
+    result = evaluate(make_plan(VERSIONS[-1], "benchmarks:0", largest(), "nccl"), "profile", **QUIET)
+    (case,) = result.cases
+    assert result.exit_code == 0 and case["status"] == "pass" and "self_device_us" in case["report"], case
+    device_us = [float(row.split()[-2]) for row in case["report"].split(" | ")[2:] if len(row.split()) >= 6]
+    assert device_us and max(device_us) > 0, case["report"]
+
+
 def _pattern(size: int, device: str):
     import torch
 
