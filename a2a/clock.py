@@ -559,9 +559,15 @@ class Clock:
         return entry_intervals(self.samples, entry.name, len(self.plan.case_args))
 
     def _stop_reason(self, entry: Entry, cap: str) -> str:
-        missed = iv.unmet(self._intervals(entry), self.settings.targets)
-        return cap + ("; " + ", ".join(f"{m} ±{100 * hw:.1f}% (target {100 * t:g}%)" for m, hw, t in missed)
-                      if missed else "")
+        """Why an entry left the rounds, with each target it missed and about how many rounds would meet it."""
+        found = self._intervals(entry)
+        missed = iv.unmet(found, self.settings.targets)
+
+        def rounds(metric: str, target: float) -> str:
+            need = iv.rounds_to_meet(found[metric], target)
+            return f", about {need} rounds" if need else ""
+        return cap + ("; " + ", ".join(f"{m} ±{100 * hw:.1f}% (target {100 * t:g}%{rounds(m, t)})"
+                                       for m, hw, t in missed) if missed else "")
 
 
 def time_entries(plan, entries: list, settings: Settings, progress=print) -> Run:

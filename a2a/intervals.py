@@ -122,6 +122,20 @@ class Target(NamedTuple):
     half_width: float  # the relative half-width at which this metric's interval is sure enough
 
 
+def rounds_to_meet(found: Interval, target: float, confidence: float = CONFIDENCE, most: int = 10_000) -> Optional[int]:
+    """How many rounds an interval like `found` (the same spread of round values) would take to reach a relative
+    half-width of `target`: what a run's time cap would have to allow. None where `found` has no spread to go by."""
+    from scipy import stats
+
+    n = found.rounds
+    if n < 2 or not math.isfinite(found.half_width):
+        return None
+    sd = math.asinh(found.half_width) * math.sqrt(n) / stats.t.ppf(0.5 + confidence / 2, n - 1)
+    goal = math.asinh(target)
+    return next((k for k in range(2, most + 1) if stats.t.ppf(0.5 + confidence / 2, k - 1) * sd / math.sqrt(k) <= goal),
+                None)
+
+
 def unmet(intervals: dict, targets: Sequence[Target]) -> list:
     """The targets an entry's intervals ({metric: Interval}) do not meet yet, as (metric, half-width, target)."""
     return [(t.metric, intervals[t.metric].half_width, t.half_width) for t in targets

@@ -70,6 +70,19 @@ def test_a_visits_own_spread_is_what_its_pool_and_its_shape_do_not_explain():
     assert iv.visit_spread({"A": {0: per_case[0]}}) is None
 
 
+def test_the_rounds_a_target_needs_follow_from_the_spread_seen():
+    """An interval of n rounds whose half-width is twice the target needs about 4n rounds (a little less: t shrinks
+    with n); meeting it already needs no more than it has; one round says nothing."""
+    values = [math.exp(x) for x in (0.1, -0.1, 0.05, -0.05, 0.0, 0.08, -0.08, 0.02)]
+    found = iv.interval(values)
+    need = iv.rounds_to_meet(found, found.half_width / 2)
+    assert 3 * found.rounds < need <= 4 * found.rounds, (need, found)
+    repeated = values * math.ceil(need / len(values))  # the same spread over at least that many rounds meets it
+    assert iv.interval(repeated).half_width <= found.half_width / 2 * 1.02
+    assert iv.rounds_to_meet(found, found.half_width) <= found.rounds
+    assert iv.rounds_to_meet(iv.interval([1.0]), 0.03) is None
+
+
 def test_entries_rank_by_center_and_name_the_ones_whose_intervals_overlap():
     found = {"a": iv.Interval(10, 9, 11, 5), "b": iv.Interval(10.5, 10.8, 12, 5), "c": iv.Interval(12, 11.5, 13, 5),
              "d": iv.Interval(30, 29, 31, 5)}
