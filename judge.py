@@ -260,6 +260,7 @@ class Channel(_Header):
         self.go_read, self.go_write = os.pipe()
         self.done_read, self.done_write = os.pipe()
         os.set_blocking(self.done_read, False)
+        os.set_blocking(self.go_write, False)  # a rank that never reads its bytes never holds the owner
         self._given = False
         self.exported = None
 
@@ -280,8 +281,16 @@ class Channel(_Header):
         _FIELD.pack_into(self.memory, _offset(index), value)
 
     def go(self, seq: int, kind: int, case: int, tokens: int, hold_cycles: int = 0) -> None:
+        self.post(seq, kind, case, tokens, hold_cycles)
+        self.wake()
+
+    def post(self, seq: int, kind: int, case: int, tokens: int, hold_cycles: int = 0) -> None:
+        """The step's words, SEQ last: a spinning rank starts when it sees SEQ."""
         for index, value in ((KIND, kind), (CASE, case), (TOKENS, tokens), (HOLD_CYCLES, hold_cycles), (SEQ, seq)):
             self.set(index, value)
+
+    def wake(self) -> None:
+        """The pipe's byte, which wakes a rank blocked on it (a spinning one reads it by its `done`)."""
         try:
             os.write(self.go_write, b"g")
         except (BrokenPipeError, BlockingIOError):  # a rank that is gone, or that never reads: the wait says so
@@ -413,8 +422,13 @@ class Steps:
         self._place(case, views, inputs)
         hold = self.hold_cycles if kind == HELD else 0
         placed = clock()
+        # NOTES: every rank's words first, then every pipe's byte: a spinning rank starts at its SEQ, so the ranks
+        # start within a few µs of each other, where a pipe write between one rank's words and the next's put
+        # (world size - 1) writes between the first rank's start and the last's.
         for channel, inp in zip(self.channels, inputs):
-            channel.go(self.seq, kind, case, inp.num_tokens, hold)
+            channel.post(self.seq, kind, case, inp.num_tokens, hold)
+        for channel in self.channels:
+            channel.wake()
         self._wait(self.seq, deadline)
         outputs, copied = self._collect(views, clock)
         end = clock()
@@ -592,6 +606,7 @@ class RankChannel(_Header):
         self.seq = 0
         self.spin_ns = 0
         self.go_cpu_ns = 0
+        self.owed = False  # a step's byte on `go` not read yet
 
     def close(self) -> None:
         if self.shared is not None:
@@ -603,7 +618,9 @@ class RankChannel(_Header):
         spin_until = time.perf_counter_ns() + self.spin_ns
         while self.field(SEQ) <= self.seq and time.perf_counter_ns() < spin_until:
             pass
-        if not os.read(self.go_read, 1):
+        if self.field(SEQ) > self.seq:  # started by its words: the byte the owner writes after every rank's words
+            self.owed = True  # is read at `done`, not waited for now
+        elif not os.read(self.go_read, 1):
             return STOP, 0, 0
         self.seq = self.field(SEQ)
         self.stamp(GO_SEEN_NS)
@@ -618,6 +635,9 @@ class RankChannel(_Header):
             _FIELD.pack_into(self.memory, _offset(CPU_BEFORE_NS), time.thread_time_ns() - self.go_cpu_ns)
 
     def done(self, status: int, call_ns: float, held_ns: float, held_ok: bool) -> None:
+        if self.owed:
+            self.owed = False
+            os.read(self.go_read, 1)
         _FIELD.pack_into(self.memory, _offset(STATUS), status)
         _REAL.pack_into(self.memory, _offset(CALL_NS), call_ns)
         _REAL.pack_into(self.memory, _offset(HELD_NS), held_ns)

@@ -2663,3 +2663,39 @@ def test_a_steps_input_is_one_short_span_whatever_the_largest_case():
                 assert first <= start and start + views[name].numel() * views[name].element_size() <= end, name
             small = regions["x"] - regions[judge.INPUT_REGIONS[0]]
             assert end - first == small + tokens * args["hidden_dim"] * 2
+
+
+def test_a_spinning_rank_starts_at_its_words_and_reads_its_byte_by_done():
+    """The owner posts every rank's words before any pipe byte (judge.Steps.step), so a spinning rank starts at its
+    SEQ, not at a byte written after the other ranks' words; it reads that byte at `done`, leaving its pipe empty
+    for the next step. A rank that does not spin still waits on the byte, whose words are already there."""
+    import judge
+
+    case = {"num_experts": 8, "experts_per_token": 2, "hidden_dim": 256, "max_num_tokens": 4}
+    owner = judge.Channel([case])
+    rank = judge.RankChannel(owner.for_rank(), owner.regions)
+
+    def blocked(*_):
+        raise TimeoutError("the rank waited on a byte the owner writes only after every rank's words")
+    before = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(10)
+    try:
+        rank.spin_ns = 10 ** 9
+        owner.post(1, judge.CALL, 0, 3)  # no byte yet
+        assert rank.wait() == (judge.CALL, 0, 3) and rank.owed
+        owner.wake()
+        rank.done(0, 1.0, 1.0, True)
+        with pytest.raises(BlockingIOError):  # the byte was read by done: nothing left for the next step
+            os.set_blocking(rank.go_read, False)
+            os.read(rank.go_read, 1)
+        os.set_blocking(rank.go_read, True)
+        rank.spin_ns = 0
+        later = threading.Timer(0.2, lambda: (owner.post(2, judge.HELD, 0, 4), owner.wake()))
+        later.start()
+        assert rank.wait() == (judge.HELD, 0, 4) and not rank.owed
+        later.join()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+        rank.memory.close()
+        owner.close()
