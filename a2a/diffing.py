@@ -27,6 +27,7 @@ import re
 import statistics
 import tokenize
 from pathlib import Path
+from typing import Optional
 
 import wire
 from eval import UserError
@@ -77,14 +78,19 @@ def split_source(text: str) -> dict:
     for line in lines:
         starts.append(starts[-1] + len(line))
     parts = {name: "" for name in DEVICE_STRINGS}
+    tree = ast.parse(text)
+    # NOTES: only a name bound once in the whole module, by a top-level assignment of one target, becomes a
+    # placeholder; every other binding of it stays in the python text (red team 30: a first KERNELS ran as code, a
+    # second, a decoy, was the one diffed).
+    bound = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
     spans = []
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            names = [t.id for t in node.targets if isinstance(t, ast.Name) and t.id in DEVICE_STRINGS]
-            if names:
-                parts[names[0]] = node.value.value
-                spans.append((_offset(lines, starts, node.lineno, node.col_offset),
-                              _offset(lines, starts, node.end_lineno, node.end_col_offset), names[0]))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str) \
+                and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and bound.count(name := node.targets[0].id) == 1:
+            parts[name] = node.value.value
+            spans.append((_offset(lines, starts, node.lineno, node.col_offset),
+                          _offset(lines, starts, node.end_lineno, node.end_col_offset), name))
     python, position = [], 0
     for start, end, name in sorted(spans):
         python += [text[position:start], f"{name} = \"<device source, diffed on its own>\""]
@@ -100,26 +106,42 @@ _DEVICE_FUNCTION = re.compile(r"^(?:template[ \t]*<[^<>;{}\n]*>\s*)?"
                               r"(?:(?:__launch_bounds__\([^()\n]*\)|[\w:<>*&,]+)[ \t\n]+){1,8}?"
                               r"\**(\w+)[ \t]*\((?:[^;{}()]|\([^;{}()]*\))*\)\s*(?:const\s*)?\{", re.MULTILINE)
 RENAME_BODY_CHARS = 1 << 16  # bodies compared for renames (difflib's ratio grows with the square of the length)
+RENAME_PAIRS = 10_000  # (gone, new) function pairs compared at most
+RENAME_TOTAL_CHARS = 4 << 20  # bodies kept for comparing, over a source
+CODE_DIFF_S = 60.0  # diff.py's code delta at most (code_diff_within)
 
 
 def functions(source: str, device: bool) -> dict:
-    """name -> body text (for rename matching): top-level functions and kernels of a device source, functions and
-    classes of Python (methods count as Class.method), each body as written (ast.unparse recursed past Python's
-    limit on a long sum: red team 29)."""
+    """name -> body text (for rename matching), or None for a body too long to compare (RENAME_BODY_CHARS, or past
+    RENAME_TOTAL_CHARS in all): top-level functions and kernels of a device source, functions and classes of Python
+    (methods count as Class.method), each body as written (ast.unparse recursed past Python's limit on a long sum:
+    red team 29). One pass over the text for all of them, however many there are or however nested."""
+    spans = {}
     if not device:
-        found = {}
+        lines = lines_of(source)
+        starts = [0]
+        for line in lines:
+            starts.append(starts[-1] + len(line))
         for node in ast.walk(ast.parse(source)) if source.strip() else []:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                found[node.name] = (ast.get_source_segment(source, node) or "").split("\n", 1)[-1]
-        return found
-    found = {}
-    for match in _DEVICE_FUNCTION.finditer(source):
-        depth, end = 0, match.end() - 1
-        for end in range(match.end() - 1, len(source)):
-            depth += {"{": 1, "}": -1}.get(source[end], 0)
-            if depth == 0:
-                break
-        found[match[1]] = source[match.end():end]
+                start = _offset(lines, starts, node.lineno, node.col_offset)
+                line_end = source.find("\n", start)  # the body starts on the line after the def's first
+                spans[node.name] = (len(source) if line_end < 0 else line_end + 1,
+                                    _offset(lines, starts, node.end_lineno, node.end_col_offset))
+    else:
+        closing, opened = {}, []
+        for at, char in enumerate(source):  # each "{" and its "}", found once; one never closed ends no function
+            if char == "{":
+                opened.append(at)
+            elif char == "}" and opened:
+                closing[opened.pop()] = at
+        spans = {m[1]: (m.end(), closing[m.end() - 1]) for m in _DEVICE_FUNCTION.finditer(source)
+                 if m.end() - 1 in closing}
+    found, kept = {}, 0
+    for name, (start, end) in spans.items():
+        fits = end - start <= RENAME_BODY_CHARS and kept + end - start <= RENAME_TOTAL_CHARS
+        kept += (end - start) if fits else 0
+        found[name] = source[start:end] if fits else None
     return found
 
 
@@ -128,9 +150,11 @@ def renames(old: dict, new: dict) -> list:
     gone = [n for n in old if n not in new]
     came = [n for n in new if n not in old]
     found = []
+    if len(gone) * len(came) > RENAME_PAIRS:  # each pair is a difflib ratio: past this, no rename is looked for
+        return found
     for name in gone:
         scored = [(difflib.SequenceMatcher(None, old[name].replace(name, "#"), new[c].replace(c, "#")).ratio(), c)
-                  for c in came if max(len(old[name]), len(new[c])) <= RENAME_BODY_CHARS]
+                  for c in came if old[name] is not None and new[c] is not None]
         if scored:
             score, best = max(scored)
             if score >= RENAME_SIMILARITY:
@@ -148,8 +172,40 @@ class SectionDiff:
     renamed: list
 
 
+# What a terminal would act on in a diff's text (control characters but newline and tab; line and paragraph
+# separators, bidi and other invisible format characters): written escaped (red team 30: an erase-line sequence in a
+# comment hid the line it was on from `cat code.diff`).
+_UNSHOWN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def shown(text: str) -> str:
+    return _UNSHOWN.sub(lambda found: ascii(found.group())[1:-1], text)
+
+
+def code_diff_within(path_a: Path, path_b: Path, seconds: float = CODE_DIFF_S) -> Optional[list]:
+    """code_diff, or None past `seconds` (diff.py then times without it: every red team round so far found another
+    input that made some step of it slow). The limit is a SIGALRM, so only in the main thread."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return code_diff(path_a, path_b)
+
+    def over(*_):
+        raise TimeoutError
+    before = signal.signal(signal.SIGALRM, over)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return code_diff(path_a, path_b)
+    except TimeoutError:
+        return None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+
+
 def code_diff(path_a: Path, path_b: Path) -> list:
-    """One SectionDiff per part (KERNELS, BINDING, python)."""
+    """One SectionDiff per part (KERNELS, BINDING, python), its text shown as `shown` writes it."""
     a, b = split_source(read_source(path_a)), split_source(read_source(path_b))
     out = []
     for section in DEVICE_STRINGS + ("python",):
@@ -159,7 +215,7 @@ def code_diff(path_a: Path, path_b: Path) -> list:
         device = section != "python"
         out.append(SectionDiff(section, sum(1 for line in body if line.startswith("+")),
                                sum(1 for line in body if line.startswith("-")),
-                               "".join(line if line.endswith("\n") else line + "\n" for line in lines),
+                               shown("".join(line if line.endswith("\n") else line + "\n" for line in lines)),
                                renames(functions(a[section], device), functions(b[section], device))))
     return out
 

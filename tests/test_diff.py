@@ -1,5 +1,6 @@
 """diff.py: the code delta is exact, a version against itself shows no difference, a planted delay shows."""
 import json
+import re
 import subprocess
 import sys
 
@@ -105,6 +106,53 @@ def test_the_code_diff_reads_any_file_python_reads_in_time_linear_in_its_size(tm
     (tmp_path / "bad.py").write_bytes(b"x = '\xe9'\n")
     with pytest.raises(diffing.UserError, match="bad.py: not a Python file Python can read"):
         diffing.code_diff(tmp_path / "old.py", tmp_path / "bad.py")
+
+
+def test_functions_are_found_in_one_pass_however_many_or_nested():
+    """40 000 kernels nested in each other's braces, and 40 000 Python functions: each body was a scan and a copy to
+    its end, so both grew with the square of the count. Bodies too long to compare are kept as None."""
+    import signal
+
+    def too_long(*_):
+        raise TimeoutError("finding functions ran past 30 s")
+    before = signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(30)
+    try:
+        nested = diffing.functions("".join(f"void f{i}() {{\n" for i in range(40000)) + "}" * 40000, device=True)
+        flat = diffing.functions("".join(f"def f{i}():\n    return {i}\n" for i in range(40000)), device=False)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+    assert len(nested) == 40000 and nested["f0"] is None and nested["f39999"] == "\n"
+    assert len(flat) == 40000 and flat["f7"] == "    return 7"
+    assert diffing.renames({"a": None, "b": "x"}, {"c": "x", "d": None}) == [("b", "c", 1.0)]
+
+
+def test_a_device_name_bound_twice_keeps_every_binding_in_the_python_text(tmp_path):
+    """Red team 30: a first KERNELS ran as Python (exec) and a second, a decoy, was the only one diffed. A name bound
+    more than once anywhere keeps all its bindings in the python part; a name bound once still gets its placeholder."""
+    text = ('KERNELS = "print(\'payload ran\')"\nexec(KERNELS)\nKERNELS = "__global__ void k() {}"\n'
+            'BINDING = "void bind() {}"\n')
+    parts = diffing.split_source(text)
+    assert "payload ran" in parts["python"] and "__global__ void k()" in parts["python"] and parts["KERNELS"] == ""
+    assert parts["BINDING"] == "void bind() {}" and "BINDING = \"<device source" in parts["python"]
+
+
+def test_the_diffs_text_carries_no_character_a_terminal_acts_on(tmp_path):
+    """Red team 30: an erase-line sequence in a comment hid its line from `cat code.diff`; control, separator and
+    bidi characters are written escaped."""
+    *_, python = _code_diff_against_old(tmp_path, OLD + "ran = 1  # \x1b[2K\x1b[G \u202e \u2028\n")
+    assert "ran = 1  # \\x1b[2K\\x1b[G \\u202e \\u2028" in python.unified, python.unified
+    assert not re.search("[\x1b\u202e\u2028]", python.unified)
+
+
+def test_a_code_diff_past_its_time_is_left_out(tmp_path, monkeypatch):
+    def slow(*_):
+        import time
+
+        time.sleep(5)
+    monkeypatch.setattr(diffing, "code_diff", slow)
+    assert diffing.code_diff_within(tmp_path / "a.py", tmp_path / "b.py", seconds=0.2) is None
 
 
 def test_a_kernels_name_is_not_its_launch_bounds():
