@@ -1637,6 +1637,14 @@ class ProtocolRun:
     def start(self, test: TestCase, mode: str, fn: Optional[Callable] = None) -> CaseSteps:
         return CaseSteps(self.pool, test, [test.args], self.timeout_s or OFFICIAL_TIMEOUT_S[mode], fn)
 
+    def checked_call(self, idx: int, test: TestCase, mode: str, fn: Optional[Callable] = None) -> list:
+        """One call on the owner's input for case `idx`: the ranks' results, the owner's output problems in them."""
+        inputs = self.inputs(test, self.seeds.case_seed(idx, test.args["seed"]))
+        steps, problems = self.start(test, mode, fn), None
+        with contextlib.suppress(judge.RankEnded, judge.Missed):  # the ranks' failures are read below
+            problems = steps.step(judge.CALL, 0, inputs).problems
+        return step_failures(self.ended(steps.finish(), steps.started), problems, "custom_kernel")
+
     @staticmethod
     def inputs(test: TestCase, seed: int) -> list:
         return [judge.make_input(test.args, seed, rank) for rank in range(test.args["world_size"])]
@@ -1656,11 +1664,7 @@ def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
     run.logger.log("test-count", len(tests))
     for idx, test in enumerate(tests):
         run.logger.log(f"test.{idx}.spec", test.spec)
-        inputs = run.inputs(test, run.seeds.case_seed(idx, test.args["seed"]))
-        steps, problems = run.start(test, "test"), None
-        with contextlib.suppress(judge.RankEnded, judge.Missed):  # the ranks' failures are read below
-            problems = steps.step(judge.CALL, 0, inputs).problems
-        results = step_failures(run.ended(steps.finish(), steps.started), problems, "custom_kernel")
+        results = run.checked_call(idx, test, "test")
         if all(r.ok for r in results):
             run.logger.log(f"test.{idx}.status", "pass")
         else:
@@ -1819,11 +1823,7 @@ def run_profiling(run: ProtocolRun, tests: list[TestCase]) -> int:
     run.logger.log("benchmark-count", len(tests))
     for idx, test in enumerate(tests):
         run.logger.log(f"benchmark.{idx}.spec", test.spec)
-        inputs = run.inputs(test, run.seeds.case_seed(idx, test.args["seed"]))
-        steps, problems = run.start(test, "profile", profiled_steps), None
-        with contextlib.suppress(judge.RankEnded, judge.Missed):  # the ranks' failures are read below
-            problems = steps.step(judge.CALL, 0, inputs).problems
-        results = step_failures(run.ended(steps.finish(), steps.started), problems, "custom_kernel")
+        results = run.checked_call(idx, test, "profile", profiled_steps)
         unfit = [rank for rank, r in enumerate(results) if r.ok and not profile_rows_fit(r.value)]
         if unfit or not all(r.ok for r in results):
             passed = False

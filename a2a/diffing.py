@@ -64,6 +64,14 @@ def lines_of(text: str) -> list:
     return [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
 
 
+def _line_table(text: str) -> tuple:
+    """(lines_of(text), the index where each line starts, then the text's length)."""
+    lines, starts = lines_of(text), [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    return lines, starts
+
+
 def _offset(lines: list, starts: list, lineno: int, col_bytes: int) -> int:
     """A syntax tree position (1-based line, UTF-8 byte column) as an index into the text."""
     return starts[lineno - 1] + len(lines[lineno - 1].encode()[:col_bytes].decode(errors="ignore"))
@@ -73,10 +81,7 @@ def split_source(text: str) -> dict:
     """{"KERNELS": device source, "BINDING": torch layer, "python": the rest, each device string's assignment replaced
     by a placeholder and nothing else of its lines (red team 29: a statement after the string on its closing line
     was cut from the diff with it)."""
-    lines = lines_of(text)
-    starts = [0]
-    for line in lines:
-        starts.append(starts[-1] + len(line))
+    lines, starts = _line_table(text)
     parts = {name: "" for name in DEVICE_STRINGS}
     tree = ast.parse(text)
     # NOTES: only a name bound once in the whole module, by a top-level assignment of one target, becomes a
@@ -118,10 +123,7 @@ def functions(source: str, device: bool) -> dict:
     red team 29). One pass over the text for all of them, however many there are or however nested."""
     spans = {}
     if not device:
-        lines = lines_of(source)
-        starts = [0]
-        for line in lines:
-            starts.append(starts[-1] + len(line))
+        lines, starts = _line_table(source)
         for node in ast.walk(ast.parse(source)) if source.strip() else []:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 start = _offset(lines, starts, node.lineno, node.col_offset)
