@@ -132,8 +132,10 @@ def rounds_to_meet(found: Interval, target: float, confidence: float = CONFIDENC
         return None
     sd = math.asinh(found.half_width) * math.sqrt(n) / stats.t.ppf(0.5 + confidence / 2, n - 1)
     goal = math.asinh(target)
-    return next((k for k in range(2, most + 1) if stats.t.ppf(0.5 + confidence / 2, k - 1) * sd / math.sqrt(k) <= goal),
-                None)
+    # t's quantile exceeds the normal's, so no count below the normal's answer can do: start the search there
+    first = max(2, math.ceil((stats.norm.ppf(0.5 + confidence / 2) * sd / goal) ** 2))
+    return next((k for k in range(first, most + 1)
+                 if stats.t.ppf(0.5 + confidence / 2, k - 1) * sd / math.sqrt(k) <= goal), None)
 
 
 def unmet(intervals: dict, targets: Sequence[Target]) -> list:
