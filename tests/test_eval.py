@@ -35,6 +35,12 @@ def test_v1_passes_every_official_test_on_cpu():
     assert result.stdout.count("| pass") == 9
 
 
+def test_an_honest_profile_passes_with_its_report():
+    """The runner logs no status for a profiled case (2026-11-28, four H200s: every profiled case read 'not run')."""
+    (case,) = evaluate(make_plan("v1", "benchmarks:0", 2, "gloo"), "profile", progress=lambda *_: None).cases
+    assert case["status"] == "pass" and "self_cpu_us" in case["report"], case
+
+
 def test_protocol_output_has_the_official_keys(bundle):
     (bundle / "two.txt").write_text("\n".join(SMALL_LINE.format(seed=s) for s in (1, 2)) + "\n")
     code, output, stderr = run_bundle(bundle, "test", "two.txt")
