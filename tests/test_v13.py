@@ -20,15 +20,15 @@ def _interpret(*args: str) -> tuple:
     return done.returncode, [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")], done.stderr
 
 
-def test_every_benchmark_shape_gets_a_tile_of_at_most_the_planned_values():
-    """R rows of the hidden size's power of two make at most ROW_TILE_VALUES values (32 a thread at 512 threads),
-    and a shape's tile holds more than one row wherever that fits (the plan: 2 to 8 rows on the benchmarks)."""
+def test_every_benchmark_shape_gets_a_tile_of_several_rows_in_32_values_a_thread():
+    """The plan: R rows of the hidden size's power of two, at most 32 values a thread of the launch's threads, and
+    2 to 8 rows a tile on every benchmark shape."""
     module = check_device.triton_module(V13)
     for shape in check_device.benchmark_shapes():
         found = module.constants(**shape, world_size=8, trace=False, hip=False)
         rows, width = found["R_BLOCK"], found["H_BLOCK"]
-        assert rows & (rows - 1) == 0 and rows * width <= module.ROW_TILE_VALUES, (shape, rows, width)
-        assert rows >= 2 and (rows == module.R_MAX or 2 * rows * width > module.ROW_TILE_VALUES), (shape, rows)
+        assert rows & (rows - 1) == 0 and 2 <= rows <= 8, (shape, rows)
+        assert rows * width <= 32 * module.LAUNCH_SHAPE[1], (shape, rows, width)
 
 
 @pytest.mark.parametrize("args", [
