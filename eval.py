@@ -239,19 +239,10 @@ def get_test_cases(text: str, seed: Optional[int]) -> list[TestCase]:
 def read_test_file(path: Path, seed: Optional[int]) -> list[TestCase]:
     """The cases of a test file; UserError with one line for a file that cannot be read or parsed."""
     try:
-        # Opened without blocking and read only when it is a regular file: a FIFO would wait for a writer forever.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as source:  # bounded: a link to /dev/zero must not be read until memory runs out
-            mode = os.fstat(fd).st_mode
-            if stat.S_ISDIR(mode):
-                raise UserError(f"Could not open test file `{path}`: Is a directory")
-            if not stat.S_ISREG(mode):
-                raise UserError(f"test file `{path}` is not a regular file (a FIFO, a device or a socket)")
-            raw = source.read(MAX_TEST_FILE_BYTES + 1)
-        if len(raw) > MAX_TEST_FILE_BYTES:
-            raise UserError(f"test file `{path}` is larger than {MAX_TEST_FILE_BYTES >> 20} MiB (1000 lines of the "
-                            "longest case line fit in it)")
-        text = raw.decode("utf-8")
+        text = wire.read_regular_file(path, MAX_TEST_FILE_BYTES).decode("utf-8")
+    except wire.NotRegular as exc:
+        raise UserError(f"test file `{path}` is {exc} (1000 lines of the longest case line fit in "
+                        f"{MAX_TEST_FILE_BYTES >> 20} MiB)") from None
     except OSError as exc:
         raise UserError(f"Could not open test file `{path}`: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
@@ -1446,7 +1437,7 @@ def write_build_log(text: str) -> str:
                 f"cap ({BUILD_LOGS_PER_RUN} logs, {BUILD_LOG_BYTES_PER_RUN} bytes)")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        path.write_bytes(wire.lines_shown(data.decode("utf-8")).encode("utf-8"))
     except OSError as exc:
         return f"not written: {exc.strerror}"
     _build_logs[path] = len(data)

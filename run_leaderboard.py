@@ -24,6 +24,7 @@ every version through the official tests at world size 8 with the ranks sharing 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import re
@@ -420,42 +421,80 @@ def agreement(header: list, results: list, names: list, last_reversed: bool) -> 
     return "\n".join(report + ["", tabulate(table_rows, headers="keys", tablefmt="github")])
 
 
+SAVED_RUN_BYTES = 64 << 20  # a results.json --compare reads (a clock run's with every visit's samples: a few MB)
+SHOWN_META = ("device", "placement", "world_size", "commit")
+
+
+def saved_run(folder) -> dict:
+    """A saved run's figures for --compare, from its results.json: {"entries": {name: {metric: {"center", "low",
+    "high"}}}, "meta": {SHOWN_META: text}}, every name and text escaped. A figure without a positive center (an entry
+    that gave none) is left out; anything else not of a run's shape is bad input. NOTES: the folder may come from
+    elsewhere (red team 31: a FIFO hung the read, a link to /dev/zero ran memory out, a zero or string center, deep
+    nesting or a 400-digit number ended it with 114)."""
+    def refused(why: str) -> core.UserError:
+        return core.UserError(f"--compare {wire.as_text(str(folder), 300)}: {why}")
+
+    try:
+        saved = json.loads(wire.read_regular_file(Path(folder) / "results.json", SAVED_RUN_BYTES))
+    except (OSError, ValueError, RecursionError) as error:  # NotRegular and JSON's errors are ValueErrors
+        raise refused(f"no readable results.json ({wire.as_text(error, 200)})") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("entries"), dict) \
+            or not isinstance(saved.get("meta"), dict):
+        raise refused("not a leaderboard run's results.json")
+    if saved.get("partial"):
+        raise refused(f"a partial results.json ({wire.as_text(saved['partial'])})")
+
+    def real(value) -> bool:
+        try:
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and float(value) == float(value)
+        except OverflowError:
+            return False
+
+    entries = {}
+    for name, metrics in saved["entries"].items():
+        if not isinstance(metrics, dict):
+            raise refused(f"entry {wire.as_text(name, 100)} is not a run's entry")
+        kept = {}
+        for metric in clock.METRICS:
+            figure = metrics.get(metric)
+            if figure is None:
+                continue
+            if not isinstance(figure, dict) or not all(real(figure.get(k)) for k in ("center", "low", "high")):
+                raise refused(f"entry {wire.as_text(name, 100)}'s {metric} is not an interval of numbers")
+            if 0 < float(figure["center"]) < math.inf:
+                kept[metric] = {k: float(figure[k]) for k in ("center", "low", "high")}
+        if kept:
+            entries[wire.as_text(name, 200)] = kept
+    return {"entries": entries, "meta": {key: wire.as_text(saved["meta"].get(key), 200) for key in SHOWN_META}}
+
+
 def compare(folders: list, out: Path) -> int:
     """Saved runs set side by side (e.g. two back-to-back `make leaderboard`s): `agreement` over the entries every
-    run timed, from each folder's results.json. Bad input (a folder without a final results.json, fewer than two)
-    is refused before anything is written."""
+    run timed, from each folder's results.json (saved_run). Bad input (a folder without a final results.json, fewer
+    than two) is refused before anything is written. The compare's own folder is named from this machine's date and
+    checkout, not from what it read."""
     if len(folders) < 2:
         raise core.UserError(f"--compare needs at least two saved runs, not {len(folders)}")
-    runs = []
-    for folder in folders:
-        path = Path(folder) / "results.json"
-        try:
-            saved = json.loads(path.read_text())
-        except (OSError, ValueError) as error:
-            raise core.UserError(f"--compare {folder}: no readable results.json ({error.__class__.__name__})") from None
-        if not isinstance(saved, dict) or "entries" not in saved or "meta" not in saved:
-            raise core.UserError(f"--compare {folder}: not a leaderboard run's results.json")
-        if saved.get("partial"):
-            raise core.UserError(f"--compare {folder}: a partial results.json ({wire.as_text(saved['partial'])})")
-        runs.append(saved)
+    runs = [saved_run(folder) for folder in folders]
     names = [n for n in runs[0]["entries"] if all(n in r["entries"] for r in runs)]
     if not names:
         raise core.UserError("--compare: no entry was timed in every run")
-    differ = [key for key in ("device", "placement", "world_size", "commit") if len({str(r["meta"].get(key))
-                                                                                      for r in runs}) > 1]
+    differ = [key for key in SHOWN_META if len({r["meta"][key] for r in runs}) > 1]
     header = [f"{len(runs)} saved runs compared: " + "; ".join(
-        f"{Path(f).name} ({r['meta'].get('device')}, {r['meta'].get('placement')}, commit {r['meta'].get('commit')})"
-        for f, r in zip(folders, runs))]
+        f"{wire.as_text(Path(f).name, 200)} ({r['meta']['device']}, {r['meta']['placement']}, commit "
+        f"{r['meta']['commit']})" for f, r in zip(folders, runs))]
     if differ:
         header.append(f"the runs differ in {', '.join(differ)}: their figures are not one machine's run to run")
-    text = agreement(header, [{"entries": {n: {m: i for m, i in r["entries"][n].items() if m in clock.METRICS}
-                                           for n in names}} for r in runs], names, False)
+    text = agreement(header, runs, names, False)
     print(text)
-    meta = {**runs[-1]["meta"], "mode": "compare", "compared": [str(f) for f in folders]}
+    devices = {r["meta"]["device"] for r in runs}
+    meta = {"date": datetime.date.today().isoformat(), "device": devices.pop() if len(devices) == 1 else "several",
+            "ranks": "compare", "mode": "compare", "commit": planning.commit(),
+            "compared": [wire.as_text(str(f), 300) for f in folders], "runs_meta": [r["meta"] for r in runs]}
 
     def write(folder: Path) -> None:
         (folder / "table.md").write_text(text + "\n")
-        (folder / "results.json").write_text(json.dumps({"meta": meta, "runs": [str(f) for f in folders]}, indent=1))
+        (folder / "results.json").write_text(json.dumps({"meta": meta, "runs": meta["compared"]}, indent=1))
 
     cli.save_run(out, meta, write)
     return 0

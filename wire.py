@@ -23,6 +23,7 @@ import numbers
 import os
 import re
 import select
+import stat
 import struct
 import threading
 import types as _types
@@ -378,6 +379,38 @@ def _escaped(char: str, from_bytes: bool) -> str:
             return f"\\x{code - 0xDC00:02x}"
         return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
     return char
+
+
+# What a terminal would act on in text of many lines (control characters but newline and tab; line and paragraph
+# separators, bidi and other invisible format characters): written escaped (red team 30: an erase-line sequence in a
+# comment hid its line from `cat code.diff`; red team 31: a rank's build log cleared the screen that showed it).
+_UNSHOWN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def lines_shown(text: str) -> str:
+    """`text` with its lines kept and everything else a terminal would act on escaped (`\x1b`, `\u202e`)."""
+    return _UNSHOWN.sub(lambda found: ascii(found.group())[1:-1], text)
+
+
+class NotRegular(ValueError):
+    """A path that is not a regular file, or one larger than its reader's limit."""
+
+
+def read_regular_file(path, limit: int) -> bytes:
+    """A regular file's bytes, opened without blocking and read to at most `limit` (a FIFO would wait for a writer
+    forever, a link to /dev/zero be read until memory ran out). OSError as the system gives it (a directory:
+    IsADirectoryError), NotRegular for anything else that is not a file of at most `limit` bytes."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as source:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(21, "Is a directory", str(path))
+        if not stat.S_ISREG(mode):
+            raise NotRegular("not a regular file (a FIFO, a device or a socket)")
+        raw = source.read(limit + 1)
+    if len(raw) > limit:
+        raise NotRegular(f"larger than {limit} bytes")
+    return raw
 
 
 # --------------------------------------------------------------------------------------------------------------

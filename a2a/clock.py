@@ -234,6 +234,12 @@ def entry_intervals(samples: dict, name: str, n_cases: int) -> dict:
     return out
 
 
+def charged_s(rounds_s: list) -> float:
+    """An entry's time against its share of the cap once its next round has run: every round at the median of its
+    rounds so far, the first (the builds') left out (NOTES in Clock.run)."""
+    return (len(rounds_s) + 1) * statistics.median(rounds_s) if rounds_s else 0.0
+
+
 def _owner_pinned():
     """The owner's thread on the CPU A2A_PIN_OWNER_CPU names (births.on_cpu), only while it visits, so that the pools
     it starts between visits are born where they may run."""
@@ -498,27 +504,28 @@ class Clock:
         rounds = 0
         # NOTES: the cap is shared out: each entry stops once its own time (its ready, visits and end per round)
         # would pass its share, counted from the end of the first round, which pays the builds once. A cap over the
-        # whole round let one entry's slow import hold every entry to the least rounds (red team 24).
+        # whole round let one entry's slow import hold every entry to the least rounds (red team 24). An entry's
+        # rounds are charged at their median: its ready and end last as long as its ranks take, and with the sum
+        # one held end chose the round it stopped at, when its running figure was low (red team 31).
         share_s = self.settings.time_cap_s / max(1, len(self.entries))
-        spent_s: dict = {}
-        last_s: dict = {}
+        own_s: dict = {}
         with sharing.shared_ranks(self.plan.placement) as env, self._nursing(env):
             for round_index in range(self.settings.max_rounds):
                 active = [by_name[n] for n in names if n not in self.stopped and n not in self.failed]
                 if round_index >= self.settings.min_rounds:
                     for entry in active:
-                        if spent_s.get(entry.name, 0.0) + last_s.get(entry.name, 0.0) > share_s:
+                        if charged_s(own_s.get(entry.name, [])) > share_s:
                             self.stopped[entry.name] = self._stop_reason(
                                 entry, f"time cap ({self.settings.time_cap_s:g} s, {share_s:.3g} s its own)")
                     active = [entry for entry in active if entry.name not in self.stopped]
                 if not active:
                     break
                 round_started = time.monotonic()
-                phases, last_s = self._round(round_index, active, env)
+                phases, entry_s = self._round(round_index, active, env)
                 round_s = time.monotonic() - round_started
                 if round_index:
-                    for name, seconds in last_s.items():
-                        spent_s[name] = spent_s.get(name, 0.0) + seconds
+                    for name, seconds in entry_s.items():
+                        own_s.setdefault(name, []).append(seconds)
                 self.phases.append(phases)
                 rounds = round_index + 1
                 waits = sorted(phases.get("ready_s", {}).items(), key=lambda item: -item[1])[:3]

@@ -174,16 +174,6 @@ class SectionDiff:
     renamed: list
 
 
-# What a terminal would act on in a diff's text (control characters but newline and tab; line and paragraph
-# separators, bidi and other invisible format characters): written escaped (red team 30: an erase-line sequence in a
-# comment hid the line it was on from `cat code.diff`).
-_UNSHOWN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
-
-
-def shown(text: str) -> str:
-    return _UNSHOWN.sub(lambda found: ascii(found.group())[1:-1], text)
-
-
 def code_diff_within(path_a: Path, path_b: Path, seconds: float = CODE_DIFF_S) -> Optional[list]:
     """code_diff, or None past `seconds` (diff.py then times without it: every red team round so far found another
     input that made some step of it slow). The limit is a SIGALRM, so only in the main thread."""
@@ -217,7 +207,7 @@ def code_diff(path_a: Path, path_b: Path) -> list:
         device = section != "python"
         out.append(SectionDiff(section, sum(1 for line in body if line.startswith("+")),
                                sum(1 for line in body if line.startswith("-")),
-                               shown("".join(line if line.endswith("\n") else line + "\n" for line in lines)),
+                               wire.lines_shown("".join(line if line.endswith("\n") else line + "\n" for line in lines)),
                                renames(functions(a[section], device), functions(b[section], device))))
     return out
 

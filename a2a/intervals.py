@@ -33,6 +33,9 @@ class Interval(NamedTuple):
         return self.low <= other.high and other.low <= self.high
 
 
+LOG_MAX = math.log(1e300)  # an interval's top past this is shown as 1e300: exp would overflow (red team 31)
+
+
 def interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
     """The geometric mean of positive `values` and its Student-t interval on the log scale (NaNs dropped)."""
     from scipy import stats
@@ -46,7 +49,7 @@ def interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interva
         return Interval(math.exp(mean), -math.inf, math.inf, 1)
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
     half = stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
-    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
+    return Interval(math.exp(mean), math.exp(mean - half), math.exp(min(mean + half, LOG_MAX)), n)
 
 
 def geomean_by_round(per_shape: dict) -> dict:
@@ -91,9 +94,9 @@ def visit_spread(per_entry: dict) -> Optional[float]:
     for per_case in per_entry.values():
         centred: dict = {}
         for values in per_case.values():
-            if len(values) < 2:
+            logs = {r: math.log(v) for r, v in values.items() if v == v and v > 0}
+            if len(logs) < 2:
                 continue
-            logs = {r: math.log(v) for r, v in values.items()}
             mean = statistics.fmean(logs.values())
             for r, x in logs.items():
                 centred.setdefault(r, []).append(x - mean)

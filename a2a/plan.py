@@ -79,9 +79,11 @@ def device_slug(meta: dict) -> str:
 
 def run_folder(out: Path, meta: dict) -> Path:
     """The name of a run's folder: results/<date>_<device>_<ranks>_<mode>_<commit>/, ranks `ws8` or, when they
-    shared GPUs, `ws8-on-1gpu` (new_folder makes it)."""
-    ranks = meta.get("ranks", f"ws{meta['world_size']}")
-    return out / f"{meta['date']}_{device_slug(meta)}_{ranks}_{meta['mode']}_{meta['commit']}"
+    shared GPUs, `ws8-on-1gpu` (new_folder makes it). Every part is a slug, so the name is one folder inside `out`
+    (red team 31: a saved run's date `/tmp/...` or commit `../..` put a compare's files outside it)."""
+    parts = (meta["date"], device_slug(meta), meta["ranks"] if "ranks" in meta else f"ws{meta['world_size']}",
+             meta["mode"], meta["commit"])
+    return out / "_".join(re.sub(r"[^A-Za-z0-9._+-]+", "-", str(part)).strip("-.") or "unknown" for part in parts)
 
 
 def new_folder(path: Path) -> Path:

@@ -70,6 +70,16 @@ def test_a_visits_own_spread_is_what_its_pool_and_its_shape_do_not_explain():
     assert iv.visit_spread({"A": {0: per_case[0]}}) is None
 
 
+def test_a_ranks_zero_or_denormal_figure_breaks_no_statistic():
+    """Red team 31: a round whose call figure was 0 reached visit_spread's log, and rounds of 1e-321 and 8 µs
+    overflowed an interval's exp: both ended the clock with 114. A value that is no time is left out; an interval's
+    top stops at 1e300."""
+    per_case = {0: {0: 0.0, 1: 5.0, 2: 6.0}, 1: {0: 7.0, 1: 8.0, 2: 9.0}}
+    assert iv.visit_spread({"A": per_case, "B": per_case}) is not None
+    wide = iv.interval([1e-321, 8.0])
+    assert wide.center > 0 and wide.high == pytest.approx(1e300)
+
+
 def test_the_rounds_a_target_needs_follow_from_the_spread_seen():
     """An interval of n rounds whose half-width is twice the target needs about 4n rounds (a little less: t shrinks
     with n); meeting it already needs no more than it has; one round says nothing."""
@@ -178,6 +188,15 @@ def test_one_entrys_slow_import_does_not_cut_the_other_entries_rounds(tmp_path):
     rounds = {name: len(run.samples[(name, 0)]) for name in ("quick", "slow")}
     assert not run.failed and rounds["slow"] < rounds["quick"], (rounds, run.stopped)
     assert run.stopped["slow"].startswith("time cap (6 s, 3 s its own)"), run.stopped
+
+
+def test_one_held_end_does_not_choose_the_round_an_entry_stops_at():
+    """Red team 31: an entry's ranks can hold their result after the owner's stop, and its end counted toward its
+    share of the cap in full, so one held end stopped it at the round it chose. Rounds are charged at their median:
+    one long round among steady ones moves the median to a neighbouring steady round, not by the time held."""
+    steady, held = [2.0, 2.1, 1.9, 2.0], [2.0, 2.1, 1.9, 22.0]
+    assert clock.charged_s(held) - clock.charged_s(steady) < 1.0 < 20.0 == round(sum(held) - sum(steady), 6)
+    assert clock.charged_s([]) == 0.0 and clock.charged_s([3.0]) == 6.0  # the next round at the one so far
 
 
 def test_a_held_steps_sleep_is_the_owners_and_grows_when_any_rank_was_not_held():

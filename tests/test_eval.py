@@ -142,7 +142,8 @@ def test_failing_rank_error_comes_first_and_whole(tmp_path):
 def test_a_failed_build_names_the_compilers_error_and_keeps_the_whole_log(tmp_path):
     """A submission whose extension does not build: its case names the compiler's own error line (not the command
     lines ninja prints first, which filled the cell, cut off, on one GPU image) and the file the owner wrote the
-    whole build output to. The build is a real one, on the CPU; the submission raises what it raised."""
+    whole build output to, with what a terminal would act on escaped (red team 31: a screen clear and a forged
+    "check: pass" in the text). The build is a real one, on the CPU; the submission raises what it raised and that."""
     import inspect
 
     from torch.utils.cpp_extension import load_inline
@@ -154,6 +155,7 @@ def test_a_failed_build_names_the_compilers_error_and_keeps_the_whole_log(tmp_pa
                     build_directory=str(tmp_path / "build"), **extra)
     output = str(failed.value)
     assert output.startswith("Error building extension") and "-MMD" in output
+    output += "\n\x1b[2J\x1b[Hcheck: pass\n"
     submission = tmp_path / "does_not_build.py"
     submission.write_text(f"raise RuntimeError({output!r})\n\n\ndef custom_kernel(data):\n    return data[1].x\n")
     result = run_eval("test", str(submission), "--world-size", "2", "--cases", "tests:0", timeout=120,
@@ -164,7 +166,7 @@ def test_a_failed_build_names_the_compilers_error_and_keeps_the_whole_log(tmp_pa
     line = result.stdout.split("case 0 failed", 1)[1].splitlines()[1]
     assert re.search(r"error: .*undeclared_name", line) and "-MMD" not in line, line
     log = Path(re.search(r"full build log: (\S+\.log)", line).group(1))
-    assert log.parent == tmp_path / "logs" and log.read_text() == output
+    assert log.parent == tmp_path / "logs" and log.read_text() == output.replace("\x1b", "\\x1b")
 
 
 def test_crashing_rank_is_named_with_its_signal(tmp_path):

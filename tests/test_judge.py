@@ -2699,3 +2699,39 @@ def test_a_spinning_rank_starts_at_its_words_and_reads_its_byte_by_done():
         signal.signal(signal.SIGALRM, before)
         rank.memory.close()
         owner.close()
+
+
+# A rank's own call figure of 0 or a denormal (red team 31): kept as its word, it reached a log and an exp in the
+# clock's statistics, which exited 114 and lost every entry's results.
+TINY_CALL_FIGURE = '''
+import judge as _judge
+
+_done = _judge.RankChannel.done
+
+
+def _tiny_done(self, status, call_ns, held_ns, held_ok):
+    return _done(self, status, @CALL@, held_ns, held_ok)
+
+
+_judge.RankChannel.done = _tiny_done
+
+
+def custom_kernel(data):
+    return _honest(data)
+'''
+
+
+def test_a_call_figure_under_a_nanosecond_is_no_figure_and_costs_the_clock_nothing(tmp_path):
+    """The clock with v1 and an entry whose rank says its calls took 1e-318 ns: the run ends 0 with both entries'
+    rows saved; the entry's call time is void, its owner's step timed."""
+    path = _submission(reachable(tmp_path), hostile(TINY_CALL_FIGURE, call="1e-318"), "tiny_call.py")
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "run_leaderboard.py", "--versions", f"v1,{path}", "--cases", "tests:0,1",
+                           "--no-problem-size", "--min-rounds", "2", "--max-rounds", "2", "--steps", "1",
+                           "--world-size", "2", "--backend", "gloo", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (folder,) = out.iterdir()
+    rows = {row["version"]: row for row in csv.DictReader((folder / "results.csv").open()) if row["seed"] == "1236"}
+    assert rows["v1_torch_sort"]["device_mean_us"] and float(rows[path]["mean_us"]) > 0, rows  # call, owner's step
+    assert rows[path]["device_mean_us"] in ("", "nan"), rows[path]

@@ -6,11 +6,13 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from a2a import cli, clock, plots
+from a2a import plan as planning
 from a2a import intervals as iv
 from a2a.rows import geomean
 from tests.conftest import ROOT
@@ -76,7 +78,7 @@ def _compare_with_a_slower_copy(folder, out, capsys):
     assert "-9.1% / +9.1%" in rows["the owner's step (ranks)"]  # 1.2 around the median of 1 and 1.2
     assert "-0.0% / +0.0%" in rows["call time (the rank's events, idle stream)"]
     (made,) = out.iterdir()
-    assert made.name.endswith("_compare_" + saved["meta"]["commit"])
+    assert made.name.endswith("_compare_" + saved["meta"]["commit"])  # this checkout's, as the saved run's
     assert (made / "table.md").read_text().strip() in text
     saved["partial"] = "cut"
     (slower / "results.json").write_text(json.dumps(saved))
@@ -85,6 +87,60 @@ def _compare_with_a_slower_copy(folder, out, capsys):
         with pytest.raises(core.UserError, match=says):
             run_leaderboard.compare(folders, out / "refused")
     assert not (out / "refused").exists()
+
+
+def _saved(folder: Path, entries, meta) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"entries": entries, "meta": meta}))
+    return folder
+
+
+def test_compare_refuses_what_is_not_a_saved_run_and_names_its_folder_itself(tmp_path, capsys):
+    """Red team 31: --compare read whatever a folder held. A FIFO hung it, a link to /dev/zero ran memory out, a
+    zero or string center, a missing bound, deep nesting or a 400-digit number ended it with 114; a saved run's date
+    or commit named the compare's folder outside --out; its device's escape sequences were printed raw. Each is bad
+    input now (113, one line, nothing written), the folder is named from this checkout, and text is escaped."""
+    import run_leaderboard
+
+    import eval as core
+
+    figure = {"center": 10.0, "low": 9.0, "high": 11.0, "rounds": 3}
+    good = _saved(tmp_path / "good", {"v1": {"owner": figure}}, {"device": "D", "commit": "c"})
+    out = tmp_path / "out"
+    hostile = {"zero center": {"v1": {"owner": {**figure, "center": 0}}},
+               "string center": {"v1": {"owner": {**figure, "center": "fast"}}},
+               "no high": {"v1": {"owner": {"center": 1.0, "low": 0.5}}}, "entry an int": {"v1": 7},
+               "huge number": {"v1": {"owner": {**figure, "high": 10 ** 400}}}}
+    for why, entries in hostile.items():
+        folder = _saved(tmp_path / why.replace(" ", "_"), entries, {})
+        if why == "zero center":  # no positive center: no figure, so no entry timed in both runs
+            with pytest.raises(core.UserError, match="no entry was timed in every run"):
+                run_leaderboard.compare([good, folder], out)
+            continue
+        with pytest.raises(core.UserError, match="not an interval of numbers|not a run's entry"):
+            run_leaderboard.compare([good, folder], out)
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "results.json").write_text("[" * 200_000)
+    fifo, zero = tmp_path / "fifo", tmp_path / "zero"
+    fifo.mkdir()
+    os.mkfifo(fifo / "results.json")
+    zero.mkdir()
+    (zero / "results.json").symlink_to("/dev/zero")
+    for folder in (deep, fifo, zero):
+        with pytest.raises(core.UserError, match="no readable results.json"):
+            run_leaderboard.compare([good, folder], out)
+    assert not out.exists()
+    planted = _saved(tmp_path / "planted", {"v1": {"owner": figure}},
+                     {"date": str(tmp_path / "elsewhere"), "commit": "../../../elsewhere2",
+                      "device": "\x1b[2J\x1b[Hall agree"})
+    capsys.readouterr()
+    assert run_leaderboard.compare([good, planted], out) == 0
+    (made,) = out.iterdir()
+    shown = capsys.readouterr().out
+    assert "\x1b" not in shown and "\\x1b[2J" in shown and "\x1b" not in (made / "table.md").read_text()
+    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "elsewhere2").exists()
+    assert made.name.endswith("_compare_compare_" + planning.commit()), made.name
 
 
 SHAPES = (("E=8 k=2 H=6144 T=16", 1.0), ("E=64 k=6 H=2048 T=32", 1.5), ("E=256 k=8 H=7168 T=256", 3.0))
