@@ -2379,18 +2379,24 @@ def test_a_result_whose_fields_are_mistyped_fails_the_case_never_the_owner(tmp_p
     assert_fails(outcome, "does not fit")
 
 
+def _clock_beside_v1(path: str, out: Path, cases: str, exit_code: int) -> dict:
+    """run_leaderboard.py with v1 and `path`, two rounds of one step a visit, gloo at world size 2: its exit code
+    checked, the first case's rows of results.csv by version."""
+    done = subprocess.run([sys.executable, "run_leaderboard.py", "--versions", f"v1,{path}", "--cases", cases,
+                           "--no-problem-size", "--min-rounds", "2", "--max-rounds", "2", "--steps", "1",
+                           "--world-size", "2", "--backend", "gloo", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    assert done.returncode == exit_code, done.stdout[-3000:] + done.stderr[-3000:]
+    (folder,) = out.iterdir()
+    rows = list(csv.DictReader((folder / "results.csv").open()))
+    return {row["version"]: row for row in rows if row["seed"] == rows[0]["seed"]}
+
+
 def test_a_mistyped_result_costs_the_clock_no_other_entrys_results(tmp_path):
     """The clock with v1 and an entry whose result is mistyped (red team 13: run_leaderboard.py exited 114 and saved
     nothing, v1's results lost): the entry fails, v1's row is saved, the run exits 112."""
     path = _submission(reachable(tmp_path), hostile(MISTYPED_RESULT, mode="value"), "mistyped.py")
-    out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "run_leaderboard.py", "--versions", f"v1,{path}", "--cases", "tests:0",
-                           "--no-problem-size", "--min-rounds", "2", "--max-rounds", "2", "--steps", "1",
-                           "--world-size", "2", "--backend", "gloo", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=RUN_LIMIT_S)
-    assert done.returncode == EXIT_CHECK_FAILED, done.stdout[-3000:] + done.stderr[-3000:]
-    (folder,) = out.iterdir()
-    rows = {row["version"]: row for row in csv.DictReader((folder / "results.csv").open())}
+    rows = _clock_beside_v1(path, tmp_path / "out", "tests:0", EXIT_CHECK_FAILED)
     assert rows["v1_torch_sort"]["status"] == "pass" and rows["v1_torch_sort"]["mean_us"], rows
     assert rows[path]["status"] == "fail" and "does not fit" in rows[path]["error"], rows
 
@@ -2725,13 +2731,6 @@ def test_a_call_figure_under_a_nanosecond_is_no_figure_and_costs_the_clock_nothi
     """The clock with v1 and an entry whose rank says its calls took 1e-318 ns: the run ends 0 with both entries'
     rows saved; the entry's call time is void, its owner's step timed."""
     path = _submission(reachable(tmp_path), hostile(TINY_CALL_FIGURE, call="1e-318"), "tiny_call.py")
-    out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "run_leaderboard.py", "--versions", f"v1,{path}", "--cases", "tests:0,1",
-                           "--no-problem-size", "--min-rounds", "2", "--max-rounds", "2", "--steps", "1",
-                           "--world-size", "2", "--backend", "gloo", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=RUN_LIMIT_S)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    (folder,) = out.iterdir()
-    rows = {row["version"]: row for row in csv.DictReader((folder / "results.csv").open()) if row["seed"] == "1236"}
+    rows = _clock_beside_v1(path, tmp_path / "out", "tests:0,1", 0)
     assert rows["v1_torch_sort"]["device_mean_us"] and float(rows[path]["mean_us"]) > 0, rows  # call, owner's step
     assert rows[path]["device_mean_us"] in ("", "nan"), rows[path]
