@@ -1417,30 +1417,34 @@ FAILURE_CHARS = 2000  # one rank's failure as shown
 LOG_DIR_ENV = "A2A_LOG_DIR"  # where the owner writes failed builds' logs (default: build/logs beside eval.py)
 
 
-# A log's content, so its name, is a rank's choice: a run (this process) writes few, and none of them whole.
+# A log's content, so its name, is a rank's choice: a run (this process) writes few for each entry (red team 32: one
+# entry of a clock run spent the whole run's and another's log was not written), and none of them whole.
 BUILD_LOGS_PER_RUN = 8
 BUILD_LOG_BYTES_PER_RUN = 4 << 20
 BUILD_LOGS_KEPT = 32  # over every run: past it, the oldest logs go (no run keeps the folder growing)
 _build_logs: dict = {}  # path -> bytes, the logs this process wrote
+_logs_of: dict = {}  # entry -> {path: bytes}, its share of them
 
 
-def write_build_log(text: str) -> str:
+def write_build_log(text: str, entry: str = "") -> str:
     """A failed build's output (a rank's text: written as data, never run or shown raw), its last BUILD_LOG_CHARS
-    characters, in a file of the owner's named by its content; returns the path, or why it was not written."""
+    characters, in a file of the owner's named by its content, within `entry`'s caps; returns the path, or why it
+    was not written."""
     data = text[-BUILD_LOG_CHARS:].encode("utf-8", errors="replace")
     folder = Path(os.environ.get(LOG_DIR_ENV) or HERE / "build" / "logs")
     path = folder / f"build-{hashlib.sha256(data).hexdigest()[:16]}.log"
-    if path in _build_logs:
+    mine = _logs_of.setdefault(entry, {})
+    if path in mine:
         return str(path)
-    if len(_build_logs) >= BUILD_LOGS_PER_RUN or sum(_build_logs.values()) + len(data) > BUILD_LOG_BYTES_PER_RUN:
-        return (f"not written: this run wrote {len(_build_logs)} logs of {sum(_build_logs.values())} bytes, its "
+    if len(mine) >= BUILD_LOGS_PER_RUN or sum(mine.values()) + len(data) > BUILD_LOG_BYTES_PER_RUN:
+        return (f"not written: this run wrote {len(mine)} logs of {sum(mine.values())} bytes for it, its "
                 f"cap ({BUILD_LOGS_PER_RUN} logs, {BUILD_LOG_BYTES_PER_RUN} bytes)")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         path.write_bytes(wire.lines_shown(data.decode("utf-8")).encode("utf-8"))
     except OSError as exc:
         return f"not written: {exc.strerror}"
-    _build_logs[path] = len(data)
+    _build_logs[path] = mine[path] = len(data)
     _remove_old_build_logs(folder)
     return str(path)
 
@@ -1457,13 +1461,13 @@ def _remove_old_build_logs(folder: Path) -> None:
                 log.unlink()
 
 
-def rank_failures(results: list[RankResult]) -> str:
+def rank_failures(results: list[RankResult], entry: str = "") -> str:
     """The failing ranks' own errors first, whole, in the order they happened; then, summarised, what their peers
-    hit because of them. A failed build's line names the file its log went to."""
+    hit because of them. A failed build's line names the file its log went to (`entry`'s: write_build_log)."""
     failures = [(rank, result.value) for rank, result in enumerate(results) if not result.ok]
     for _, failure in failures:
         if failure.build_log:
-            failure.message = f"{failure.message} (full build log: {write_build_log(failure.build_log)})"
+            failure.message = f"{failure.message} (full build log: {write_build_log(failure.build_log, entry)})"
             failure.build_log = ""
     causes = sorted((f for f in failures if not f[1].follow_on), key=lambda f: f[1].at)
     follow_ons = sorted((f for f in failures if f[1].follow_on), key=lambda f: f[1].at)

@@ -423,6 +423,8 @@ def agreement(header: list, results: list, names: list, last_reversed: bool) -> 
 
 SAVED_RUN_BYTES = 64 << 20  # a results.json --compare reads (a clock run's with every visit's samples: a few MB)
 SHOWN_META = ("device", "placement", "world_size", "commit")
+SAVED_RUN_ENTRIES = 500  # entries --compare sets side by side: its agreement pairs every two (red team 32: 100 000
+# entries, 17 MB, ran past 280 s); a run of every version, both floors and both anchors has 17
 
 
 def saved_run(folder) -> dict:
@@ -443,6 +445,8 @@ def saved_run(folder) -> dict:
         raise refused("not a leaderboard run's results.json")
     if saved.get("partial"):
         raise refused(f"a partial results.json ({wire.as_text(saved['partial'])})")
+    if len(saved["entries"]) > SAVED_RUN_ENTRIES:
+        raise refused(f"{len(saved['entries'])} entries, more than the {SAVED_RUN_ENTRIES} a compare takes")
 
     def real(value) -> bool:
         try:

@@ -234,10 +234,10 @@ def entry_intervals(samples: dict, name: str, n_cases: int) -> dict:
     return out
 
 
-def charged_s(rounds_s: list) -> float:
-    """An entry's time against its share of the cap once its next round has run: every round at the median of its
-    rounds so far, the first (the builds') left out (NOTES in Clock.run)."""
-    return (len(rounds_s) + 1) * statistics.median(rounds_s) if rounds_s else 0.0
+def cap_rounds(share_s: float, first_s: float) -> float:
+    """The rounds an entry runs under its share of the time cap: the builds' round, then as many more as its first
+    round after it fits (NOTES in Clock.run), one at least; no cap, no end."""
+    return math.inf if share_s == math.inf else 1 + max(1, int(share_s // max(first_s, 1e-9)))
 
 
 def _owner_pinned():
@@ -336,7 +336,7 @@ class Clock:
             result = live.steps.step(kind, index, inputs, check_outputs=version)
         except (judge.RankEnded, judge.Missed):
             results = live.steps.finish()
-            live.failure = core.rank_failures(results) or "the ranks left the steps before the owner stopped them"
+            live.failure = core.rank_failures(results, live.entry.name) or "the ranks left the steps before the owner stopped them"
             return None
         except Exception as exc:  # noqa: BLE001 - said in its failure
             # NOTES: what a rank can reach of the owner's step (its phase slot, its channel's words) could raise
@@ -409,7 +409,7 @@ class Clock:
             live.steps.case.extend(VISIT_TIMEOUT_S)
             results = live.steps.finish()
             if not live.failure and not all(r.ok for r in results):
-                live.failure = core.rank_failures(results)
+                live.failure = core.rank_failures(results, live.entry.name)
         if live.pool is not None and not (live.pool.kill if live.failure else live.pool.shutdown)(clean_files=False):
             live.failure = live.failure or ("something of its pool outlived its end (a process of it, or its memory "
                                             "group): it would have run beside the next entry's visits")
@@ -505,16 +505,17 @@ class Clock:
         # NOTES: the cap is shared out: each entry stops once its own time (its ready, visits and end per round)
         # would pass its share, counted from the end of the first round, which pays the builds once. A cap over the
         # whole round let one entry's slow import hold every entry to the least rounds (red team 24). An entry's
-        # rounds are charged at their median: its ready and end last as long as its ranks take, and with the sum
-        # one held end chose the round it stopped at, when its running figure was low (red team 31).
+        # rounds under the cap are fixed by its first round after the builds' (cap_rounds) and never recounted: its
+        # ready and end last as long as its ranks take, so a charge recounted every round let it stop at the round
+        # it chose, when its running figure was low (red team 31 with the sum, red team 32 with the median).
         share_s = self.settings.time_cap_s / max(1, len(self.entries))
-        own_s: dict = {}
+        budget: dict = {}
         with sharing.shared_ranks(self.plan.placement) as env, self._nursing(env):
             for round_index in range(self.settings.max_rounds):
                 active = [by_name[n] for n in names if n not in self.stopped and n not in self.failed]
                 if round_index >= self.settings.min_rounds:
                     for entry in active:
-                        if charged_s(own_s.get(entry.name, [])) > share_s:
+                        if round_index >= budget.get(entry.name, math.inf):
                             self.stopped[entry.name] = self._stop_reason(
                                 entry, f"time cap ({self.settings.time_cap_s:g} s, {share_s:.3g} s its own)")
                     active = [entry for entry in active if entry.name not in self.stopped]
@@ -523,9 +524,8 @@ class Clock:
                 round_started = time.monotonic()
                 phases, entry_s = self._round(round_index, active, env)
                 round_s = time.monotonic() - round_started
-                if round_index:
-                    for name, seconds in entry_s.items():
-                        own_s.setdefault(name, []).append(seconds)
+                for name, seconds in entry_s.items() if round_index else ():
+                    budget.setdefault(name, cap_rounds(share_s, seconds))
                 self.phases.append(phases)
                 rounds = round_index + 1
                 waits = sorted(phases.get("ready_s", {}).items(), key=lambda item: -item[1])[:3]
@@ -538,9 +538,13 @@ class Clock:
                     for entry in active:
                         if entry.name in self.failed:
                             continue
+                        # NOTES: only the judge's own figure's target stops an entry: a rank's call and held figures
+                        # are its word, and two equal ones given at the round it chose met their targets then (red
+                        # team 32). Their targets are shown in the stop reasons.
+                        judged = [t for t in self.settings.targets if t.metric == RANKING]
                         found = self._intervals(entry)
-                        if self.settings.targets and found and not iv.unmet(found, self.settings.targets):
-                            self.stopped[entry.name] = f"targets met at round {rounds}"
+                        if judged and RANKING in found and not iv.unmet(found, judged):
+                            self.stopped[entry.name] = f"the owner's target met at round {rounds}"
             for entry in self.entries:
                 if entry.name not in self.stopped and entry.name not in self.failed:
                     self.stopped[entry.name] = self._stop_reason(entry, f"{self.settings.max_rounds} rounds")

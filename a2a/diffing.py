@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Optional
 
 import wire
+from a2a import intervals as iv
 from eval import UserError
 
 DEVICE_STRINGS = ("KERNELS", "BINDING")
@@ -231,13 +232,13 @@ def ratio_interval(a_rounds: list, b_rounds: list, confidence: float) -> tuple[f
     unit)."""
     from scipy import stats
 
-    logs = [math.log(b / a) for a, b in zip(a_rounds, b_rounds) if a and b and a == a and b == b]
+    logs = [math.log(b / a) for a, b in zip(a_rounds, b_rounds) if a > 0 and b > 0]  # NaN compares False
     if not logs:
         return math.nan, math.nan, math.nan
     mean = sum(logs) / len(logs)
     spread = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else float("inf")
     half = stats.t.ppf(0.5 + confidence / 2, len(logs) - 1) * spread if len(logs) > 1 else float("inf")
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+    return iv.bounded_exp(mean), iv.bounded_exp(mean - half), iv.bounded_exp(mean + half)
 
 
 def verdict(ratio: float, shown: tuple, decisive: tuple) -> str:

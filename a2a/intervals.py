@@ -36,6 +36,12 @@ class Interval(NamedTuple):
 LOG_MAX = math.log(1e300)  # an interval's top past this is shown as 1e300: exp would overflow (red team 31)
 
 
+def bounded_exp(x: float) -> float:
+    """exp, with the log held within ±LOG_MAX: a rank's figures feed these logs (red teams 31, 32: a 1 ns figure
+    beside an honest one overflowed an interval's and diff.py's ratio's exp, exit 114)."""
+    return math.exp(max(-LOG_MAX, min(x, LOG_MAX)))
+
+
 def interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
     """The geometric mean of positive `values` and its Student-t interval on the log scale (NaNs dropped)."""
     from scipy import stats
@@ -49,7 +55,7 @@ def interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interva
         return Interval(math.exp(mean), -math.inf, math.inf, 1)
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
     half = stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
-    return Interval(math.exp(mean), math.exp(mean - half), math.exp(min(mean + half, LOG_MAX)), n)
+    return Interval(math.exp(mean), math.exp(mean - half), bounded_exp(mean + half), n)
 
 
 def geomean_by_round(per_shape: dict) -> dict:

@@ -1,6 +1,7 @@
 """The judge's clock on CPU: intervals of the width a known distribution gives, ties, the agreement measures, and
 real rounds (gloo, two ranks): every entry in every round in fresh processes, the order shuffled from a recorded
 seed, the stopping rule."""
+import dataclasses
 import math
 import os
 import random
@@ -171,7 +172,12 @@ def test_an_entry_stops_once_its_targets_are_met_and_says_so(tmp_path):
     settings = clock.Settings(steps=2, warmup=1, min_rounds=3, max_rounds=6, time_cap_s=math.inf,
                               targets=(iv.Target("call", 1e6), iv.Target("owner", 1e6)))
     run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
-    assert run.rounds == 3 and run.stopped == {"loose": "targets met at round 3"}
+    assert run.rounds == 3 and run.stopped == {"loose": "the owner's target met at round 3"}
+    # a target on the rank's own figures alone stops nothing (red team 32: the rank gave two equal call figures at
+    # the round it chose, and its target was met there)
+    settings = dataclasses.replace(settings, max_rounds=4, targets=(iv.Target("call", 1e6),))
+    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    assert run.rounds == 4 and run.stopped == {"loose": "4 rounds"}, run.stopped
 
 
 def test_one_entrys_slow_import_does_not_cut_the_other_entries_rounds(tmp_path):
@@ -190,13 +196,12 @@ def test_one_entrys_slow_import_does_not_cut_the_other_entries_rounds(tmp_path):
     assert run.stopped["slow"].startswith("time cap (6 s, 3 s its own)"), run.stopped
 
 
-def test_one_held_end_does_not_choose_the_round_an_entry_stops_at():
-    """Red team 31: an entry's ranks can hold their result after the owner's stop, and its end counted toward its
-    share of the cap in full, so one held end stopped it at the round it chose. Rounds are charged at their median:
-    one long round among steady ones moves the median to a neighbouring steady round, not by the time held."""
-    steady, held = [2.0, 2.1, 1.9, 2.0], [2.0, 2.1, 1.9, 22.0]
-    assert clock.charged_s(held) - clock.charged_s(steady) < 1.0 < 20.0 == round(sum(held) - sum(steady), 6)
-    assert clock.charged_s([]) == 0.0 and clock.charged_s([3.0]) == 6.0  # the next round at the one so far
+def test_an_entrys_rounds_under_the_cap_are_fixed_by_its_first_timed_round():
+    """Red teams 31 and 32: an entry's ranks can hold their result after the owner's stop, and a charge recounted
+    every round (the sum, then the median) let it stop at the round it chose. Its rounds are fixed once, by its first
+    round after the builds': 10 s of share and a 2 s round give the builds' round and five more."""
+    assert clock.cap_rounds(10.0, 2.0) == 6 and clock.cap_rounds(10.0, 30.0) == 2
+    assert clock.cap_rounds(math.inf, 2.0) == math.inf
 
 
 def test_a_held_steps_sleep_is_the_owners_and_grows_when_any_rank_was_not_held():

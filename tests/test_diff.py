@@ -201,3 +201,12 @@ def test_a_planted_delay_shows_as_slower_on_every_shape(tmp_path):
     verdicts = [row["verdict"] for row in timing["rows"]]
     assert len(verdicts) == 4 and all(v.startswith("B slower by") for v in verdicts), timing["rows"]
     assert "python: +3 -0 lines" in (folder / "diff.md").read_text()
+
+
+def test_a_ratio_of_a_ranks_extreme_figures_breaks_no_verdict():
+    """Red team 32: a rank's call figure of 1 ns in one round beside a second-long one in another, over two rounds:
+    the family-wise interval's exp overflowed and diff.py ended with 114, the owner's verdicts lost. Each bound now
+    stops at 1e300 (and its inverse); a round with no figure or a zero is left out."""
+    ratio, low, high = diffing.ratio_interval([1e-3, 1e6, float("nan"), 0.0], [1e6, 1e-3, 5.0, 5.0], 0.9999)
+    assert ratio == pytest.approx(1.0) and low == pytest.approx(1e-300) and high == pytest.approx(1e300)
+    assert diffing.verdict(ratio, (low, high), (low, high)) == "no difference within noise"

@@ -2564,6 +2564,7 @@ def test_past_the_cap_over_every_run_the_oldest_build_logs_go(tmp_path, monkeypa
 
     monkeypatch.setenv("A2A_LOG_DIR", str(tmp_path))
     monkeypatch.setattr(core, "_build_logs", {})
+    monkeypatch.setattr(core, "_logs_of", {})
     old = [tmp_path / f"build-{n:016x}.log" for n in range(core.BUILD_LOGS_KEPT + 8)]
     for age, log in enumerate(old):
         log.write_text("an earlier run's log")
@@ -2572,6 +2573,20 @@ def test_past_the_cap_over_every_run_the_oldest_build_logs_go(tmp_path, monkeypa
     kept = sorted(tmp_path.glob("build-*.log"))
     assert written in kept and len(kept) == core.BUILD_LOGS_KEPT, len(kept)
     assert set(kept) == {written, *old[:core.BUILD_LOGS_KEPT - 1]}
+
+
+def test_one_entry_spends_only_its_own_share_of_the_build_logs(tmp_path, monkeypatch):
+    """Red team 32: the caps on build logs were the run's, so in a clock run one entry that failed with large logs
+    first left a later entry's honest build failure without its log. Each entry has its own caps."""
+    import eval as core
+
+    monkeypatch.setenv("A2A_LOG_DIR", str(tmp_path))
+    monkeypatch.setattr(core, "_build_logs", {})
+    monkeypatch.setattr(core, "_logs_of", {})
+    for n in range(core.BUILD_LOGS_PER_RUN + 2):
+        core.write_build_log(f"flood {n} " + "x" * 1000, "flooding")
+    assert core.write_build_log("one more", "flooding").startswith("not written")
+    assert Path(core.write_build_log("honest compiler error", "honest")).read_text() == "honest compiler error"
 
 
 # The first call of the run (the timed modes' warm-up, rank 0) hangs or raises; every later call is v1's.

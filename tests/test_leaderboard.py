@@ -97,7 +97,8 @@ def _saved(folder: Path, entries, meta) -> Path:
 
 def test_compare_refuses_what_is_not_a_saved_run_and_names_its_folder_itself(tmp_path, capsys):
     """Red team 31: --compare read whatever a folder held. A FIFO hung it, a link to /dev/zero ran memory out, a
-    zero or string center, a missing bound, deep nesting or a 400-digit number ended it with 114; a saved run's date
+    zero or string center, a missing bound, deep nesting or a 400-digit number ended it with 114 (red team 32: 100 000
+    entries ran for minutes); a saved run's date
     or commit named the compare's folder outside --out; its device's escape sequences were printed raw. Each is bad
     input now (113, one line, nothing written), the folder is named from this checkout, and text is escaped."""
     import run_leaderboard
@@ -119,6 +120,9 @@ def test_compare_refuses_what_is_not_a_saved_run_and_names_its_folder_itself(tmp
             continue
         with pytest.raises(core.UserError, match="not an interval of numbers|not a run's entry"):
             run_leaderboard.compare([good, folder], out)
+    many = _saved(tmp_path / "many", {f"e{n}": {"owner": figure} for n in range(501)}, {})
+    with pytest.raises(core.UserError, match="501 entries, more than the 500"):
+        run_leaderboard.compare([good, many], out)
     deep = tmp_path / "deep"
     deep.mkdir()
     (deep / "results.json").write_text("[" * 200_000)
