@@ -336,7 +336,8 @@ class Clock:
             result = live.steps.step(kind, index, inputs, check_outputs=version)
         except (judge.RankEnded, judge.Missed):
             results = live.steps.finish()
-            live.failure = core.rank_failures(results, live.entry.name) or "the ranks left the steps before the owner stopped them"
+            live.failure = (core.rank_failures(results, live.entry.name)
+                            or "the ranks left the steps before the owner stopped them")
             return None
         except Exception as exc:  # noqa: BLE001 - said in its failure
             # NOTES: what a rank can reach of the owner's step (its phase slot, its channel's words) could raise
@@ -502,13 +503,16 @@ class Clock:
         names = list(self.settings.order) or [e.name for e in self.entries]
         by_name = {e.name: e for e in self.entries}
         rounds = 0
-        # NOTES: the cap is shared out: each entry stops once its own time (its ready, visits and end per round)
-        # would pass its share, counted from the end of the first round, which pays the builds once. A cap over the
-        # whole round let one entry's slow import hold every entry to the least rounds (red team 24). An entry's
-        # rounds under the cap are fixed by its first round after the builds' (cap_rounds) and never recounted: its
-        # ready and end last as long as its ranks take, so a charge recounted every round let it stop at the round
-        # it chose, when its running figure was low (red team 31 with the sum, red team 32 with the median).
+        # NOTES: the cap is shared out: each entry runs the rounds its own time (its ready, visits and end) lets fit
+        # in its share, counted from the end of the first round, which pays the builds once. A cap over the whole
+        # round let one entry's slow import hold every entry to the least rounds (red team 24). The count is fixed by
+        # its first round after the builds' (cap_rounds) and never recounted: its ready and end last as long as its
+        # ranks take, so a charge recounted every round let it stop at the round it chose, when its running figure
+        # was low (red team 31 with the sum, red team 32 with the median). Only the judge's own figure's target stops
+        # an entry: a rank's call and held figures are its word, and two equal ones given at the round it chose met
+        # their targets there (red team 32); their targets are shown in the stop reasons.
         share_s = self.settings.time_cap_s / max(1, len(self.entries))
+        judged = [t for t in self.settings.targets if t.metric == RANKING]
         budget: dict = {}
         with sharing.shared_ranks(self.plan.placement) as env, self._nursing(env):
             for round_index in range(self.settings.max_rounds):
@@ -538,10 +542,6 @@ class Clock:
                     for entry in active:
                         if entry.name in self.failed:
                             continue
-                        # NOTES: only the judge's own figure's target stops an entry: a rank's call and held figures
-                        # are its word, and two equal ones given at the round it chose met their targets then (red
-                        # team 32). Their targets are shown in the stop reasons.
-                        judged = [t for t in self.settings.targets if t.metric == RANKING]
                         found = self._intervals(entry)
                         if judged and RANKING in found and not iv.unmet(found, judged):
                             self.stopped[entry.name] = f"the owner's target met at round {rounds}"
