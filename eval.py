@@ -850,6 +850,9 @@ def _join_group(rank: int, world_size: int, setup: RankSetup, case_id: int):
         # 2 cores, 2 ranks: the same code timed against itself spread 0.66-1.31x with full pools, 0.82-1.08x so).
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         dist.init_process_group("gloo", rank=rank, world_size=world_size, **rendezvous)
+        # NOTES: a rank can come out of gloo's join before its peer's connection to it is whole; one that then left
+        # at once (a job with no collective) ended the peer's join, "Connection closed by peer" (CI, 2026-11-28).
+        dist.barrier()
     else:
         dist.init_process_group(setup.backend, rank=rank, world_size=world_size, device_id=rank_device(rank),
                                 **rendezvous)
