@@ -852,7 +852,7 @@ def _join_group(rank: int, world_size: int, setup: RankSetup, case_id: int):
         dist.init_process_group("gloo", rank=rank, world_size=world_size, **rendezvous)
         # NOTES: a rank can come out of gloo's join before its peer's connection to it is whole; one that then left
         # at once (a job with no collective) ended the peer's join, "Connection closed by peer" (CI, 2026-11-28).
-        dist.barrier()
+        barrier(rank, bound())  # the bound one: a submission a worker imported before may have replaced dist's
     else:
         dist.init_process_group(setup.backend, rank=rank, world_size=world_size, device_id=rank_device(rank),
                                 **rendezvous)
