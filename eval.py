@@ -240,9 +240,8 @@ def read_test_file(path: Path, seed: Optional[int]) -> list[TestCase]:
     """The cases of a test file; UserError with one line for a file that cannot be read or parsed."""
     try:
         text = wire.read_regular_file(path, MAX_TEST_FILE_BYTES).decode("utf-8")
-    except wire.NotRegular as exc:
-        raise UserError(f"test file `{path}` is {exc} (1000 lines of the longest case line fit in "
-                        f"{MAX_TEST_FILE_BYTES >> 20} MiB)") from None
+    except wire.NotRegular as exc:  # not a regular file, or past 1 MiB (1000 of the longest case lines)
+        raise UserError(f"test file `{path}` is {exc}") from None
     except OSError as exc:
         raise UserError(f"Could not open test file `{path}`: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
