@@ -491,9 +491,10 @@ def compare(folders: list, out: Path) -> int:
         header.append(f"the runs differ in {', '.join(differ)}: their figures are not one machine's run to run")
     text = agreement(header, runs, names, False)
     print(text)
-    devices = {r["meta"]["device"] for r in runs}
+    devices, worlds = {r["meta"]["device"] for r in runs}, {r["meta"]["world_size"] for r in runs}
     meta = {"date": datetime.date.today().isoformat(), "device": devices.pop() if len(devices) == 1 else "several",
-            "ranks": "compare", "mode": "compare", "commit": planning.commit(),
+            "ranks": "ws-mixed" if len(worlds) > 1 else f"ws{w}" if (w := worlds.pop()).isdigit() else "ws-unknown",
+            "mode": "compare", "commit": planning.commit(),
             "compared": [wire.as_text(str(f), 300) for f in folders], "runs_meta": [r["meta"] for r in runs]}
 
     def write(folder: Path) -> None:

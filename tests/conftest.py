@@ -150,6 +150,16 @@ def v1_kernel_source(name: str = "_v1_kernel") -> str:
     return V1.read_text().replace("def custom_kernel(", f"def {name}(")
 
 
+def profile_column(report: str, column: str) -> tuple[list[float], str]:
+    """One column of profile mode's report (eval.profile_table) as numbers, and its closing line. The table's rows
+    are joined by ' | ' and the closing line follows a newline; an operator's name may hold spaces, so a column is
+    counted from the right."""
+    table, closing = report.rsplit("\n", 1)
+    header, _rule, *rows = table.split(" | ")
+    from_right = header.split().index(column) - len(header.split())
+    return [float(row.split()[from_right]) for row in rows], closing
+
+
 def shared_folder(path: Path) -> Path:
     """A folder the ranks can write: they run as another uid when the harness is started as root (eval.Sandbox)."""
     path.mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,8 @@ import boundary
 from a2a.harness import evaluate
 from a2a.plan import builds_device_code, make_plan
 from a2a.rows import parse_popcorn
-from tests.conftest import (ROOT, every_time, hanging_human_face, hanging_submission, processes_with, run_bundle,
-                            run_eval, shared_folder, start_hanging, v1_kernel_source, wait_until_gone)
+from tests.conftest import (ROOT, every_time, hanging_human_face, hanging_submission, processes_with, profile_column,
+                            run_bundle, run_eval, shared_folder, start_hanging, v1_kernel_source, wait_until_gone)
 
 SMALL_LINE = "num_experts: 8; experts_per_token: 2; hidden_dim: 256; max_num_tokens: 12; seed: {seed}; world_size: 2"
 OFFICIAL_TEST_KEYS = {"test-count", "check"}
@@ -39,6 +39,8 @@ def test_an_honest_profile_passes_with_its_report():
     """The runner logs no status for a profiled case (2026-11-28, four H200s: every profiled case read 'not run')."""
     (case,) = evaluate(make_plan("v1", "benchmarks:0", 2, "gloo"), "profile", progress=lambda *_: None).cases
     assert case["status"] == "pass" and "self_cpu_us" in case["report"], case
+    cpu_us, closing = profile_column(case["report"], "self_cpu_us")  # the GPU test reads its report the same way
+    assert cpu_us and max(cpu_us) > 0 and "over 2 ranks" in closing, case["report"]
 
 
 def test_protocol_output_has_the_official_keys(bundle):

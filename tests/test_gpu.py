@@ -23,8 +23,8 @@ from a2a.harness import evaluate, render
 from a2a.plan import keep_rows_home, list_versions, load_version, make_plan, prebuild, resolve_version
 from a2a.rows import parse_popcorn
 from a2a.launch import parallel_launch
-from tests.conftest import (ROOT, gpu_count, hanging_human_face, hanging_submission, reachable, requires_gpu,
-                            run_bundle, run_eval, v1_kernel_source, wait_until_gone)
+from tests.conftest import (ROOT, gpu_count, hanging_human_face, hanging_submission, profile_column, reachable,
+                            requires_gpu, run_bundle, run_eval, v1_kernel_source, wait_until_gone)
 
 # One process runs this file (pytest-xdist's loadgroup keeps the group on one worker): its setup, the MPS daemon and
 # the side-by-side runs below are the module's own.
@@ -557,8 +557,8 @@ def test_profile_mode_profiles_a_call_on_the_owners_input_and_checks_it():
     result = evaluate(make_plan(VERSIONS[-1], "benchmarks:0", largest(), "nccl"), "profile", **QUIET)
     (case,) = result.cases
     assert result.exit_code == 0 and case["status"] == "pass" and "self_device_us" in case["report"], case
-    device_us = [float(row.split()[-2]) for row in case["report"].split(" | ")[2:] if len(row.split()) >= 6]
-    assert device_us and max(device_us) > 0, case["report"]
+    device_us, closing = profile_column(case["report"], "self_device_us")
+    assert device_us and max(device_us) > 0 and f"over {largest()} ranks" in closing, case["report"]
 
 
 def _pattern(size: int, device: str):

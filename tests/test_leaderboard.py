@@ -78,7 +78,8 @@ def _compare_with_a_slower_copy(folder, out, capsys):
     assert "-9.1% / +9.1%" in rows["the owner's step (ranks)"]  # 1.2 around the median of 1 and 1.2
     assert "-0.0% / +0.0%" in rows["call time (the rank's events, idle stream)"]
     (made,) = out.iterdir()
-    assert made.name.endswith("_compare_" + saved["meta"]["commit"])  # this checkout's, as the saved run's
+    # the runs' world size, then this checkout's commit (here the saved run's)
+    assert made.name.endswith(f"_ws{saved['meta']['world_size']}_compare_" + saved["meta"]["commit"])
     assert (made / "table.md").read_text().strip() in text
     saved["partial"] = "cut"
     (slower / "results.json").write_text(json.dumps(saved))
@@ -144,7 +145,7 @@ def test_compare_refuses_what_is_not_a_saved_run_and_names_its_folder_itself(tmp
     shown = capsys.readouterr().out
     assert "\x1b" not in shown and "\\x1b[2J" in shown and "\x1b" not in (made / "table.md").read_text()
     assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "elsewhere2").exists()
-    assert made.name.endswith("_compare_compare_" + planning.commit()), made.name
+    assert made.name.endswith("_ws-unknown_compare_" + planning.commit()), made.name
 
 
 SHAPES = (("E=8 k=2 H=6144 T=16", 1.0), ("E=64 k=6 H=2048 T=32", 1.5), ("E=256 k=8 H=7168 T=256", 3.0))
