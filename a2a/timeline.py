@@ -10,7 +10,9 @@ device clock where the stream reaches them. The profiled calls run under torch.p
 call, launches, syncs, PyTorch ops), which slows the host (seen: v2's smallest shape, 185-200 µs marker to marker
 under the profiler against 110-137 µs timed); so the table and the picture come from the clean calls, and the
 profiled ones feed trace.json's host thread (and the table of a version without probes). The L2 is cleared before
-each call, as in the timed runs. All cases of one run share one process group.
+each call, as in the timed runs. All cases of one run share one process group. For a version with probes, the
+timed build runs `iterations` clean calls the same way after the trace build's, and phases.md says what the probes
+cost: the two builds' marker-to-marker times side by side.
 
 With peers on their own GPUs every traced call is queued behind a sleep and the handshake's flag round
 (a2a/probes.py), as the clock's held step is (eval.Hold.align): the ranks' calls start together, so the trace shows
@@ -67,7 +69,8 @@ def _traced_calls(module, probes, data, rank: int, iterations: int, profiled: bo
     """`iterations` evaluator steps (a2a.bench.timed_step) with a marker kernel right before and after the call: marks,
     probe records and host ns per call (and the profiler's events). The markers are this tool's own work, bound to
     the rank's GPU; the call runs with the current device the runner leaves. `align` (a flag round among the ranks,
-    probes.Handshake.launch) is queued after a sleep before each start marker, as the held step queues it."""
+    probes.Handshake.launch) is queued after a sleep before each start marker, as the held step queues it. A timed
+    build (`module` without TRACE on) gives marks and host ns only."""
     import contextlib
 
     import torch
@@ -76,7 +79,7 @@ def _traced_calls(module, probes, data, rank: int, iterations: int, profiled: bo
     import eval as core
     from a2a import bench
 
-    take = getattr(module, "trace_take", None)
+    take = getattr(module, "trace_take", None) if getattr(module, "TRACE", True) else None
     with core.own_device(rank):
         marks = torch.zeros(iterations, 2, dtype=torch.int64, device=core.rank_device(rank))
     records, host_call_ns, step = [], [], {}
@@ -126,6 +129,9 @@ def _trace_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
 
     module = load_version(Path(path), f"traced_{Path(path).stem}", trace=True)
     take = getattr(module, "trace_take", None)
+    # The timed build beside it, run the same way: what the probes themselves cost (2026-11-28: v13's trace showed
+    # its kernel 3 µs shorter than v10's, the clock a tie; v10's probes stamp every row, v13's every tile).
+    timed = load_version(Path(path), f"timed_{Path(path).stem}") if take else None
     with core.own_device(rank):
         probes = Probes(rank, world_size)
     handshake = None
@@ -146,8 +152,11 @@ def _trace_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
             bench.measure({"call": module.custom_kernel}, data, rank, [])  # a2a.bench.WARMUP_CALLS calls, none timed
             if take:
                 take()
-            results.append({"clean": {**common, **load, **_traced_calls(module, probes, data, rank, iterations,
-                                                                         False, align)},
+            clean = {**common, **load, **_traced_calls(module, probes, data, rank, iterations, False, align)}
+            if timed is not None:
+                bench.measure({"call": timed.custom_kernel}, data, rank, [])
+                clean["timed_marks"] = _traced_calls(timed, probes, data, rank, iterations, False, align)["marks"]
+            results.append({"clean": clean,
                             "profiled": {**common, **load, **_traced_calls(module, probes, data, rank,
                                                                            JSON_ITERATIONS, True, align)}})
         if handshake is not None:  # a collective, after every case went well; raises if a flag round gave up
@@ -393,6 +402,28 @@ def _load_line(ranks: list) -> str:
     return "Load (rows = (token, k) pairs): " + "; ".join(parts) + "."
 
 
+def probes_cost(ranks: list) -> Optional[list]:
+    """Per rank (timed build µs, trace build µs): the median marker-to-marker time of the timed build's clean calls
+    and of the trace build's, run the same way in the same process (None when the timed build was not run: a
+    version without probes has one build)."""
+    if not all(data.get("timed_marks") for data in ranks):
+        return None
+    return [tuple(statistics.median(end - begin for begin, end in marks) / 1e3
+                  for marks in (data["timed_marks"], data["marks"])) for data in ranks]
+
+
+def _probes_line(ranks: list) -> str:
+    costs = probes_cost(ranks)
+    timed, traced = [c[0] for c in costs], [c[1] for c in costs]
+    added = [trace - time for time, trace in costs]
+    share = [100 * (trace - time) / time for time, trace in costs if time > 0]
+    return (f"The probes' own cost: the timed build, run the same way beside the trace build, takes "
+            f"{min(timed):.1f}-{max(timed):.1f} µs marker to marker (median per rank) against the trace build's "
+            f"{min(traced):.1f}-{max(traced):.1f}: the probes add {min(added):.1f} to {max(added):.1f} µs "
+            f"({min(share, default=0):.0f}% to {max(share, default=0):.0f}%) per rank. The phases below are the trace "
+            f"build's; compare two versions' phases only where their probes cost alike.")
+
+
 def phases_markdown(ranks: list, meta: dict) -> str:
     from tabulate import tabulate
 
@@ -413,6 +444,7 @@ def phases_markdown(ranks: list, meta: dict) -> str:
              f"{alignment}.", "",
              *([_skew_line(ranks), ""] if len(ranks) > 1 else []),
              *([_load_line(ranks), ""] if "num_tokens" in ranks[0] else []),
+             *([_probes_line(ranks), ""] if probes_cost(ranks) else []),
              tabulate(rows, headers=header, tablefmt="github", floatfmt=".1f")]
     return "\n".join(lines) + "\n"
 

@@ -917,7 +917,13 @@ def test_trace_writes_the_json_the_picture_and_the_table(tmp_path):
     assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0, 1}
     assert set(trace["otherData"]["clock_alignment"]) == {"rank 0", "rank 1"}
     assert (folder / "timeline.png").stat().st_size > 10_000
-    assert "| dispatch_recv / wait_counts" in (folder / "phases.md").read_text()
+    text = (folder / "phases.md").read_text()
+    assert "| dispatch_recv / wait_counts" in text
+    # the timed build ran beside the trace build: both builds' times, one process (a2a.plan.load_version)
+    line = next(line for line in text.splitlines() if line.startswith("The probes' own cost"))
+    timed, traced = (float(part.split(" µs")[0].split("-")[0]) for part in
+                     line.split("takes ")[1].split(" against the trace build's "))
+    assert 0 < timed and 0 < traced, line
 
 
 @gpu_per_rank(2, "the handshake's flag round between GPUs")
@@ -933,6 +939,7 @@ def test_with_peers_a_traced_call_starts_when_every_rank_does(tmp_path):
     line = next(line for line in text.splitlines() if line.startswith("Start skew"))
     assert "each call queued behind a sleep and the handshake's flag round" in line, line
     assert float(line.split("median): ")[1].split(" µs")[0]) < 10.0, line
+    assert any(line.startswith("The probes' own cost") for line in text.splitlines()), text
 
 
 @gpu_per_rank(2, "a timing of this machine's links")

@@ -131,3 +131,33 @@ def test_the_start_skew_is_the_ranks_start_markers_apart_on_rank_0s_clock():
     assert "Start skew (the ranks' start markers on rank 0's clock, latest - earliest, median): 2.0 µs; each call " \
            "queued behind a sleep" in text, text
     assert "Start skew" not in timeline.phases_markdown([first], META)
+
+
+def test_the_table_says_what_the_probes_cost_when_the_timed_build_ran_beside():
+    """2026-11-28: v13's trace showed its kernel 3 µs shorter than v10's while the clock saw a tie; v10's probes
+    stamp every row, v13's every tile. The timed build's marker-to-marker time beside the trace build's says how much
+    of a phase is the probes'."""
+    ranks = [rank_data(0, 0.0), rank_data(1, 5e6)]
+    assert timeline.probes_cost(ranks) is None and "probes' own cost" not in timeline.phases_markdown(ranks, META)
+    ranks[0]["timed_marks"] = [[0, 8000], [0, 9000], [0, 20000]]  # median 9 µs against the trace build's 10
+    ranks[1]["timed_marks"] = [[5e6, 5e6 + 10000]]  # no cost on rank 1
+    assert timeline.probes_cost(ranks) == [(9.0, 10.0), (10.0, 10.0)]
+    line = next(line for line in timeline.phases_markdown(ranks, META).splitlines() if "probes' own cost" in line)
+    assert "9.0-10.0 µs marker to marker" in line and "the probes add 0.0 to 1.0 µs (0% to 11%)" in line, line
+
+
+def test_a_trace_build_and_a_timed_build_load_side_by_side(tmp_path, monkeypatch):
+    """A version reads A2A_TRACE at import. load_version used to set it and leave it set, so any version loaded
+    after a trace build in the same process (the tracer's timed build, test_gpu's) was a trace build too."""
+    import os
+
+    from a2a.plan import load_version
+
+    path = tmp_path / "reads_the_flag.py"
+    path.write_text('import os\nTRACE = os.environ.get("A2A_TRACE") == "1"\n')
+    monkeypatch.setenv("A2A_TRACE", "1")  # whatever the caller's environment says
+    assert not load_version(path, "timed_one").TRACE
+    assert os.environ["A2A_TRACE"] == "1"
+    monkeypatch.delenv("A2A_TRACE")
+    assert load_version(path, "traced_one", trace=True).TRACE and not load_version(path, "timed_two").TRACE
+    assert "A2A_TRACE" not in os.environ
