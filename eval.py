@@ -1229,7 +1229,8 @@ class RankPool:
         self.zygote: Optional[Zygote] = None
         self.nursery = nursery
         self.rerun_main = rerun_main
-        self.backend, self.rank_prefix, self.env = backend, rank_prefix, dict(env or {})
+        # A2A_TRACE=1 in the caller's environment would make every rank import its version's trace build
+        self.backend, self.rank_prefix, self.env = backend, rank_prefix, dict(env or {}, A2A_TRACE="0")
         self.bundle = str(bundle) if bundle else None
         self.nccl_version = self.env.get("A2A_NCCL_VERSION", os.environ.get("A2A_NCCL_VERSION"))
         self.master_port = master_port

@@ -86,6 +86,26 @@ def test_leaderboard_mode_rechecks_with_fresh_seeds(bundle):
     assert any(why in keys["benchmark.0.error"] for why in ("mismatch", "wrong shape"))  # a fresh input's size differs
 
 
+IMPORTED_AS_A_TRACE_BUILD = v1_kernel_source() + """
+import os
+
+TRACE = os.environ.get("A2A_TRACE") == "1"  # as every version with probes reads it, at import
+
+
+def custom_kernel(data):
+    assert not TRACE, "imported as its trace build"
+    return _v1_kernel(data)
+"""
+
+
+def test_the_judge_times_the_timed_build_whatever_the_callers_environment(bundle):
+    """A2A_TRACE=1 left in a shell made every rank import its version's trace build: timed with its probes."""
+    write_submission(bundle, IMPORTED_AS_A_TRACE_BUILD)
+    (bundle / "one.txt").write_text(SMALL_LINE.format(seed=3) + "\n")
+    code, output, stderr = run_bundle(bundle, "test", "one.txt", {"A2A_TRACE": "1"})
+    assert code == 0 and parse_popcorn(output)["check"] == "pass", output + stderr[-2000:]
+
+
 def test_wrong_result_exits_112_with_a_short_report(bundle):
     write_submission(bundle, "def custom_kernel(data):\n    cfg, rank_data, rank, ws = data\n"
                              "    return torch.zeros_like(rank_data.x)\n")
