@@ -31,6 +31,8 @@ VERSION_PROTOCOL = (
      "heap_layout(world, slots, hidden, topk) -> the symmetric heap's byte offsets and its 'total'"),
     ("_now_ns", "Triton line", "tools/interpret_ranks.py", "the device clock (inline assembly): stood in for there"),
     ("_backoff", "Triton line", "tools/interpret_ranks.py", "a spin's back-off (inline assembly): stood in for there"),
+    ("TRACE", "v2 on", "a2a/timeline.py", "True in the trace build (A2A_TRACE=1 at import), False in the timed build "
+     "the tracer runs beside it"),
     ("TRACE_PHASES", "v2 on", "a2a/timeline.py, tests", "phase names in the device enum's order"),
     ("trace_take", "v2 on", "a2a/timeline.py, tests",
      "trace_take() -> the trace build's records since the last take"),
