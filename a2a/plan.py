@@ -229,17 +229,10 @@ def load_version(path: Path, name: str, trace: bool = False):
     `trace` (a version reads A2A_TRACE at import), else its timed build, whatever the environment says; the
     environment is left as it was, so a trace build and a timed build can be loaded in one process. A load_inline
     build happens at the first import on the machine; torch's lock lets one process build while the others wait."""
-    before = os.environ.get("A2A_TRACE")
-    os.environ["A2A_TRACE"] = "1" if trace else "0"
-    try:
+    with core.environment_with({"A2A_TRACE": "1" if trace else "0"}):  # no thread's child sees it meanwhile
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    finally:
-        if before is None:
-            del os.environ["A2A_TRACE"]
-        else:
-            os.environ["A2A_TRACE"] = before
     return module
 
 

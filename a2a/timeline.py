@@ -130,7 +130,7 @@ def _trace_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
     module = load_version(Path(path), f"traced_{Path(path).stem}", trace=True)
     take = getattr(module, "trace_take", None)
     # The timed build beside it, run the same way: what the probes themselves cost (2026-11-28: v13's trace showed
-    # its kernel 3 µs shorter than v10's, the clock a tie; v10's probes stamp every row, v13's every tile).
+    # its kernel 3 µs shorter than v10's where the clock saw a tie).
     timed = load_version(Path(path), f"timed_{Path(path).stem}") if take else None
     with core.own_device(rank):
         probes = Probes(rank, world_size)

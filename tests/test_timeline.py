@@ -134,9 +134,8 @@ def test_the_start_skew_is_the_ranks_start_markers_apart_on_rank_0s_clock():
 
 
 def test_the_table_says_what_the_probes_cost_when_the_timed_build_ran_beside():
-    """2026-11-28: v13's trace showed its kernel 3 µs shorter than v10's while the clock saw a tie; v10's probes
-    stamp every row, v13's every tile. The timed build's marker-to-marker time beside the trace build's says how much
-    of a phase is the probes'."""
+    """2026-11-28: v13's trace showed its kernel 3 µs shorter than v10's while the clock saw a tie. The timed build's
+    marker-to-marker time beside the trace build's says how much of a phase is the probes'."""
     ranks = [rank_data(0, 0.0), rank_data(1, 5e6)]
     assert timeline.probes_cost(ranks) is None and "probes' own cost" not in timeline.phases_markdown(ranks, META)
     ranks[0]["timed_marks"] = [[0, 8000], [0, 9000], [0, 20000]]  # median 9 µs against the trace build's 10
