@@ -468,9 +468,9 @@ def memory_cap_hit(uid: Optional[int]) -> bool:
 RANK_UID_BASE, RANK_UID_SPAN = 60000, 5000
 # Folders every user may write. In a rank's mount namespace each is covered by a folder of its pool's run.
 COVERED = ("/tmp", "/var/tmp", "/dev/shm")
-# The judge's own build cache, root's and out of the ranks' reach (A2A_RANK_CACHE moves it): `builds/<key>/`, what a
-# pool of that source built, copied back by the judge when the pool ends; `prebuilt/`, what the judge's build step
-# (a2a/plan.prebuild) made; `owners/`, the uid records.
+# The judge's own build cache, root's alone (0700) and out of the ranks' reach wherever A2A_RANK_CACHE moves it:
+# `builds/<key>/`, what a pool of that source built, copied back by the judge when the pool ends; `prebuilt/`, what
+# the judge's build step (a2a/plan.prebuild) made; `owners/`, the uid records.
 RANK_CACHE = Path(os.environ.get("A2A_RANK_CACHE", "/var/tmp/a2a-rank-cache"))
 BUILDS = RANK_CACHE / "builds"
 UID_RECORDS = RANK_CACHE / "owners"  # uid -> the command that runs ranks as it (pid:start time:since ns)
@@ -793,14 +793,18 @@ class Sandbox:
                                  expose=tuple(pairs), memory_group=str(group or ""))
 
     @staticmethod
-    def source_key(path: Path) -> Optional[str]:
-        """The build key of a submission file: the hash of its bytes (None when there is none)."""
+    def source_key(path: Path, entry: str = "") -> Optional[str]:
+        """The build key of a submission file: the hash of its bytes, and of `entry` (the name a run gives it) when
+        given (None when there is no file). NOTES: in one clock round every entry gets the same inputs, so two
+        entries of the same bytes must not share builds (red team 33: the third of three identical files found
+        the first's answers, kept by input in its extension cache, for 8 of 8 calls)."""
         import hashlib
 
         try:
-            return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+            source = Path(path).read_bytes()
         except OSError:
             return None
+        return hashlib.sha256(entry.encode("utf-8", "surrogateescape") + b"\0" + source if entry else source).hexdigest()
 
     def _start_guardian(self) -> str:
         """Starts the namespace's guardian; the way mounts are made read-only here ("" for none)."""
@@ -1292,7 +1296,10 @@ def prepare_rank_cache() -> dict:
     then starts from."""
     for folder in (RANK_CACHE, BUILDS, UID_RECORDS, RANK_CACHE / "prebuilt"):
         folder.mkdir(parents=True, exist_ok=True)
-        os.chmod(folder, 0o755)
+        # NOTES: root's alone: a pool reads only its own copy (seed_builds). Below /tmp, /var/tmp or /dev/shm its
+        # ranks see their own folders there anyway, but elsewhere (A2A_RANK_CACHE) 0755 let every source read every
+        # other's kept builds, live, in the same round (red team 33).
+        os.chmod(folder, 0o700)
     for name in LEGACY_CACHES:
         remove_tree(RANK_CACHE / name)
     return {name: str(RANK_CACHE / "prebuilt" / sub) for name, sub in CACHE_FOLDERS.items()}

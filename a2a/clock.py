@@ -306,8 +306,10 @@ class Clock:
         _begin)."""
         pool = None
         try:
-            pool = core.RankPool(self.plan.world_size, self.plan.backend, rank_prefix=True, env=env,
-                                 bundle=self.bundles.get(entry.name), rerun_main=False, nursery=self.nursery)
+            bundle = self.bundles.get(entry.name)
+            pool = core.RankPool(self.plan.world_size, self.plan.backend, rank_prefix=True, env=env, bundle=bundle,
+                                 rerun_main=False, nursery=self.nursery,
+                                 build_key=core.Sandbox.source_key(Path(bundle or ".") / "submission.py", entry.name))
             self.guards = f"{pool.guards.describe()}; {core.transport_text(pool, self.plan.world_size)}"
             self.uid = pool.guards.uid
             return _Live(entry, pool, None)

@@ -436,6 +436,30 @@ def test_builds_are_kept_for_the_same_source_only():
     subprocess.run(["rm", "-rf", str(boundary.BUILDS / key)], check=True)
 
 
+def test_the_judges_cache_is_closed_to_the_ranks_wherever_it_lies(monkeypatch):
+    """A2A_RANK_CACHE outside /tmp, /var/tmp and /dev/shm (red team 33: there the ranks saw it read-only, and one
+    source read another's kept builds in the same round): a rank can list neither the cache nor its builds."""
+    cache = ROOT / "build" / f".rank-cache-test-{os.getpid()}"  # below no folder a run covers
+    for name, path in (("RANK_CACHE", cache), ("BUILDS", cache / "builds"), ("UID_RECORDS", cache / "owners")):
+        monkeypatch.setattr(boundary, name, path)
+    sandbox = None
+    try:
+        boundary.prepare_rank_cache()
+        kept = cache / "builds" / ("ef" * 32) / "torch_extensions"
+        kept.mkdir(parents=True)
+        (kept / "answers").write_text("another source's")
+        os.chmod(kept.parent, 0o755)  # as keep_builds leaves a key
+        sandbox = boundary.Sandbox()
+        code = "".join(f"try:\n    print(os.listdir({str(p)!r}))\nexcept OSError as e:\n    print('refused', e.errno)\n"
+                       for p in (cache, kept))
+        seen = _in_sandbox(sandbox, code)
+        assert seen.returncode == 0 and seen.stdout.split("\n")[:2] == ["refused 13", "refused 13"], \
+            seen.stdout + seen.stderr
+    finally:
+        if sandbox is not None:
+            sandbox.close()
+        subprocess.run(["rm", "-rf", str(cache)], check=True)
+
 def test_every_pool_starts_from_the_judges_build_step_when_no_cache_is_named(monkeypatch):
     """The judge's build step's cache (prepare_rank_cache) seeds every pool, also in a command that names no cache
     folder of its own (`make leaderboard`): before, only a named folder was copied, and a fresh machine's clock

@@ -1829,6 +1829,58 @@ def test_answers_cached_by_content_never_hit_in_a_clock_round(tmp_path, capfd):
     assert "HOSTILE hit" not in err, err[-3000:]
 
 
+# Answers kept by input in the rank's extension cache, which the judge keeps for the next pool of the same key (red
+# team 33: three byte-identical files under three names, one clock round; the third's pool started from the first's
+# kept cache and answered 8 of 8 calls from it). Hits are agreed among the ranks, as above.
+CACHED_IN_BUILDS = '''
+import hashlib
+
+import torch
+import torch.distributed as dist
+
+
+def custom_kernel(data):
+    cfg, rank_data, rank, world_size = data
+    folder = _os.path.join(_os.environ["TORCH_EXTENSIONS_DIR"], "answers")
+    _os.makedirs(folder, exist_ok=True)
+    key = hashlib.sha256(rank_data.x.cpu().numpy().tobytes() + rank_data.indices.cpu().numpy().tobytes()).hexdigest()
+    path = _os.path.join(folder, key)
+    agreed = torch.tensor([1 if _os.path.exists(path) else 0])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    if int(agreed):
+        _say("hit", rank)
+        return torch.load(path)
+    out = _honest(data)
+    torch.save(out, path)
+    return out
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
+                    reason="kept builds are the boundary's (root on Linux); without it the ranks share one cache")
+def test_identical_entries_under_two_names_share_no_kept_build(tmp_path, capfd):
+    """Three byte-identical files of the cache above as three entries of one clock round, which all get the same
+    inputs: each entry's pool starts from builds kept for that entry alone, so not one call hits."""
+    folder = reachable(tmp_path)
+    cases = folder / "cases.txt"
+    cases.write_text(SMALL_LINE.format(seed=FIRST_SEED) + "\n")
+    paths = [folder / f"same_{name}.py" for name in "abc"]
+    for path in paths:
+        path.write_text(hostile(CACHED_IN_BUILDS))
+    plan = make_plan([str(p) for p in paths], str(cases), 2, "gloo", gpu_only="keep")
+    settings = clock.Settings(steps=3, warmup=1, min_rounds=2, max_rounds=2, time_cap_s=math.inf, targets=())
+    entries = [clock.Entry(p.stem, "version", str(v)) for p, v in zip(paths, plan.versions)]
+    try:
+        run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    finally:  # what the entries kept goes with the test
+        for kept in boundary.BUILDS.glob("*/torch_extensions/answers"):
+            subprocess.run(["rm", "-rf", str(kept.parent.parent)], check=True)
+    err = capfd.readouterr().err
+    assert run.rounds == 2 and not run.failed, (run.failed, err[-3000:])
+    calls = re.findall(r"HOSTILE call_ns", err)
+    assert calls and "HOSTILE hit" not in err, err[-3000:]
+
+
 SEEDED = 424_242_424  # POPCORN_SEED of the seed tests below
 
 # Where a rank could read the run's secret or the seed its inputs came from: its environment, every /proc file it
