@@ -195,6 +195,21 @@ def test_a_gpu_session_wait_gives_up_at_its_bound_and_the_pack_after_it_runs(tmp
     assert 2 <= took < 20 and (dest / "session.tgz").is_file(), (took, list(dest.iterdir()) if dest.exists() else None)
 
 
+def test_a_detached_gpu_session_runs_from_its_own_copy_of_the_tree(tmp_path):
+    """`start` copies the tree into DIR/tree and runs from there (2026-11-29: the device tool's re-sync of the
+    repository at a polling call made a rank's import fail mid-run): a file the run reads after the repository's copy
+    changed is still the one it started with."""
+    folder = tmp_path / "session"
+    started = subprocess.run(["bash", "tools/gpu_session.sh", str(folder), "start", "set:A2A_PROBE=1"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    waited = subprocess.run(["bash", "tools/gpu_session.sh", str(folder), "wait:60"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert started.returncode == 0 and waited.returncode == 0, started.stderr + waited.stderr
+    tree = folder / "tree"
+    assert (tree / "tools" / "gpu_session.sh").read_bytes() == (ROOT / "tools" / "gpu_session.sh").read_bytes()
+    assert (tree / "eval.py").is_file() and not (tree / ".git").exists() and not (tree / "results").exists()
+    assert "== set A2A_PROBE=1" in (folder / "logs" / "session.log").read_text()
+
 def _compilers() -> bool:
     import shutil
 

@@ -169,9 +169,15 @@ run_steps() {
 
 if [ "${1:-}" = start ]; then
   shift
+  # NOTES: a detached run works from its own copy of the tree. The device tool re-syncs the repository's copy at
+  # every call, and a rank importing meanwhile failed (2026-11-29: "cannot import name 'probes' from 'a2a'" in
+  # round 5 of a clock run, at the moment the polling call began).
+  rm -rf "$out/tree" && mkdir "$out/tree" &&
+    tar -C . --exclude=./.git --exclude=./results --exclude=./traces --exclude=./.venv -cf - . | tar -C "$out/tree" -xf - ||
+    { echo "tools/gpu_session.sh: could not copy the tree into $out/tree" >&2; exit 114; }
   touch "$out/.running"
-  setsid bash -c '"$0" "$1" "${@:2}"; rm -f "$1/.running"' "$0" "$out" "$@" > "$out/logs/background.log" 2>&1 \
-    < /dev/null &
+  setsid bash -c '"$0" "$1" "${@:2}"; rm -f "$1/.running"' "$out/tree/tools/gpu_session.sh" "$out" "$@" \
+    > "$out/logs/background.log" 2>&1 < /dev/null &
   echo "started detached: $*"
   exit 0
 fi
