@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Callable
 
 import eval as core
+import wire
 from a2a import plan as planning
+from a2a.launch import SubmissionFailed
 from eval import UserError
 
 # name -> (what runs, relative to the repository: a script, or `-m module`; what it does). `python -m a2a.cli` lists
@@ -78,6 +80,9 @@ def run_cli(entry, argv=None) -> int:
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return core.EXIT_BAD_INPUT
+    except SubmissionFailed as failure:
+        print(f"{Path(sys.argv[0]).name}: {wire.as_text(failure, 2000)}", file=sys.stderr)
+        return core.EXIT_CHECK_FAILED
     except core.Terminated as stop:
         print(f"{Path(sys.argv[0]).name}: {stop.name} received; the run and every rank it started have been stopped",
               file=sys.stderr)

@@ -41,6 +41,7 @@ from typing import Optional
 import eval as core
 import judge
 from births import on_cpu
+from boundary import Sandbox
 from a2a import intervals as iv
 from a2a import sharing
 
@@ -309,7 +310,7 @@ class Clock:
             bundle = self.bundles.get(entry.name)
             pool = core.RankPool(self.plan.world_size, self.plan.backend, rank_prefix=True, env=env, bundle=bundle,
                                  rerun_main=False, nursery=self.nursery,
-                                 build_key=core.Sandbox.source_key(Path(bundle or ".") / "submission.py", entry.name))
+                                 build_key=Sandbox.source_key(Path(bundle or ".") / "submission.py", entry.name))
             self.guards = f"{pool.guards.describe()}; {core.transport_text(pool, self.plan.world_size)}"
             self.uid = pool.guards.uid
             return _Live(entry, pool, None)

@@ -17,6 +17,21 @@ class LaunchError(RuntimeError):
     pass
 
 
+class SubmissionFailed(Exception):
+    """A tool's ranks ran a submission, and it crashed, hung or returned what does not fit the tool's shape: the
+    submission's failure, exit 112 with one line (a2a/cli.run_cli), never the harness's 114."""
+
+
+def submission_launch(world_size: int, fn: Callable, *args: Any, backend: Optional[str] = None,
+                      timeout_s: float = 300.0) -> list:
+    """parallel_launch for a tool whose ranks import a submission: what they return is the submission's data, and a
+    rank's failure is the submission's (SubmissionFailed)."""
+    try:
+        return parallel_launch(world_size, fn, *args, backend=backend, timeout_s=timeout_s)
+    except LaunchError as error:
+        raise SubmissionFailed(f"the submission's ranks failed: {error}") from None
+
+
 def parallel_launch(world_size: int, fn: Callable, *args: Any, backend: Optional[str] = None,
                     timeout_s: float = 300.0) -> list:
     """Calls fn(rank, world_size, *args) on every rank (fn and args must be picklable) and returns the per-rank

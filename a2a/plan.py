@@ -173,6 +173,11 @@ def resolve_version(name: str) -> Path:
         raise UserError("an empty version name")
     path = Path(name)
     if path.suffix == ".py" or os.sep in name:
+        import wire
+
+        if wire.as_text(name, len(name) + 1) != name:  # its name goes into lines, tables, plots and folder names
+            raise UserError(f"{wire.as_text(name, 200)}: a submission's path may hold no control, line-breaking or "
+                            "bidirectional character, nor undecodable bytes")
         if not path.is_file():
             kind = ("a folder" if path.is_dir() else "a FIFO" if path.is_fifo() else "a device" if
                     path.is_char_device() or path.is_block_device() else None) if path.exists() else None

@@ -34,6 +34,7 @@ time in the call).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -170,6 +171,75 @@ def _trace_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
 # --------------------------------------------------------------------------------------------------------------
 # Analysis (pure: CPU-tested on synthetic rank data)
 # --------------------------------------------------------------------------------------------------------------
+
+# What one rank may return per call set: more is not a trace of this tool's calls.
+MAX_PHASES, MAX_RECORDS_PER_CALL, MAX_EVENTS = 64, 1 << 16, 1 << 18
+PHASE_CHARS, EVENT_CHARS = 60, 400  # a profiler's kernel name runs to a few hundred characters of C++
+
+
+def _number(value) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def _pairs(value, count: int) -> bool:
+    return (isinstance(value, list) and len(value) == count
+            and all(isinstance(p, list) and len(p) == 2 and all(type(v) is int for v in p) for p in value))
+
+
+def _checked_calls(data, rank: int, world_size: int, calls: int) -> dict:
+    """One rank's data of one set of calls (_trace_rank's "clean" or "profiled"), rebuilt from what fits its shape,
+    every name as a line of escaped text; SubmissionFailed for anything else."""
+    from a2a.launch import SubmissionFailed
+    from wire import as_text
+
+    def need(fits: bool, what: str) -> None:
+        if not fits:
+            raise SubmissionFailed(f"rank {rank}'s trace data does not fit: {what} (the submission runs in that rank)")
+
+    need(isinstance(data, dict), "not a mapping")
+    clock, phases = data.get("clock"), data.get("phases")
+    need(isinstance(clock, dict) and all(_number(clock.get(k)) for k in ("offset_ns", "error_ns", "timer_step_ns")),
+         "its clock")
+    need(isinstance(phases, list) and len(phases) <= MAX_PHASES and all(isinstance(p, str) for p in phases),
+         f"its phases (at most {MAX_PHASES} names)")
+    need(_pairs(data.get("marks"), calls), f"its marks ({calls} pairs of integers)")
+    need(data.get("timed_marks") is None or _pairs(data["timed_marks"], calls), "its timed build's marks")
+    records = data.get("records")
+    need(isinstance(records, list) and (not phases or len(records) == calls), "its probe records (one list a call)")
+    for call in records if phases else ():
+        need(isinstance(call, list) and len(call) <= MAX_RECORDS_PER_CALL
+             and all(isinstance(r, list) and len(r) == 4 and all(type(v) is int for v in r)
+                     and 0 <= r[0] < len(phases) for r in call), "a probe record (a phase it does not name)")
+    events = data.get("events")
+    need(isinstance(events, list) and len(events) <= MAX_EVENTS
+         and all(isinstance(e, (list, tuple)) and len(e) == 4 and e[0] in HOST_CATEGORIES | DEVICE_CATEGORIES
+                 and isinstance(e[1], str) and _number(e[2]) and _number(e[3]) for e in events), "its profiler events")
+    host, rows = data.get("host_call_ns"), data.get("rows_to")
+    need(isinstance(host, list) and len(host) == calls and all(map(_number, host)), "its host times")
+    need(type(data.get("num_tokens")) is int and isinstance(rows, list) and len(rows) == world_size
+         and all(type(r) is int and r >= 0 for r in rows), "its load")
+    return {**{key: data[key] for key in ("clock", "marks", "host_call_ns", "num_tokens", "rows_to")},
+            "rank": rank, "aligned": data.get("aligned") is True, "timed_marks": data.get("timed_marks"),
+            "phases": [as_text(name, PHASE_CHARS) for name in phases], "records": records if phases else [],
+            "events": [(cat, as_text(name, EVENT_CHARS), float(start), float(end)) for cat, name, start, end in events]}
+
+
+def checked_ranks(per_rank, world_size: int, cases: int, iterations: int) -> list:
+    """What parallel_launch returned from _trace_rank's ranks, where the submission runs (red team 33: a phase
+    index past its names ended the owner's analysis with 114, and escape codes in names reached phases.md and the
+    terminal): per case, per rank, {"clean", "profiled"} rebuilt by _checked_calls."""
+    from a2a.launch import SubmissionFailed
+
+    if not (isinstance(per_rank, list) and len(per_rank) == world_size
+            and all(isinstance(r, list) and len(r) == cases for r in per_rank)):
+        raise SubmissionFailed(f"the ranks' trace data does not fit: not {cases} case(s) from each of {world_size}")
+
+    def checked(item, rank: int) -> dict:
+        item = item if isinstance(item, dict) else {}
+        return {"clean": _checked_calls(item.get("clean"), rank, world_size, iterations),
+                "profiled": _checked_calls(item.get("profiled"), rank, world_size, JSON_ITERATIONS)}
+
+    return [[checked(per_rank[rank][case], rank) for rank in range(world_size)] for case in range(cases)]
 
 
 def _union_ns(intervals: list) -> float:
@@ -471,7 +541,7 @@ def trace_version(plan, iterations: int, out: Path) -> list:
     from a2a import probes
     from a2a import rows as result_rows
     from a2a.plan import device_slug
-    from a2a.launch import parallel_launch
+    from a2a.launch import submission_launch
 
     path = plan.version
     if plan.backend != "nccl":
@@ -482,8 +552,9 @@ def trace_version(plan, iterations: int, out: Path) -> list:
     probes.extension()
     print(f"tracing {path.stem} on {len(plan.cases)} case(s): {iterations} clean and {JSON_ITERATIONS} profiled "
           "calls each")
-    per_rank = parallel_launch(plan.world_size, _trace_rank, str(path), plan.case_args, iterations, backend="nccl",
-                               timeout_s=900)
+    per_case = checked_ranks(submission_launch(plan.world_size, _trace_rank, str(path), plan.case_args, iterations,
+                                               backend="nccl", timeout_s=900),
+                             plan.world_size, len(plan.case_args), iterations)
     folders = []
     for index, args in enumerate(plan.case_args):
         meta = {**plan.meta_for("trace"), "version": path.stem, "case": core.spec_line(args),
@@ -491,7 +562,7 @@ def trace_version(plan, iterations: int, out: Path) -> list:
         # The commit in the name tells runs of the same version and case apart; `write` adds -2, ... to a repeat.
         name = (f"{meta['date']}_{device_slug(meta)}_{meta['ranks']}_{path.stem}_{result_rows.case_slug(**args)}_"
                 f"{meta['commit']}")
-        folder = write([cases[index] for cases in per_rank], meta, out / name)
+        folder = write(per_case[index], meta, out / name)
         print((folder / "phases.md").read_text())
         print(f"saved {folder}")
         folders.append(folder)

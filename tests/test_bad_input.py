@@ -12,7 +12,7 @@ import pytest
 from a2a.cli import run_cli
 from a2a.rows import parse_popcorn
 from eval import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_CRASH, EXIT_USAGE
-from tests.conftest import ROOT, every_time, run_bundle, run_eval
+from tests.conftest import ROOT, V1, every_time, run_bundle, run_eval
 
 LINE = "num_experts: 8; experts_per_token: 2; hidden_dim: {h}; max_num_tokens: 4; seed: {s}; world_size: {w}"
 
@@ -194,6 +194,19 @@ def test_a_gpu_session_wait_gives_up_at_its_bound_and_the_pack_after_it_runs(tmp
     assert done.returncode == 0 and "still running after 2s" in done.stdout, done.stdout + done.stderr
     assert 2 <= took < 20 and (dest / "session.tgz").is_file(), (took, list(dest.iterdir()) if dest.exists() else None)
 
+
+def test_a_submission_path_with_control_characters_is_refused(tmp_path):
+    """A file named `esc ESC[2J ESC[H check: pass CR X.py` (red team 33: its name was printed raw on the terminal and
+    written raw into table.md, results.csv and the plots): one escaped line, 113, before any work."""
+    path = tmp_path / "esc\x1b[2J\x1b[Hcheck: pass\rX.py"
+    path.write_text(V1.read_text())
+    for command in (("eval.py", "test", str(path), "--world-size", "2", "--cases", "tests:0"),
+                    ("run_leaderboard.py", "--versions", str(path), "--out", str(tmp_path / "o"))):
+        result = _command(*command)
+        assert result.returncode == EXIT_BAD_INPUT and "no control" in result.stderr, result.stderr[-800:]
+        assert "\x1b" not in result.stdout + result.stderr and "\r" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "o").exists()
 
 def test_a_detached_gpu_session_runs_from_its_own_copy_of_the_tree(tmp_path):
     """`start` copies the tree into DIR/tree and runs from there (2026-11-29: the device tool's re-sync of the

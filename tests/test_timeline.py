@@ -160,3 +160,57 @@ def test_a_trace_build_and_a_timed_build_load_side_by_side(tmp_path, monkeypatch
     monkeypatch.delenv("A2A_TRACE")
     assert load_version(path, "traced_one", trace=True).TRACE and not load_version(path, "timed_two").TRACE
     assert "A2A_TRACE" not in os.environ
+
+
+def _returned(world_size: int = 2, cases: int = 1) -> list:
+    """What parallel_launch returns from _trace_rank: per rank, per case, {"clean", "profiled"} (1 clean call)."""
+    def calls(rank: int, count: int) -> dict:
+        data = rank_data(rank, 5_000_000 * rank)
+        return {**data, "marks": data["marks"] * count, "records": data["records"] * count,
+                "host_call_ns": [3000] * count, "aligned": True, "num_tokens": 3, "rows_to": [2] * world_size}
+
+    return [[{"clean": calls(r, 1), "profiled": calls(r, timeline.JSON_ITERATIONS)} for _ in range(cases)]
+            for r in range(world_size)]
+
+
+def test_names_from_the_ranks_reach_the_table_escaped(tmp_path):
+    """A phase and a profiler event named with terminal escapes (red team 33: `ESC[2J`, a title, `all checks
+    passed`, written raw into phases.md and printed): the table holds them as text."""
+    returned = _returned()
+    for rank in returned:
+        rank[0]["clean"]["phases"][0] = "\x1b[2J\x1b[H\x1b]0;owned\x07all checks passed\x1b[8m"
+        rank[0]["profiled"]["events"].append(("kernel", "k\x1b[31m\nforged: pass", 1.0, 2.0))
+    (checked,) = timeline.checked_ranks(returned, 2, 1, 1)
+    folder = timeline.write(checked, META, tmp_path / "t")
+    written = "".join((folder / name).read_text() for name in ("phases.md", "trace.json"))
+    assert "\x1b" not in written and "\x07" not in written and "\\x1b[2J" in written
+    assert "\nforged: pass" not in written
+
+
+def _broken(change) -> list:
+    returned = _returned()
+    change(returned[1][0])
+    return returned
+
+
+@pytest.mark.parametrize("returned", [
+    _broken(lambda case: case["clean"]["records"][0].append([7, 0, 1, 2])),  # a phase it does not name
+    _broken(lambda case: case["clean"].update(marks=[])),
+    _broken(lambda case: case["clean"].update(marks=[[1, "2"]])),
+    _broken(lambda case: case["clean"].update(phases="send")),
+    _broken(lambda case: case["profiled"]["events"].append(("kernel", "k", float("nan"), 1.0))),
+    _broken(lambda case: case["profiled"]["events"].append(("made_up", "k", 1.0, 2.0))),
+    _broken(lambda case: case["clean"]["clock"].pop("offset_ns")),
+    _broken(lambda case: case["clean"].update(rows_to=[1])),
+    _broken(lambda case: case.pop("profiled")),
+    [[]],
+    "ranks",
+], ids=["phase-index", "no-marks", "text-mark", "phases-text", "nan-event", "unknown-category", "no-clock",
+        "short-load", "no-profiled", "no-cases", "text"])
+def test_trace_data_that_does_not_fit_is_the_submissions_failure(returned):
+    """Anything a rank returns outside _trace_rank's shape is refused before the analysis (red team 33: a phase
+    index past the rank's names raised IndexError in the owner, which the human face reports as its own, 114)."""
+    from a2a.launch import SubmissionFailed
+
+    with pytest.raises(SubmissionFailed):
+        timeline.checked_ranks(returned, 2, 1, 1)

@@ -116,7 +116,15 @@ def test_calls_run_free_give_up_in_v11_and_not_in_v12():
         (code, ranks, stderr[-2000:])
 
 
-def test_the_interpreter_tool_refuses_what_it_cannot_run():
-    for args in (["v1"], ["v12", "--shape", "8,2"], ["v12", "--world-size", "3"], ["v12", "--programs", "0"]):
+def test_the_interpreter_tool_refuses_what_it_cannot_run(tmp_path):
+    """Bad input, and a file that only names Triton (red team 33: v1 with the comment `# TRITON_KERNELS` ended in a
+    raw traceback, exit 1): one line each."""
+    named = tmp_path / "named.py"
+    named.write_text(ROOT.joinpath("submissions/all2all/v1_torch_sort.py").read_text() + "# TRITON_KERNELS\n")
+    broken = tmp_path / "broken.py"
+    broken.write_text("# TRITON_KERNELS\nraise RuntimeError('at import\\x1b[2J')\n")
+    for args, exit_code in ((["v1"], 113), (["v12", "--shape", "8,2"], 113), (["v12", "--world-size", "3"], 113),
+                            (["v12", "--programs", "0"], 113), ([str(named)], 113), ([str(broken)], 112)):
         code, ranks, stderr = _interpret(*args)
-        assert code == 113 and not ranks and len(stderr.strip().splitlines()) == 1, (args, code, stderr)
+        assert code == exit_code and not ranks and len(stderr.strip().splitlines()) == 1, (args, code, stderr)
+        assert "Traceback" not in stderr and "\x1b" not in stderr

@@ -17,7 +17,8 @@ peer (v7-v11 give up there; v12 keeps its range words by call parity). The line'
 (`_now_ns`, `_backoff`: inline assembly, which the interpreter cannot run) are stood in for by the host's clock
 and a yield; a kernel whose NVIDIA branch holds other inline assembly for the shape runs its AMD branch instead.
 Prints one JSON line a rank; exit 0 when every output and every expert's row count is right and no wait gave up, 1
-otherwise, 113 on bad input.
+otherwise, 112 when the file's import fails, 113 on bad input (a file with no Triton kernel all2all_kernel among them).
+The file is imported in this process, as the user who runs it: a tool for code you trust (docs/judge.md).
 """
 from __future__ import annotations
 
@@ -39,10 +40,11 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 import triton.runtime.interpreter as interpreter  # noqa: E402
 
+import wire  # noqa: E402
 from a2a import cli, contract  # noqa: E402
 from a2a import plan as planning  # noqa: E402
 
-BAD_INPUT = 113
+BAD_INPUT, IMPORT_FAILED = 113, 112
 
 
 @triton.jit
@@ -201,7 +203,16 @@ def main(argv=None) -> int:
     import reference
 
     _patches_kept()
-    module = planning.load_version(path, f"interpreted_{path.stem}")
+    # NOTES: the file runs here, as the caller, outside any sandbox (docs/judge.md: tools for code you trust)
+    try:
+        module = planning.load_version(path, f"interpreted_{path.stem}")
+    except Exception as error:
+        print(f"tools/interpret_ranks.py: importing {path.name} failed: "
+              f"{wire.as_text(f'{type(error).__name__}: {error}')}", file=sys.stderr)
+        return IMPORT_FAILED
+    if not hasattr(getattr(getattr(module, "all2all_kernel", None), "fn", None), "__globals__"):
+        print(f"tools/interpret_ranks.py: {path.name} has no Triton kernel named all2all_kernel", file=sys.stderr)
+        return BAD_INPUT
     names = module.all2all_kernel.fn.__globals__
     names["_now_ns"], names["_backoff"] = _host_now_ns, _host_backoff
     names["range"] = lambda *bounds: builtins.range(*map(_as_int, bounds))

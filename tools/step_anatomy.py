@@ -23,6 +23,7 @@ import eval as core
 from a2a import bench
 from a2a import plan as planning
 from a2a import cli
+from a2a.launch import SubmissionFailed
 from a2a.rows import shape_label
 
 
@@ -54,8 +55,31 @@ def _anatomy_rank(rank: int, world_size: int, path: str, cases: list, iterations
     return results if rank == 0 else None
 
 
+def _step_fits(step) -> bool:
+    """One step as _anatomy_rank records it: a bool `call`, 5 integer stamps, a number of device ns."""
+    return (isinstance(step, dict) and isinstance(step.get("call"), bool) and isinstance(step.get("stamps"), list)
+            and len(step["stamps"]) == len(bench.STEP_BOUNDARIES) and all(type(t) is int for t in step["stamps"])
+            and type(step.get("device_ns")) in (int, float) and 0 <= step["device_ns"] < 1e12)
+
+
+def _fits(per_rank_steps) -> bool:
+    """Whether rank 0's return for one shape has the shape _anatomy_rank gives it: every rank the same steps, each
+    fitting _step_fits, a call step and a floor step among them."""
+    if not (isinstance(per_rank_steps, list) and per_rank_steps
+            and all(isinstance(steps, list) for steps in per_rank_steps)):
+        return False
+    steps = per_rank_steps[0]
+    return (all(len(other) == len(steps) and all(map(_step_fits, other)) for other in per_rank_steps)
+            and all(len({other[i]["call"] for other in per_rank_steps}) == 1 for i in range(len(steps)))
+            and {step["call"] for step in steps} == {True, False})
+
+
 def summarise(per_rank_steps: list) -> dict:
-    """Medians (µs) over the steps of one shape; per_rank_steps[rank][step] as _anatomy_rank records them."""
+    """Medians (µs) over the steps of one shape; per_rank_steps[rank][step] as _anatomy_rank records them, checked
+    first: they come from the ranks, where the submission runs (red team 33: emptied, they ended the tool with 114)."""
+    if not _fits(per_rank_steps):
+        raise SubmissionFailed("the ranks returned steps that do not fit the anatomy's shape (each rank the same "
+                               "call and floor steps, 5 integer stamps each): the submission changed them")
     world = len(per_rank_steps)
     case, floor = {}, []
     rows = {k: [] for k in ("step", "device", "start_lag", "call_host", "sync_wait", "barrier_wait", "clone")}
@@ -82,7 +106,7 @@ def summarise(per_rank_steps: list) -> dict:
 def main(argv=None) -> int:
     from tabulate import tabulate
 
-    from a2a.launch import parallel_launch
+    from a2a.launch import submission_launch
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("version")
@@ -93,8 +117,10 @@ def main(argv=None) -> int:
     if args.iterations < 1:
         raise core.UserError(f"--iterations must be at least 1, not {args.iterations}")
     plan = planning.make_plan(args.version, args.cases, args.world_size, args.backend)
-    results = parallel_launch(plan.world_size, _anatomy_rank, str(plan.version), plan.case_args, args.iterations,
-                              backend=plan.backend, timeout_s=900)[0]
+    results = submission_launch(plan.world_size, _anatomy_rank, str(plan.version), plan.case_args, args.iterations,
+                                backend=plan.backend, timeout_s=900)[0]
+    if not isinstance(results, list) or len(results) != len(plan.case_args):
+        raise SubmissionFailed(f"rank 0 returned no anatomy of each of the {len(plan.case_args)} shapes")
     meta = plan.meta_for(f"anatomy-{plan.version.stem}")
     rows = [{"shape": shape_label(**c), **summarise(r)} for c, r in zip(plan.case_args, results)]
     text = (f"# Anatomy of the timed step: {plan.version.stem}\n\n{meta['device']}, {meta['placement']}, "
