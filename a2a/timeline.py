@@ -9,7 +9,7 @@ evaluator's own step (a2a.bench.measure, a2a.bench.timed_step) with two marker k
 device clock where the stream reaches them. The profiled calls run under torch.profiler (host side: the
 call, launches, syncs, PyTorch ops), which slows the host (seen: v2's smallest shape, 185-200 µs marker to marker
 under the profiler against 110-137 µs timed); so the table and the picture come from the clean calls, and the
-profiled ones feed trace.json's host thread (and the table of a version without probes). The L2 is cleared before
+profiled ones feed trace.json.gz's host thread (and the table of a version without probes). The L2 is cleared before
 each call, as in the timed runs. All cases of one run share one process group. For a version with probes, the
 timed build runs `iterations` clean calls the same way after the trace build's, and phases.md says what the probes
 cost: the two builds' marker-to-marker times side by side.
@@ -24,15 +24,16 @@ and on the device clock, which gives each rank's host-to-device offset (error: h
 GPUs' clocks are aligned to rank 0's by a ping-pong through peer memory (a2a/probes.py; error: half the fastest
 round trip, at least one clock step). Both errors are written into the trace's metadata.
 
-Output under traces/<date>_<device>_ws<N>_<version>_<case>_<commit>/ (-2, -3, ... for a repeat): trace.json (Chrome
-trace events: ranks are processes, blocks are threads, a host thread per rank; opens in ui.perfetto.dev and
-chrome://tracing), timeline.png (one band per rank, phases coloured, the median iteration) and phases.md (median over
+Output under traces/<date>_<device>_ws<N>_<version>_<case>_<commit>/ (-2, -3, ... for a repeat): trace.json.gz (Chrome
+trace events, gzipped since the repository keeps every trace and a device call carries at most 64 MiB of tree; ranks
+are processes, blocks are threads, a host thread per rank; ui.perfetto.dev opens it as it is), timeline.png (one band per rank, phases coloured, the median iteration) and phases.md (median over
 iterations per rank: the call cut into host-before-first-kernel, kernels, gaps between kernels and after the last
 kernel, which sum to the marker-to-marker time; within each kernel, the time each named phase was active; the host's
 time in the call).
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import statistics
@@ -41,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-JSON_ITERATIONS = 3  # iterations written into trace.json (the table uses all of them)
+JSON_ITERATIONS = 3  # iterations written into trace.json.gz (the table uses all of them)
 HOST_TID = 1_000_000
 MARKER_TID = 1_000_001  # the call between the two stamps
 KERNEL_TID = 999_999  # profiler kernels of versions without probes
@@ -510,7 +511,7 @@ def phases_markdown(ranks: list, meta: dict) -> str:
              "each GPU's own clock. The rows from 'host and launch' to 'after the last kernel' cut the "
              "marker-to-marker time into named parts; 'kernel / phase' rows are the time the phase was active inside "
              "that kernel (union over blocks and warps), share = of that kernel.", "",
-             f"GPU clock alignment to rank 0 (only the picture, trace.json and the start skew need it): "
+             f"GPU clock alignment to rank 0 (only the picture, trace.json.gz and the start skew need it): "
              f"{alignment}.", "",
              *([_skew_line(ranks), ""] if len(ranks) > 1 else []),
              *([_load_line(ranks), ""] if "num_tokens" in ranks[0] else []),
@@ -521,14 +522,15 @@ def phases_markdown(ranks: list, meta: dict) -> str:
 
 def write(ranks: list, meta: dict, folder: Path) -> Path:
     """`ranks`: per rank {"clean": rank data, "profiled": rank data}. The table and the picture come from the clean
-    calls (the profiled ones for a version without probes); trace.json from the profiled calls. Writes into a new
+    calls (the profiled ones for a version without probes); trace.json.gz from the profiled calls. Writes into a new
     folder at `folder` (or `folder-2`, ...: a2a.plan.new_folder) and returns it."""
     from a2a.plan import new_folder
 
     folder = new_folder(folder)
     profiled = [r["profiled"] for r in ranks]
     measured = [r["clean"] for r in ranks] if ranks[0]["clean"]["phases"] else profiled
-    (folder / "trace.json").write_text(json.dumps(chrome_trace(profiled, meta)))
+    with gzip.GzipFile(folder / "trace.json.gz", "wb", mtime=0) as out:
+        out.write(json.dumps(chrome_trace(profiled, meta)).encode())
     timeline_png(measured, meta, folder / "timeline.png")
     (folder / "phases.md").write_text(phases_markdown(measured, meta))
     return folder

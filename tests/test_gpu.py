@@ -908,12 +908,13 @@ def _load_phases(version):
 
 
 def test_trace_writes_the_json_the_picture_and_the_table(tmp_path):
+    import gzip
     import json
 
     from a2a import timeline
 
     (folder,) = timeline.trace_version(make_plan("v3", "benchmarks:0", 2, "nccl"), 4, tmp_path)
-    trace = json.loads((folder / "trace.json").read_text())
+    trace = json.loads(gzip.decompress((folder / "trace.json.gz").read_bytes()))
     assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0, 1}
     assert set(trace["otherData"]["clock_alignment"]) == {"rank 0", "rank 1"}
     assert (folder / "timeline.png").stat().st_size > 10_000

@@ -2,6 +2,7 @@
 of its human face), private names of the core stay private, and no harness file sets the current device."""
 import ast
 import re
+import subprocess
 
 import pytest
 
@@ -127,3 +128,13 @@ def test_no_harness_module_is_over_2000_lines(name):
     lines = len(path.read_text().splitlines())
     assert lines <= 2000, f"{path.name}: {lines} lines"
 
+
+
+def test_the_tree_fits_a_device_call_with_room():
+    """The device tool carries at most 64 MiB of tree per call (tracked files and untracked ones not ignored);
+    2026-11-29 the tracked files reached 63.4 MB with every trace.json kept plain and a call was refused. Kept
+    under 48 MiB so that a session's results and traces still fit before they are committed."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    sizes = [(ROOT / name.decode()).stat().st_size for name in listed if name and (ROOT / name.decode()).is_file()]
+    assert sum(sizes) < 48 * 2**20, f"{sum(sizes) / 2**20:.1f} MiB"

@@ -1,4 +1,5 @@
 """The timeline writer on synthetic rank data: the breakdown, the phase table, the Chrome trace, the picture."""
+import gzip
 import json
 
 import pytest
@@ -92,7 +93,7 @@ def test_write_makes_the_json_the_picture_and_the_table(tmp_path):
     ranks = [{"clean": rank_data(r, offset), "profiled": rank_data(r, offset)} for r, offset in ((0, 0.0), (1, 5e6))]
     ranks[0]["clean"]["events"] = []  # clean calls carry no profiler events
     folder = timeline.write(ranks, META, tmp_path / "t")
-    assert json.loads((folder / "trace.json").read_text())["otherData"]["version"] == "vT"
+    assert json.loads(gzip.decompress((folder / "trace.json.gz").read_bytes()))["otherData"]["version"] == "vT"
     assert (folder / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (folder / "phases.md").read_text()
     assert "| send / rows" in table and "test device, 2 ranks on 2 GPUs, one each" in table and "1 clean calls" in table
@@ -182,7 +183,7 @@ def test_names_from_the_ranks_reach_the_table_escaped(tmp_path):
         rank[0]["profiled"]["events"].append(("kernel", "k\x1b[31m\nforged: pass", 1.0, 2.0))
     (checked,) = timeline.checked_ranks(returned, 2, 1, 1)
     folder = timeline.write(checked, META, tmp_path / "t")
-    written = "".join((folder / name).read_text() for name in ("phases.md", "trace.json"))
+    written = (folder / "phases.md").read_text() + gzip.decompress((folder / "trace.json.gz").read_bytes()).decode()
     assert "\x1b" not in written and "\x07" not in written and "\\x1b[2J" in written
     assert "\nforged: pass" not in written
 
