@@ -310,7 +310,8 @@ class Clock:
             bundle = self.bundles.get(entry.name)
             pool = core.RankPool(self.plan.world_size, self.plan.backend, rank_prefix=True, env=env, bundle=bundle,
                                  rerun_main=False, nursery=self.nursery,
-                                 build_key=Sandbox.source_key(Path(bundle or ".") / "submission.py", entry.name))
+                                 build_key=Sandbox.source_key(Path(bundle or ".") / "submission.py", entry.name),
+                                 hide=self._others(entry))
             self.guards = f"{pool.guards.describe()}; {core.transport_text(pool, self.plan.world_size)}"
             self.uid = pool.guards.uid
             return _Live(entry, pool, None)
@@ -318,6 +319,14 @@ class Clock:
             if pool is not None:
                 pool.kill()
             return _Live(entry, None, None, f"{type(exc).__name__}: {exc}")
+
+    def _others(self, entry: Entry) -> tuple:
+        """The other entries' files, which this entry's ranks read as empty: their sources and staged copies (red
+        team 35: a rank read a rival's source by its path, the file system being read-only but not hidden)."""
+        others = [other for other in self.entries if other.kind == "version" and other.name != entry.name]
+        return tuple([other.path for other in others]
+                     + [str(Path(self.bundles[other.name]) / "submission.py") for other in others
+                        if other.name in self.bundles])
 
     def _begin(self, live: _Live) -> None:
         """The entry's session started in its pool: its ranks import the submission from here on."""

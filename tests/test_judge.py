@@ -16,6 +16,7 @@ import dataclasses
 import math
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -1879,6 +1880,44 @@ def test_identical_entries_under_two_names_share_no_kept_build(tmp_path, capfd):
     assert run.rounds == 2 and not run.failed, (run.failed, err[-3000:])
     calls = re.findall(r"HOSTILE call_ns", err)
     assert calls and "HOSTILE hit" not in err, err[-3000:]
+
+
+# Reads a rival entry's source by its path (red team 35: the mount namespace made it read-only, not hidden).
+READS_RIVAL = '''
+
+def custom_kernel(data):
+    try:
+        text = open("@RIVAL@").read()
+        _say("rival", data[2], "SECRET-42" in text, len(text))
+    except OSError as error:
+        _say("rival", data[2], "refused", error.errno)
+    return _v1_kernel(data)
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
+                    reason="the ranks' mount namespace is the boundary's (root on Linux)")
+def test_an_entry_reads_no_other_entrys_source(tmp_path, capfd, request):
+    """Two entries of one clock round: the first opens the second's file by its path and finds it empty. The files
+    lie outside /tmp, whose every file the ranks' own /tmp covers anyway."""
+    folder = reachable(tmp_path)
+    cases = folder / "cases.txt"
+    cases.write_text(SMALL_LINE.format(seed=FIRST_SEED) + "\n")
+    outside = ROOT / "build" / f".rival-test-{os.getpid()}"
+    outside.mkdir(parents=True, exist_ok=True)
+    request.addfinalizer(lambda: shutil.rmtree(outside, ignore_errors=True))
+    rival = outside / "rival.py"
+    rival.write_text(V1.read_text() + "# SECRET-42\n")
+    reader = folder / "reader.py"
+    reader.write_text(hostile(READS_RIVAL, rival=rival))
+    plan = make_plan([str(reader), str(rival)], str(cases), 2, "gloo", gpu_only="keep")
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
+    entries = [clock.Entry(p.stem, "version", str(v)) for p, v in zip((reader, rival), plan.versions)]
+    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    err = capfd.readouterr().err
+    seen = {tuple(words[1:]) for words in (f[1].split() for f in re.finditer(r"HOSTILE (rival[^\n]*)", err))}
+    assert run.rounds == 1 and not run.failed and seen, (run.failed, err[-3000:])
+    assert all(words[1] == "False" for words in seen), seen  # read, and empty: the secret is not there
 
 
 SEEDED = 424_242_424  # POPCORN_SEED of the seed tests below
