@@ -108,11 +108,21 @@ def _gone(*mark) -> bool:
     return _start_time(int(mark[0])) != mark[1]
 
 
+# Variables whose names say they hold a secret of the operator's (a token, a key, a password): no process the judge
+# starts gets them, a rank least of all (red team 35: RT35_OPERATOR_TOKEN, exported by the operator, was in every
+# rank's environment). Not a guarantee: a secret under another name still reaches the ranks (docs/judge.md).
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|^AWS_|^SSH_AUTH_SOCK$",
+                         re.IGNORECASE)
+
+
 def claim_run(inherit: bool = False) -> None:
     """First ends what earlier runs left behind (sweep_orphans), then marks this command as the owner of every
-    process it will start. `inherit`: keep an owner already named (the protocol face under the human face, which
-    ends it on its way out)."""
+    process it will start, and drops from its environment every variable SECRET_NAME matches (before it starts
+    any). `inherit`: keep an owner already named (the protocol face under the human face, which ends it on its way
+    out)."""
     sweep_orphans()
+    for name in [name for name in os.environ if SECRET_NAME.search(name)]:
+        del os.environ[name]
     if not (inherit and os.environ.get(RUN_OWNER)):
         os.environ[RUN_OWNER] = _own_mark()
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import eval as core
 from a2a import cli, diffing
 from a2a import plan as planning
+from a2a import rows as result_rows
 
 
 def main(argv=None) -> int:
@@ -77,8 +78,6 @@ def main(argv=None) -> int:
 
 
 def render(meta: dict, diffs: list, rows: list, skipped: str) -> str:
-    from tabulate import tabulate
-
     lines = [f"# {meta['b']} against {meta['a']}", "",
              f"{meta['device']}, {meta['placement']}, {meta['backend']}, {meta['date']}; run at commit "
              f"{meta['commit']}; {meta['a']} last changed at {meta['commit_a']}, {meta['b']} at {meta['commit_b']}.",
@@ -88,7 +87,7 @@ def render(meta: dict, diffs: list, rows: list, skipped: str) -> str:
         lines += [f"Timing: {meta['timing']}. The interval shown is 95% per shape; a verdict needs the interval at a "
                   f"family-wise error rate of {meta['alpha']:g} over the run's verdicts to exclude 1, and a change of "
                   f"at least {diffing.MIN_EFFECT:.0%}.", "",
-                  tabulate(rows, headers="keys", tablefmt="github", floatfmt=".3f")]
+                  result_rows.github_table(rows, floatfmt=".3f")]
     lines += [skipped] if skipped else []
     return "\n".join(lines)
 

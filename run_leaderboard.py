@@ -34,7 +34,6 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
-from tabulate import tabulate
 
 import eval as core
 import wire
@@ -247,17 +246,11 @@ def checks_table(checks: pd.DataFrame) -> str:
         failed = rows[rows.status != "pass"]
         lines.append({"version": version, "tests passed": f"{(rows.status == 'pass').sum()} of {len(rows)}",
                       "first failure": "" if failed.empty else
-                      f"test {failed.iloc[0]['test']}: {_markdown_cell(str(failed.iloc[0]['error'])[:100])}"})
+                      f"test {failed.iloc[0]['test']}: {str(failed.iloc[0]['error'])[:100]}"})
     placement = checks["placement"].iloc[0]
     return "\n".join([f"World size {checks['world_size'].iloc[0]}, the problem's size: the official tests, {placement} "
                       "(a check of the algorithm at that size; no timing, nothing here is compared with the timed "
-                      "rows above):", "", tabulate(lines, headers="keys", tablefmt="github"), ""])
-
-
-def _markdown_cell(text: str) -> str:
-    """A rank's words (already one escaped line, wire.as_text) as one table cell: its `|` cannot open another
-    (red team 23: a forged row's cells beside the failed entry's)."""
-    return text.replace("|", "\\|")
+                      "rows above):", "", result_rows.github_table(lines), ""])
 
 
 def _spread_line(meta: dict) -> list:
@@ -311,12 +304,11 @@ def tables(frame: pd.DataFrame, meta: dict, summary: dict) -> str:
             line["call / mark"] = f"{found['call'].center / result_rows.geomean(rows.mark_us):.1f}"
         step, pub = published.get(name.split("_")[0], ("", None)) if summary[name]["kind"] == "version" else ("", None)
         line["published MI300X µs (blog step)"] = f"{pub} ({step})" if pub else ""
-        line["all pass"] = "yes" if ok else "no: " + _markdown_cell(
-            "; ".join(sorted(set(rows.error.dropna().astype(str)) - {""}))[:160])
+        line["all pass"] = "yes" if ok else "no: " + "; ".join(sorted(set(rows.error.dropna().astype(str)) - {""}))[:160]
         lines.append(line)
     out += ["Per entry, geometric means over the shapes with 95% intervals over rounds; entries whose intervals "
             "overlap are tied (rank: 1 + the entries whose geomean is lower):", "",
-            tabulate(lines, headers="keys", tablefmt="github"), ""]
+            result_rows.github_table(lines), ""]
     for metric, (column, low, high) in clock.COLUMNS.items():
         if column not in frame or frame[column].isna().all():
             continue
@@ -329,7 +321,7 @@ def tables(frame: pd.DataFrame, meta: dict, summary: dict) -> str:
                 detail[title] = frame.groupby("shape", sort=False)[extra].median().map(
                     lambda v: "" if v != v else f"{v:.1f}")
         out += [f"{clock.METRIC_NAMES[metric]} per shape ({unit}, [95%]):", "",
-                tabulate(detail.reset_index(), headers="keys", tablefmt="github", showindex=False), ""]
+                result_rows.github_table(detail.reset_index()), ""]
     given = frame.groupby("shape", sort=False)["sol_mi300x_us"].median().dropna()
     out += [f"SOL MI300X geomean (given with the task): {result_rows.geomean(given):.1f} µs. Published figures are "
             "8x MI300X leaderboard numbers, not measured here. Anchors move the routed volume twice and nothing else; "
@@ -418,7 +410,7 @@ def agreement(header: list, results: list, names: list, last_reversed: bool) -> 
         if taus:
             report.append(f"{clock.METRIC_NAMES[metric]}: Kendall's tau between runs {min(taus):.2f}-{max(taus):.2f}; "
                           f"pairs more than 10% apart in the same order in every run: {agree} of {total}")
-    return "\n".join(report + ["", tabulate(table_rows, headers="keys", tablefmt="github")])
+    return "\n".join(report + ["", result_rows.github_table(table_rows)])
 
 
 SAVED_RUN_BYTES = 64 << 20  # a results.json --compare reads (a clock run's with every visit's samples: a few MB)

@@ -299,10 +299,9 @@ def time_versions(plan, rounds: int, steps: int, alpha: float = FAMILY_ALPHA, pr
 
 
 def ratio_png(rows: list, meta: dict, path: Path) -> Path:
-    import matplotlib
+    from a2a.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     timed = [r for r in rows if "B/A" in r]
     shapes = list(dict.fromkeys(r["shape"] for r in rows))

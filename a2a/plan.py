@@ -167,6 +167,9 @@ def list_versions() -> list[Path]:
     return sorted(SUBMISSIONS.glob("v*.py"), key=number)
 
 
+MAX_NAME_BYTES = 100  # a file name's; diff.py's folder holds two stems and the date, device and commit (red team 35)
+
+
 def resolve_version(name: str) -> Path:
     """A version name (`v1`, `v1_torch_sort`) or a path to a submission file; UserError otherwise."""
     if not name.strip():
@@ -178,6 +181,9 @@ def resolve_version(name: str) -> Path:
         if wire.as_text(name, len(name) + 1) != name:  # its name goes into lines, tables, plots and folder names
             raise UserError(f"{wire.as_text(name, 200)}: a submission's path may hold no control, line-breaking or "
                             "bidirectional character, nor undecodable bytes")
+        if len(path.name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:  # run folders hold the stem
+            raise UserError(f"{wire.as_text(path.name, 60)}: a submission's file name may be at most {MAX_NAME_BYTES} "
+                            "bytes (its stem goes into folder names, which hold 255)")
         if not path.is_file():
             kind = ("a folder" if path.is_dir() else "a FIFO" if path.is_fifo() else "a device" if
                     path.is_char_device() or path.is_block_device() else None) if path.exists() else None

@@ -18,11 +18,21 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+matplotlib.rcParams["text.parse_math"] = False  # pyplot(): every text as written
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from a2a.rows import geomean  # noqa: E402
+
+
+
+def pyplot():
+    """matplotlib's pyplot as every picture of the toolkit uses it: drawn to a file (Agg), every text shown as written.
+    A label holding `$` is an entry's name or a rank's word, not mathtext (red team 35: a file named `m$\\frac{$.py`
+    ended the leaderboard's and diff.py's pictures, and the run, with 114)."""
+    return plt
+
 
 KIND_COLORS = {"version": "tab:blue", "anchor": "tab:gray", "empty": "tab:olive", "handshake": "tab:cyan"}
 KIND_NAMES = {"version": "version", "anchor": "anchor (2 library all-to-alls)", "empty": "empty submission",

@@ -103,3 +103,23 @@ def shape_label(num_experts: int, experts_per_token: int, hidden_dim: int, max_n
 def case_slug(num_experts: int, experts_per_token: int, hidden_dim: int, max_num_tokens: int, seed: int, **_) -> str:
     """shape_label's words for a folder name, with the seed (a trace is of one case)."""
     return f"E{num_experts}_k{experts_per_token}_H{hidden_dim}_T{max_num_tokens}_s{seed}"
+
+
+def markdown_cell(text: str) -> str:
+    """Any text (an entry's name, a rank's words, already one escaped line) as one GitHub table cell: its `\\` and
+    `|` are shown, never read (red teams 23 and 35: a `|` in an error or a file name opened cells of its own, and a
+    `\\|` ended its cell early)."""
+    return text.replace("\\", "\\\\").replace("|", "\\|")
+
+
+def github_table(rows, **options) -> str:
+    """tabulate's GitHub table of `rows` (dicts, or a DataFrame's records) with every header and every text cell
+    through markdown_cell."""
+    from tabulate import tabulate
+
+    if hasattr(rows, "to_dict"):
+        rows = rows.to_dict("records")
+    rows = [{markdown_cell(str(key)): markdown_cell(value) if isinstance(value, str) else value
+             for key, value in row.items()} for row in rows]
+    return tabulate(rows, headers="keys", tablefmt="github", **options)
+

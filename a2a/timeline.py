@@ -416,10 +416,9 @@ def chrome_trace(ranks: list, meta: dict) -> dict:
 def timeline_png(ranks: list, meta: dict, path: Path) -> Path:
     """One band per rank: a row per phase (kernels and their named phases, a colour each), the call between the
     markers on top, for the iteration whose slowest rank had the median marker-to-marker time."""
-    import matplotlib
+    from a2a.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     frames, _ = _aligned(ranks)
     durations = [max(d["marks"][i][1] - d["marks"][i][0] for d in ranks) for i in range(len(ranks[0]["marks"]))]

@@ -208,6 +208,20 @@ def test_a_submission_path_with_control_characters_is_refused(tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "o").exists()
 
+
+def test_a_submission_file_name_too_long_for_a_folder_name_is_refused(tmp_path):
+    """A 240-byte file name (red team 35: diff.py timed its run and then could not make its folder, and eval.py and
+    run_leaderboard.py failed making a temporary folder, 114): one line, 113, before any work."""
+    path = tmp_path / ("v" * 236 + ".py")
+    path.write_text(V1.read_text())
+    for command in (("eval.py", "test", str(path), "--world-size", "2", "--cases", "tests:0"),
+                    ("run_leaderboard.py", "--versions", str(path), "--out", str(tmp_path / "o")),
+                    ("diff.py", str(path), "v1", "--out", str(tmp_path / "o"))):
+        result = _command(*command)
+        assert result.returncode == EXIT_BAD_INPUT and "at most 100 bytes" in result.stderr, result.stderr[-800:]
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "o").exists()
+
 def test_a_detached_gpu_session_runs_from_its_own_copy_of_the_tree(tmp_path):
     """`start` copies the tree into DIR/tree and runs from there (2026-11-29: the device tool's re-sync of the
     repository at a polling call made a rank's import fail mid-run): a file the run reads after the repository's copy

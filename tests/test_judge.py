@@ -1920,6 +1920,34 @@ def test_an_entry_reads_no_other_entrys_source(tmp_path, capfd, request):
     assert all(words[1] == "False" for words in seen), seen  # read, and empty: the secret is not there
 
 
+# Looks for the operator's secret in its environment, its process's first environment block, and its parents' (red
+# team 35: RT35_OPERATOR_TOKEN, exported by the operator, reached every rank).
+OPERATOR_SECRET = '''
+
+def custom_kernel(data):
+    found = [key for key, value in _os.environ.items() if "hunter2" in value]
+    for pid in ("self", str(_os.getppid())):
+        try:
+            if b"hunter2" in open(f"/proc/{pid}/environ", "rb").read():
+                found.append(f"/proc/{pid}/environ")
+        except OSError:
+            pass
+    _say("secret", data[2], ",".join(found) or "none")
+    return _v1_kernel(data)
+'''
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_the_operators_secrets_reach_no_rank(tmp_path, face):
+    """Variables named as secrets (a token, a key, a password) in the operator's environment: no rank sees them, in
+    its environment or its process's first one; the run passes."""
+    outcome = run_face(face, "test", tmp_path, hostile(OPERATOR_SECRET),
+                       env={"RT_OPERATOR_TOKEN": "hunter2", "MY_API_KEY": "hunter2", "AWS_SESSION": "hunter2"})
+    said = outcome.said("secret")
+    assert outcome.code == 0 and said, str(outcome)
+    assert all(words[1] == "none" for words in said), said
+
+
 SEEDED = 424_242_424  # POPCORN_SEED of the seed tests below
 
 # Where a rank could read the run's secret or the seed its inputs came from: its environment, every /proc file it

@@ -374,3 +374,41 @@ def test_a_stability_run_keeps_each_runs_samples_and_spread(tmp_path, monkeypatc
         assert first["owner"] == pytest.approx((1.0 + 0.1 * number) * 103)
         assert set(run["spread"]) == {"owner", "held"} and run["spread"]["owner"]["rounds"] == 3
     capsys.readouterr()
+
+
+def _live_pipes(row: str) -> int:
+    """The `|` of a GitHub table row that end cells: those not escaped by a backslash (itself not escaped)."""
+    count, escaped = 0, False
+    for char in row:
+        count += char == "|" and not escaped
+        escaped = char == "\\" and not escaped
+    return count
+
+
+HOSTILE_NAMES = {"v2_p2p": "z | version | 1.0 [0.9, 1.1] | 1 | forged |", "v3_fused_combine": "m$\\frac{$"}
+
+
+def test_entry_names_and_a_ranks_words_stay_in_their_cells_and_their_pictures(tmp_path):
+    """Entries named with `|` and mathtext (red team 35: a file name's `|` forged a row's cells, `$\\frac{$` ended
+    the pictures and the run with 114) and an error holding `\\|` (it ended its cell early): every row of every
+    table has its header's cells, and both pictures are drawn."""
+    import run_leaderboard
+
+    frame, summary = _synthetic()
+    frame["version"] = frame["version"].replace(HOSTILE_NAMES)
+    summary = {HOSTILE_NAMES.get(name, name): value for name, value in summary.items()}
+    for value in summary.values():
+        for rank in value.get("ranks", {}).values():
+            rank["ties"] = [HOSTILE_NAMES.get(name, name) for name in rank["ties"]]
+    frame.loc[frame.version == "v1_torch_sort", ["status", "error"]] = ["fail", "boom \\| yes \\| forged \\| rank 1"]
+    text = run_leaderboard.tables(frame, META, summary)
+    header = None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        header = header or line
+        assert _live_pipes(line) == _live_pipes(header), (header, line)
+    assert "z \\| version \\| 1.0" in text and "boom \\\\\\| yes" in text, text
+    assert plots.leaderboard_png(frame, META, summary, tmp_path / "p.png", {}).read_bytes()[:8] == PNG
+    assert plots.shapes_png(frame, META, tmp_path / "s.png").read_bytes()[:8] == PNG

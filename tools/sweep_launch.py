@@ -84,12 +84,12 @@ def _sweep_rank(rank: int, world_size: int, path: str, cases: list, iterations: 
 
 
 def report(frame, meta: dict, folder: Path) -> str:
-    import matplotlib
     import numpy as np
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from tabulate import tabulate
+
+    from a2a.plots import pyplot
+
+    plt = pyplot()
 
     lines = [f"# Launch-shape sweep of {meta['version']}", "",
              f"{meta['device']} ({meta['multiprocessors']} multiprocessors), {meta['placement']}, "
