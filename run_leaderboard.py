@@ -296,6 +296,10 @@ def tables(frame: pd.DataFrame, meta: dict, summary: dict) -> str:
             line[title] = _cell(*interval[:3]) if interval else ""
             rank = summary[name].get("ranks", {}).get(metric)
             line[f"rank ({metric})"] = _ties(rank, names) if rank and ok else ""
+            if metric == "owner" and any(clock.FLOOR_RATIO in s["intervals"] for s in summary.values()):
+                ratio = found.get(clock.FLOOR_RATIO)
+                line["owner's step / its round's floor [95%]"] = \
+                    f"{ratio.center:.3f} [{ratio.low:.3f}, {ratio.high:.3f}]" if ratio else ""
         line["rounds"] = int(rows["rounds"].max()) if "rounds" in rows else 0
         line["stopped"] = rows["stopped"].iloc[0] if "stopped" in rows else ""
         if (rows["hold"] == "sync fallback").any():
@@ -380,13 +384,17 @@ def save_whole(files: cli.RunFiles, frame: pd.DataFrame, meta: dict, figures, ti
     return report
 
 
+# What --compare and --stability set side by side: the clock's metrics, and the owner's step over its round's floor
+AGREED = {**clock.METRIC_NAMES, clock.FLOOR_RATIO: "the owner's step over its round's empty submission (a ratio)"}
+
+
 def agreement(header: list, results: list, names: list, last_reversed: bool) -> str:
     """How well runs agree: per metric and entry, the geomeans run by run, their spread around the median and the
     widest interval; per metric, Kendall's tau between every two runs' orders and the pairs more than 10% apart that
     every run orders alike. `results`: each run's {"entries": {name: {metric: interval}}}; `last_reversed`: the last
     run had the entries in reverse order (stability), and its geomean is set against the others' median."""
     report, table_rows = list(header) + [""], []
-    for metric in clock.METRICS:
+    for metric in AGREED:
         per_run = [{n: r["entries"][n][metric]["center"] for n in names if metric in r["entries"].get(n, {})}
                    for r in results]
         for name in names:
@@ -395,8 +403,9 @@ def agreement(header: list, results: list, names: list, last_reversed: bool) -> 
                 continue
             median = statistics.median(values)
             widths = [r["entries"][name][metric] for r in results if metric in r["entries"].get(name, {})]
-            row = {"metric": clock.METRIC_NAMES[metric], "entry": name,
-                   "geomeans µs": " / ".join(f"{v:.2f}" for v in values),
+            row = {"metric": AGREED[metric], "entry": name,
+                   "geomeans (µs, or the ratio)": " / ".join(f"{v:.2f}" if metric != clock.FLOOR_RATIO else f"{v:.3f}"
+                                                           for v in values),
                    "spread around median": f"-{100 * (1 - min(values) / median):.1f}% / "
                                            f"+{100 * (max(values) / median - 1):.1f}%"}
             if last_reversed:
@@ -408,7 +417,7 @@ def agreement(header: list, results: list, names: list, last_reversed: bool) -> 
         taus = [iv.kendall_tau(orders[i], orders[j]) for i in range(len(orders)) for j in range(i + 1, len(orders))]
         agree, total = iv.pairwise_agreement([{n: run[n] for n in run if n in names} for run in per_run])
         if taus:
-            report.append(f"{clock.METRIC_NAMES[metric]}: Kendall's tau between runs {min(taus):.2f}-{max(taus):.2f}; "
+            report.append(f"{AGREED[metric]}: Kendall's tau between runs {min(taus):.2f}-{max(taus):.2f}; "
                           f"pairs more than 10% apart in the same order in every run: {agree} of {total}")
     return "\n".join(report + ["", result_rows.github_table(table_rows)])
 
@@ -417,6 +426,26 @@ SAVED_RUN_BYTES = 64 << 20  # a results.json --compare reads (a clock run's with
 SHOWN_META = ("device", "placement", "world_size", "commit")
 SAVED_RUN_ENTRIES = 500  # entries --compare sets side by side: its agreement pairs every two (red team 32: 100 000
 # entries, 17 MB, ran past 280 s); a run of every version, both floors and both anchors has 17
+
+
+def _floor_ratios(saved: dict) -> dict:
+    """{entry: clock.floor_ratio} from a saved run's samples, for a run saved before results.json kept the ratio; {}
+    where it has no empty submission or its samples are not a run's (saved_run then checks what it reads)."""
+    floors = [n for n, e in saved["entries"].items() if isinstance(e, dict) and e.get("kind") == "empty"]
+    samples = saved.get("samples")
+    if len(floors) != 1 or not isinstance(samples, list):
+        return {}
+    per_case: dict = {}
+    for sample in samples:
+        if not (isinstance(sample, dict) and isinstance(sample.get("entry"), str)
+                and all(type(sample.get(k)) is int and sample[k] >= 0 for k in ("case", "round"))):
+            return {}
+        owner = sample.get("owner")
+        if type(owner) in (int, float) and 0 < owner < math.inf:
+            per_case.setdefault((sample["entry"], sample["case"]), {})[sample["round"]] = {"owner": float(owner)}
+    cases = len({case for _, case in per_case})
+    found = {name: clock.floor_ratio(per_case, name, floors[0], cases) for name, _ in per_case if name != floors[0]}
+    return {name: ratio for name, ratio in found.items() if ratio is not None}
 
 
 def saved_run(folder) -> dict:
@@ -446,12 +475,14 @@ def saved_run(folder) -> dict:
         except OverflowError:
             return False
 
+    derived = _floor_ratios(saved)
     entries = {}
     for name, metrics in saved["entries"].items():
         if not isinstance(metrics, dict):
             raise refused(f"entry {wire.as_text(name, 100)} is not a run's entry")
+        metrics = {clock.FLOOR_RATIO: derived[name]._asdict()} | metrics if name in derived else metrics
         kept = {}
-        for metric in clock.METRICS:
+        for metric in AGREED:
             figure = metrics.get(metric)
             if figure is None:
                 continue

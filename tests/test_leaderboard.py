@@ -412,3 +412,76 @@ def test_entry_names_and_a_ranks_words_stay_in_their_cells_and_their_pictures(tm
     assert "z \\| version \\| 1.0" in text and "boom \\\\\\| yes" in text, text
     assert plots.leaderboard_png(frame, META, summary, tmp_path / "p.png", {}).read_bytes()[:8] == PNG
     assert plots.shapes_png(frame, META, tmp_path / "s.png").read_bytes()[:8] == PNG
+
+
+def _drifting_run(drift: float, rounds: int = 6) -> dict:
+    """A saved run's entries and samples: the empty submission at 400 µs and v1 at 1.1x it in every round, round r
+    of the run scaled by (1 + 0.05 r) and the whole run by `drift` (a floor that moves with the machine)."""
+    samples = []
+    for entry, factor in (("empty_submission", 1.0), ("v1_torch_sort", 1.1)):
+        for r in range(rounds):
+            for case in range(2):
+                samples.append({"entry": entry, "case": case, "round": r,
+                                "owner": 400.0 * factor * drift * (1 + 0.05 * r) * (1 + case)})
+    figure = {"center": 440.0 * drift, "low": 430.0 * drift, "high": 450.0 * drift}
+    return {"entries": {"empty_submission": {"kind": "empty", "owner": figure},
+                        "v1_torch_sort": {"kind": "version", "owner": {k: v * 1.1 for k, v in figure.items()}}},
+            "meta": {"device": "test", "placement": "1 rank on 1 GPU", "world_size": 1, "commit": "abc"},
+            "samples": samples}
+
+
+def test_compare_sets_the_owners_step_over_its_rounds_floor_beside_it(tmp_path, capsys):
+    """Two saved runs, the second 10% slower throughout (twenty-eighth session: the floors of a world-size-1 pair
+    moved 8-10% and took every entry with them): the owner's step spreads ±4.8% between them, its ratio to the
+    round's own empty submission (derived from the samples of a run saved without it) not at all."""
+    import run_leaderboard
+
+    folders = []
+    for index, drift in enumerate((1.0, 1.1)):
+        folder = tmp_path / f"run{index}"
+        folder.mkdir()
+        (folder / "results.json").write_text(json.dumps(_drifting_run(drift)))
+        folders.append(folder)
+    assert run_leaderboard.main(["--compare", *map(str, folders), "--out", str(tmp_path / "out")]) == 0
+    text = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if "| v1_torch_sort " in line}
+    assert "-4.8% / +4.8%" in rows["the owner's step (ranks)"], text
+    ratio = rows["the owner's step over its round's empty submission (a ratio)"]
+    assert "1.100 / 1.100" in ratio and "-0.0% / +0.0%" in ratio, ratio
+
+
+def test_the_floor_ratio_cancels_what_a_round_shares():
+    """clock.floor_ratio: per round, the entry's geomean over the shapes over the floor's; a round's shared factor
+    goes, a round the floor lacks is left out."""
+    samples = {}
+    for entry, factor in (("floor", 1.0), ("v", 1.25)):
+        for case in range(2):
+            samples[(entry, case)] = {r: {"owner": 100.0 * factor * (1 + r) * (1 + case)} for r in range(5)}
+    del samples[("floor", 1)][4]
+    ratio = clock.floor_ratio(samples, "v", "floor", 2)
+    assert ratio.rounds == 4 and abs(ratio.center - 1.25) < 1e-9 and ratio.high - ratio.low < 1e-9
+    assert clock.floor_ratio(samples, "v", "absent", 2) is None
+
+
+def test_a_run_with_an_empty_submission_saves_each_entrys_floor_ratio():
+    """Run.entry_intervals adds the ratio where the run has an empty submission (not for the floor itself), and
+    results.json keeps it beside the clock's metrics."""
+    import dataclasses
+
+    import run_leaderboard
+
+    samples = {(entry, case): {r: {"owner": 100.0 * factor * (1 + r), "call": 1.0, "held": 1.0} for r in range(3)}
+               for entry, factor in (("empty_submission", 1.0), ("v1_torch_sort", 2.0)) for case in range(2)}
+    run = clock.Run(*[None] * len(dataclasses.fields(clock.Run)))
+    run.entries = [clock.Entry("empty_submission", "empty", call="empty_submission"),
+                   clock.Entry("v1_torch_sort", "version", "v1.py")]
+    run.cases, run.samples, run.failed = [{}, {}], samples, {}
+    summary = run_leaderboard.summaries(run)
+    assert clock.FLOOR_RATIO not in summary["empty_submission"]["intervals"]
+    assert abs(summary["v1_torch_sort"]["intervals"][clock.FLOOR_RATIO].center - 2.0) < 1e-9
+    line = next(line for line in run_leaderboard.tables(pd.DataFrame([
+        {"version": name, "kind": kind, "shape": "s", "status": "pass", "error": "", "rounds": 3, "stopped": "",
+         "hold": "held", "mean_us": 1.0, "low_us": 1.0, "high_us": 1.0, "sol_mi300x_us": 6.0} for name, kind in
+        (("empty_submission", "empty"), ("v1_torch_sort", "version"))]), {**META, "backend": "nccl"}, summary)
+        .splitlines() if line.startswith("| v1_torch_sort"))
+    assert "2.000 [2.000, 2.000]" in line, line
