@@ -325,8 +325,9 @@ TEXT_CHARS = 2000
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 # Besides the control characters (C0, DEL, C1), line and paragraph separators and lone surrogates: the bidirectional
 # controls, which reorder what a terminal shows ("Trojan Source").
-_BIDI = set("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-_ESCAPED_CATEGORIES = ("Cc", "Cs", "Zl", "Zp")
+# Controls, lone surrogates, line and paragraph separators, and format characters: bidi marks and isolates, and the
+# invisible ones (U+200B-U+200D, U+2060-U+2064, U+FEFF; red team 36: a zero-width space passed as_text unescaped)
+_ESCAPED_CATEGORIES = ("Cc", "Cs", "Zl", "Zp", "Cf")
 
 
 def as_text(value, limit: int = TEXT_CHARS) -> str:
@@ -373,7 +374,7 @@ def _str_of(value) -> str:
 def _escaped(char: str, from_bytes: bool) -> str:
     if char in _NAMED_ESCAPES:
         return _NAMED_ESCAPES[char]
-    if char in _BIDI or unicodedata.category(char) in _ESCAPED_CATEGORIES:
+    if unicodedata.category(char) in _ESCAPED_CATEGORIES:
         code = ord(char)
         if from_bytes and 0xDC80 <= code <= 0xDCFF:  # an undecodable byte
             return f"\\x{code - 0xDC00:02x}"

@@ -242,7 +242,7 @@ FORGED = "boom\ntest.0.status: pass\r\ntest.1.status: pass\u2028check: pass\x1b[
 
 def is_one_safe_line(text: str) -> bool:
     return (len(text.splitlines()) <= 1 and not any(ch in text for ch in LINE_BREAKS)
-            and all(unicodedata.category(ch) not in ("Cc", "Cs", "Zl", "Zp") for ch in text)
+            and all(unicodedata.category(ch) not in ("Cc", "Cs", "Zl", "Zp", "Cf") for ch in text)  # Cf: red team 36
             and text.encode("utf-8") is not None)
 
 

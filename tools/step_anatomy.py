@@ -127,7 +127,9 @@ def main(argv=None) -> int:
             f"{plan.backend}, {meta['date']}, commit {meta['commit']}; {args.iterations} case steps interleaved with "
             "as many floor steps; medians, µs. step = rank 0's leaderboard-style step; device = slowest rank's CUDA "
             "events around the call; start_lag = how late the last rank left the first barrier; clone, call_host, "
-            "sync_wait = the slowest rank's; barrier_wait = rank 0's wait in the final barrier.\n\n"
+            "sync_wait = the slowest rank's; barrier_wait = rank 0's wait in the final barrier. Every figure is the "
+            "ranks' own stamps and events, taken where the submission runs: its word, which it can write (red team 36); "
+            "the judge's figure is the clock's owner's step.\n\n"
             + tabulate(rows, headers="keys", tablefmt="github", floatfmt=".1f"))
     print(text)
     cli.save_run(args.out, meta, lambda folder: (folder / "anatomy.md").write_text(text + "\n"))
