@@ -308,7 +308,8 @@ def tables(frame: pd.DataFrame, meta: dict, summary: dict) -> str:
             line["call / mark"] = f"{found['call'].center / result_rows.geomean(rows.mark_us):.1f}"
         step, pub = published.get(name.split("_")[0], ("", None)) if summary[name]["kind"] == "version" else ("", None)
         line["published MI300X µs (blog step)"] = f"{pub} ({step})" if pub else ""
-        line["all pass"] = "yes" if ok else "no: " + "; ".join(sorted(set(rows.error.dropna().astype(str)) - {""}))[:160]
+        errors = "; ".join(sorted(set(rows.error.dropna().astype(str)) - {""}))
+        line["all pass"] = "yes" if ok else "no: " + errors[:160]
         lines.append(line)
     out += ["Per entry, geometric means over the shapes with 95% intervals over rounds; entries whose intervals "
             "overlap are tied (rank: 1 + the entries whose geomean is lower):", "",

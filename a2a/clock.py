@@ -221,8 +221,7 @@ def spread(run: Run) -> dict:
     for metric in METRICS:
         per_entry, cases = {}, {}
         for entry in run.entries:
-            per_case = {i: {r: v[metric] for r, v in run.samples.get((entry.name, i), {}).items() if metric in v}
-                        for i in range(len(run.cases))}
+            per_case = _per_case(run.samples, entry.name, metric, len(run.cases))
             if (values := iv.geomean_by_round(per_case)) and entry.name not in run.failed:
                 per_entry[entry.name], cases[entry.name] = values, per_case
         if parts := iv.spread_parts(per_entry):
@@ -230,13 +229,16 @@ def spread(run: Run) -> dict:
     return out
 
 
+def _per_case(samples: dict, name: str, metric: str, n_cases: int) -> dict:
+    """{case index: {round: the entry's `metric` that round}} from a run's samples."""
+    return {i: {r: v[metric] for r, v in samples.get((name, i), {}).items() if metric in v} for i in range(n_cases)}
+
+
 def entry_intervals(samples: dict, name: str, n_cases: int) -> dict:
     """{metric: Interval} of an entry's geometric mean over the cases, from its rounds."""
     out = {}
     for metric in METRICS:
-        per_case = {i: {r: v[metric] for r, v in samples.get((name, i), {}).items() if metric in v}
-                    for i in range(n_cases)}
-        values = iv.geomean_rounds(per_case)
+        values = iv.geomean_rounds(_per_case(samples, name, metric, n_cases))
         if values:
             out[metric] = iv.interval(values)
     return out
@@ -247,11 +249,7 @@ def floor_ratio(samples: dict, name: str, floor: str, n_cases: int) -> Optional[
     over the shapes, as an interval over the rounds both have; None without such a round. A drift that a round's
     entries share moves both alike (twenty-eighth session, one H200, world size 1: a back-to-back pair within ±3.0% so
     where its owner's steps in µs were within ±6.8%)."""
-    def by_round(entry: str) -> dict:
-        return iv.geomean_by_round({i: {r: v["owner"] for r, v in samples.get((entry, i), {}).items() if "owner" in v}
-                                    for i in range(n_cases)})
-
-    mine, base = by_round(name), by_round(floor)
+    mine, base = (iv.geomean_by_round(_per_case(samples, entry, "owner", n_cases)) for entry in (name, floor))
     ratios = [mine[r] / base[r] for r in mine if r in base]
     return iv.interval(ratios) if ratios else None
 

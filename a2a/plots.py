@@ -26,7 +26,6 @@ from matplotlib.patches import Patch  # noqa: E402
 from a2a.rows import geomean  # noqa: E402
 
 
-
 def pyplot():
     """matplotlib's pyplot as every picture of the toolkit uses it: drawn to a file (Agg), every text shown as written.
     A label holding `$` is an entry's name or a rank's word, not mathtext (red team 35: a file named `m$\\frac{$.py`

@@ -26,10 +26,10 @@ round trip, at least one clock step). Both errors are written into the trace's m
 
 Output under traces/<date>_<device>_ws<N>_<version>_<case>_<commit>/ (-2, -3, ... for a repeat): trace.json.gz (Chrome
 trace events, gzipped since the repository keeps every trace and a device call carries at most 64 MiB of tree; ranks
-are processes, blocks are threads, a host thread per rank; ui.perfetto.dev opens it as it is), timeline.png (one band per rank, phases coloured, the median iteration) and phases.md (median over
-iterations per rank: the call cut into host-before-first-kernel, kernels, gaps between kernels and after the last
-kernel, which sum to the marker-to-marker time; within each kernel, the time each named phase was active; the host's
-time in the call).
+are processes, blocks are threads, a host thread per rank; ui.perfetto.dev opens it as it is), timeline.png (one
+band per rank, phases coloured, the median iteration) and phases.md (median over iterations per rank: the call cut
+into host-before-first-kernel, kernels, gaps between kernels and after the last kernel, which sum to the
+marker-to-marker time; within each kernel, the time each named phase was active; the host's time in the call).
 """
 from __future__ import annotations
 
