@@ -4,23 +4,23 @@
     POPCORN_FD=3 [POPCORN_SEED=S] [POPCORN_GPUS=N] python eval.py test|benchmark|leaderboard|profile TESTFILE
 
 It imports `reference`, `utils`, `task` and `submission` from its own folder, writes `key: value` lines to the file
-descriptor POPCORN_FD and exits 112 when a check fails. The process model is the runner's (gpu-mode
-reference-kernels, problems/amd_distributed/eval.py): a spawn pool of POPCORN_GPUS workers reused across cases (a
-worker is rank 0 in one case and another rank in the next), an NCCL group per case with `device_id` on the fixed
-port, no `set_device` anywhere (the current device stays cuda:0 in every worker), the submission imported inside
-the worker during the first case and within that case's time limit, the same timed loop, seeds, warm-up and stop
-rules. Every step is the owner's (judge.py): this process makes each rank's input, places it in the rank's shared
-buffer after its clock starts, checks the output it copies out when every rank says done, and keeps the time; the
-ranks run `run_steps`, and nothing in their processes is trusted. What differs from the runner, and why none of it
-can turn a failure there into a pass here: docs/judge.md, "Faithful to the runner".
+descriptor POPCORN_FD and exits 112 when a check fails. The process model is the runner's (gpu-mode reference-kernels,
+problems/amd_distributed/eval.py): a spawn pool of POPCORN_GPUS workers reused across cases (a worker is rank 0 in one
+case and another rank in the next), an NCCL group per case with `device_id` on the fixed port, no `set_device` anywhere
+(the current device stays cuda:0 in every worker), the submission imported inside the worker during the first case and
+within that case's time limit, the same timed loop, seeds, warm-up and stop rules. Every step is the owner's
+(judge.py): this process makes each rank's input, places it in the rank's shared buffer after its clock starts, checks
+the output it copies out when every rank says done, and keeps the time; the ranks run `run_steps`, and nothing in their
+processes is trusted. What differs from the runner, and why none of it can turn a failure there into a pass here:
+docs/judge.md, "Faithful to the runner".
 
-Run from the repository without POPCORN_FD, it hands over to the human face (a2a/harness.py). The human face's
-options arrive as A2A_* variables, read once in `protocol_main`: A2A_BACKEND, A2A_EXTRA (device-side time, harness
-floor, import time), A2A_JUDGE (keyed case seeds, a fresh input in every timed step), A2A_RANK_PREFIX, A2A_TIMEOUT,
-A2A_RENDEZVOUS=private (ranks join a store on a port the OS gave this process, not the fixed one), A2A_SHARE=mps (more ranks than GPUs: rank r on
-cuda:(r mod GPUs), sharing through the MPS daemon the human face holds; a2a/sharing.py) with A2A_NCCL_VERSION (the
-NCCL every rank must have loaded). Without A2A_SHARE a bundle refuses more ranks than GPUs, as the runner does.
-A2A_MASTER_PORT moves the fixed port (parallel test workers); the runner never sets it.
+Run from the repository without POPCORN_FD, it hands over to the human face (a2a/harness.py). The human face's options
+arrive as A2A_* variables, read once in `protocol_main`: A2A_BACKEND, A2A_EXTRA (device-side time, harness floor,
+import time), A2A_JUDGE (keyed case seeds, a fresh input in every timed step), A2A_RANK_PREFIX, A2A_TIMEOUT,
+A2A_RENDEZVOUS=private (ranks join a store on a port the OS gave this process, not the fixed one), A2A_SHARE=mps (more
+ranks than GPUs: rank r on cuda:(r mod GPUs), sharing through the MPS daemon the human face holds; a2a/sharing.py) with
+A2A_NCCL_VERSION (the NCCL every rank must have loaded). Without A2A_SHARE a bundle refuses more ranks than GPUs, as
+the runner does. A2A_MASTER_PORT moves the fixed port (parallel test workers); the runner never sets it.
 
 Also the library the human face and the tools build on: `__all__` below, exactly the names they use
 (tests/test_layers.py holds it to them): RankPool, CaseSteps and run_steps for the judge's steps; rank_device,
@@ -659,15 +659,10 @@ def _output_status(output, tokens: int, hidden: int, device) -> int:
     """judge.OUTPUT_PROBLEMS' code for what is wrong with an output's kind, shape, dtype or device; 0 when nothing."""
     import torch
 
-    if not isinstance(output, torch.Tensor):
-        return 1
-    if type(output) is not torch.Tensor:
-        return 2
-    if tuple(output.shape) != (tokens, hidden):
-        return 3
-    if output.dtype != torch.float16:
-        return 4
-    return 5 if output.device != device else 0
+    fits = (lambda: isinstance(output, torch.Tensor), lambda: type(output) is torch.Tensor,  # in judge's code order
+            lambda: tuple(output.shape) == (tokens, hidden), lambda: output.dtype == torch.float16,
+            lambda: output.device == device)
+    return next((code for code, fit in enumerate(fits, 1) if not fit()), 0)
 
 
 @contextlib.contextmanager
@@ -677,7 +672,9 @@ def _registered(memory, gpu: bool):
     import torch
 
     address = ctypes.addressof(ctypes.c_char.from_buffer(memory)) if gpu else None
-    registered = gpu and torch.cuda.cudart().cudaHostRegister(address, len(memory), 0) == 0
+    error = torch.cuda.cudart().cudaHostRegister(address, len(memory), 0) if gpu else 0
+    if not (registered := gpu and error == 0) and gpu:  # its copies still work, slower: said, so a slow floor has a why
+        print(f"the channel could not be pinned (cudaHostRegister: {error}): its copies are pageable", file=sys.stderr)
     try:
         yield
     finally:
@@ -723,22 +720,28 @@ def run_steps(rank: int, world_size: int, cases: list, regions: dict, call_for: 
     channel.spin_ns = judge.spin_budget_ns(world_size, "A2A_RANK_SPIN_US", 20000)
     try:
         with _registered(channel.memory, gpu and not on_device):
-            return _steps(channel, rank, world_size, cases, call_for, harness_row, device, Hold(align=align))
+            return _steps(channel, rank, world_size, cases, call_for, harness_row, device, Hold(align=align), regions)
     finally:
         channel.close()
 
 
 def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable, harness_row: bool, device,
-           hold: Hold) -> int:
+           hold: Hold, regions: dict) -> int:
     import torch
     from reference import MoEConfig, RankTestData
 
     gpu = device.type == "cuda"
     configs = [MoEConfig(c["num_experts"], c["experts_per_token"], c["hidden_dim"], c["max_num_tokens"]) for c in cases]
     floor_out = [torch.zeros(c["max_num_tokens"], c["hidden_dim"], dtype=torch.float16, device=device) for c in cases]
+    # NOTES: the host transport on a GPU: the step's span copied at once into the regions' mirror on the device (three
+    # fresh tensors, each copy synchronized, were 141 of a 293 µs go-to-done at world size 1 on an H200, 9561baf).
+    mirror = judge.Views(torch.empty(regions["total"], dtype=torch.uint8, device=device), regions) \
+        if gpu and channel.shared is None else None
     # NOTES: a step's views are cut from its case's whole ones, once per token count: a dozen views made in every
     # step were 34-155 µs of each window on the H200 hosts (step anatomy, "before its call", b04a593).
-    whole = [channel.views.tensors(c["max_num_tokens"], c["hidden_dim"], c["experts_per_token"]) for c in cases]
+    extents = [(c["max_num_tokens"], c["hidden_dim"], c["experts_per_token"]) for c in cases]
+    whole = [channel.views.tensors(*extent) for extent in extents]
+    inputs_from = whole if mirror is None else [mirror.tensors(*extent) for extent in extents]
     made_views = {}
     steps = 0
     while True:
@@ -746,18 +749,17 @@ def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable,
         kind, case, tokens = channel.wait()
         if kind == judge.STOP:
             return steps
-        views = made_views.get((case, tokens))
-        if views is None:
-            views = made_views[case, tokens] = {name: view[:tokens] for name, view in whole[case].items()}
+        views, inputs = made_views.get((case, tokens)) or made_views.setdefault((case, tokens), tuple(
+            {name: view[:tokens] for name, view in of[case].items()} for of in (whole, inputs_from)))
+        if mirror is not None:  # else the inputs are the shared regions themselves (the device transport, or a CPU)
+            first, end = judge.input_span(regions, tokens, cases[case]["hidden_dim"])
+            mirror.raw_all[first:end].copy_(channel.views.raw_all[first:end], non_blocking=True)
+            torch.cuda.current_stream(device).synchronize()  # in place before the call, as the device transport's are
         rank_data = RankTestData.__new__(RankTestData)
         rank_data.num_tokens = tokens
-        # On the device transport the inputs are the owner's shared regions themselves (no copy in the window).
-        rank_data.x, rank_data.indices, rank_data.weights = (
-            views[name] if channel.shared is not None else views[name].to(device, copy=True)
-            for name in ("x", "indices", "weights"))
+        rank_data.x, rank_data.indices, rank_data.weights = (inputs[name] for name in ("x", "indices", "weights"))
         data = (configs[case], rank_data, rank, world_size)
-        call_ns = held_ns = math.nan
-        held, failure = False, None
+        call_ns, held_ns, held, failure = math.nan, math.nan, False, None
         _set_phase("in custom_kernel")
         channel.stamp(judge.CALL_FROM_NS)
         try:
@@ -1880,8 +1882,7 @@ def _sharing_asked() -> bool:
     """A2A_SHARE=mps (the human face's, never the runner's): ranks may outnumber the GPUs, sharing them through the
     MPS control daemon named by CUDA_MPS_PIPE_DIRECTORY. Without a live daemon the ranks would be time-sliced, and
     ranks that spin on each other's flags would crawl or hang: refused."""
-    share = os.environ.get("A2A_SHARE")
-    if not share:
+    if not (share := os.environ.get("A2A_SHARE")):
         return False
     if share != "mps":
         raise UserError(f"A2A_SHARE must be 'mps', not '{share[:40]}'")

@@ -1029,11 +1029,13 @@ def test_the_clock_does_not_depend_on_the_entries_order():
 
 def test_a_call_that_synchronizes_inside_is_timed_on_an_idle_stream_and_named():
     """v1 waits for its own work (.tolist()): no sleep can hold its stream, so its held figure is its call time and
-    the run names it; v8 is held."""
+    the run names it; v8 is held: its held figure is measured apart and is no more than its call's (on an H200 at
+    world size 1 the two were within 0.2%, 2026-11-29, so a strict "less" was a coin toss)."""
     run = _clock(["v1", "v8"], "benchmarks:0", 1, 2)
     assert run.sync_inside == {"v1"} and not run.failed
     v1, v8 = run.entry_intervals("v1"), run.entry_intervals("v8")
-    assert v1["held"].center == v1["call"].center and v8["held"].center < v8["call"].center
+    assert v1["held"].center == v1["call"].center
+    assert v8["held"].center != v8["call"].center and v8["held"].center <= v8["call"].high, (v8["held"], v8["call"])
 
 
 def test_step_anatomy_runs_on_gpus(tmp_path):
