@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from boundary import CLONE_NEWPID, die_with_parent, kill_tree, process_stat, sealed_file
+from boundary import CLONE_NEWPID, die_with_parent, hidden_from_ranks, kill_tree, process_stat, sealed_file
 
 
 # Held while environment_with has os.environ changed, and while environ_with copies it: a thread that starts a
@@ -34,10 +34,14 @@ _ENVIRON_LOCK = threading.RLock()
 
 
 @contextlib.contextmanager
-def environment_with(extra: dict):
-    """os.environ with `extra` set, for the duration (what a spawned process starts with)."""
+def environment_with(extra: dict, ranks: bool = False):
+    """os.environ with `extra` set, for the duration (what a spawned process starts with); `ranks`: a process of a
+    pool's, so without what no rank starts with (boundary.hidden_from_ranks), which is then never in its memory."""
     with _ENVIRON_LOCK:
-        before = {name: os.environ.get(name) for name in extra}
+        drop = hidden_from_ranks(os.environ) if ranks else []
+        before = {name: os.environ.get(name) for name in [*drop, *extra]}
+        for name in drop:
+            del os.environ[name]
         os.environ.update(extra)
         try:
             yield
@@ -49,11 +53,12 @@ def environment_with(extra: dict):
                     os.environ[name] = value
 
 
-def environ_with(extra: Optional[dict] = None) -> dict:
+def environ_with(extra: Optional[dict] = None, ranks: bool = False) -> dict:
     """A copy of os.environ with `extra` on top, for a child process (never a copy of another thread's
-    environment_with)."""
+    environment_with); `ranks`: as environment_with's."""
     with _ENVIRON_LOCK:
-        return {**os.environ, **(extra or {})}
+        hidden = set(hidden_from_ranks(os.environ)) if ranks else set()
+        return {**{name: value for name, value in os.environ.items() if name not in hidden}, **(extra or {})}
 
 
 def send_fds(conn, fds: list) -> None:

@@ -110,9 +110,26 @@ def _gone(*mark) -> bool:
 
 # Variables whose names say they hold a secret of the operator's (a token, a key, a password): no process the judge
 # starts gets them, a rank least of all (red team 35: RT35_OPERATOR_TOKEN, exported by the operator, was in every
-# rank's environment). Not a guarantee: a secret under another name still reaches the ranks (docs/judge.md).
+# rank's environment).
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|^AWS_|^SSH_AUTH_SOCK$",
                          re.IGNORECASE)
+# What a rank starts with of the operator's environment: what a GPU, a compiler, Python, torch and the collectives
+# read, and the harness's own A2A_* (a secret under an innocent name, FOO=..., reached every rank before). More names
+# pass with RANK_ENV, comma-separated; a name SECRET_NAME matches never does.
+RANK_ENV = "A2A_RANK_ENV"
+RANK_ENV_NAMES = re.compile(
+    r"PATH|LANG|LANGUAGE|TZ|TERM|SHELL|LD_LIBRARY_PATH|LD_PRELOAD|LIBRARY_PATH|CPATH|C_INCLUDE_PATH|CPLUS_INCLUDE_PATH"
+    r"|PKG_CONFIG_PATH|CC|CXX|CFLAGS|CXXFLAGS|LDFLAGS|MAX_JOBS|VIRTUAL_ENV|CONDA_PREFIX|MASTER_ADDR|MASTER_PORT|RANK"
+    r"|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE"
+    r"|(LC_|CUDA|NV|NCCL_|TORCH|PYTORCH_|TRITON_|HIP|ROCM|ROCR_|HSA_|HCC_|AMD_|MIOPEN_|RCCL_|OMP_|MKL_|KMP_|GOMP_"
+    r"|OPENBLAS_|PYTHON|A2A_|POPCORN_|CCACHE_|SCCACHE_|GLOO_|TP_|UCX_|FI_).*")
+
+
+def hidden_from_ranks(environ) -> list:
+    """The names in `environ` (a mapping) that no rank starts with (RANK_ENV_NAMES, RANK_ENV)."""
+    passed = {name.strip() for name in environ.get(RANK_ENV, "").split(",")}
+    return sorted(name for name in environ if SECRET_NAME.search(name)
+                  or not (RANK_ENV_NAMES.fullmatch(name) or name in passed))
 
 
 def claim_run(inherit: bool = False) -> None:
@@ -675,8 +692,13 @@ class Guards:
                       if self.memory_bytes else f"no memory cap ({self.memory_off})")
             return (f"ranks in their own PID, network and IPC namespaces and /proc, as uid {self.uid} with "
                     f"no_new_privs and no user namespace, every mount read-only but their run's own folders"
-                    f"{'; but ' + ', '.join(self.shared) if self.shared else ''}, {memory}")
+                    f"{'; but ' + ', '.join(self.shared) if self.shared else ''}, {memory}{_env_note()}")
         return "guards off: " + "; ".join(self.off + self.shared)
+
+
+def _env_note() -> str:
+    hidden = len(hidden_from_ranks(os.environ))
+    return f", the operator's environment less {hidden} variable(s) ({RANK_ENV} passes more)" if hidden else ""
 
 
 def has_ended(pid: int) -> bool:

@@ -1181,7 +1181,7 @@ def start_nursery(env: dict) -> Nursery:
 
     def spawn(target: Callable, args: tuple):
         process = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=True)
-        with environment_with(env), _main_not_rerun(True):
+        with environment_with(env, ranks=True), _main_not_rerun(True):
             process.start()
         return process
 
@@ -1266,7 +1266,7 @@ class RankPool:
         # starts here with this process's own environment and outside the ranks' namespace, since MPS's guardian
         # ends every process that carries the ranks' pipe folder (a2a/sharing.py).
         multiprocessing.resource_tracker.ensure_running()
-        with environment_with(self.env), self.sandbox.spawning(), _main_not_rerun(not self.rerun_main):
+        with environment_with(self.env, ranks=True), self.sandbox.spawning(), _main_not_rerun(not self.rerun_main):
             process.start()
         return process
 
@@ -1277,7 +1277,7 @@ class RankPool:
         handed = [out_write, err_write, phase.fd]
         if self.birth == "zygote":
             if self.zygote is None or self.zygote.ended:
-                born = (self.sandbox.rank_setup(), self.bundle, {**os.environ, **self.env},
+                born = (self.sandbox.rank_setup(), self.bundle, environ_with(self.env, ranks=True),
                         self.sandbox.namespace_fds())
                 self.zygote = Zygote(self._spawn, _worker_loop, self.nursery, born)
             process = self.zygote.fork([child_end.fileno(), *handed])

@@ -1921,7 +1921,8 @@ def test_an_entry_reads_no_other_entrys_source(tmp_path, capfd, request):
 
 
 # Looks for the operator's secret in its environment, its process's first environment block, and its parents' (red
-# team 35: RT35_OPERATOR_TOKEN, exported by the operator, reached every rank).
+# team 35: RT35_OPERATOR_TOKEN, exported by the operator, reached every rank; a secret under an innocent name did
+# until the twenty-ninth session); and says whether the variable the operator passed on purpose is there.
 OPERATOR_SECRET = '''
 
 def custom_kernel(data):
@@ -1932,20 +1933,42 @@ def custom_kernel(data):
                 found.append(f"/proc/{pid}/environ")
         except OSError:
             pass
-    _say("secret", data[2], ",".join(found) or "none")
+    _say("secret", data[2], ",".join(found) or "none", _os.environ.get("BUILD_NOTE", "-"))
     return _v1_kernel(data)
 '''
 
 
 @pytest.mark.parametrize("face", FACES)
 def test_the_operators_secrets_reach_no_rank(tmp_path, face):
-    """Variables named as secrets (a token, a key, a password) in the operator's environment: no rank sees them, in
-    its environment or its process's first one; the run passes."""
+    """The operator's variables that are neither the GPU's, the compiler's, Python's, torch's nor the harness's, and
+    those named as secrets even so: no rank sees them, in its environment or its process's first one; one passed
+    on purpose (A2A_RANK_ENV) is there; the run passes."""
     outcome = run_face(face, "test", tmp_path, hostile(OPERATOR_SECRET),
-                       env={"RT_OPERATOR_TOKEN": "hunter2", "MY_API_KEY": "hunter2", "AWS_SESSION": "hunter2"})
+                       env={"RT_OPERATOR_TOKEN": "hunter2", "MY_API_KEY": "hunter2", "AWS_SESSION": "hunter2",
+                            "FOO": "hunter2", "DEPLOY_NOTE": "hunter2", "CUDA_HOME_PASSWORD": "hunter2",
+                            "BUILD_NOTE": "passed", "A2A_RANK_ENV": "BUILD_NOTE,CUDA_HOME_PASSWORD"})
     said = outcome.said("secret")
     assert outcome.code == 0 and said, str(outcome)
-    assert all(words[1] == "none" for words in said), said
+    assert all(words[1:] == ["none", "passed"] for words in said), said
+
+
+def test_the_operators_secrets_reach_no_rank_of_the_clock(tmp_path, capfd, monkeypatch):
+    """The same through the clock, whose pools are forked from its nursery (its environment and each zygote's)."""
+    for name, value in (("FOO", "hunter2"), ("RT_OPERATOR_TOKEN", "hunter2"), ("BUILD_NOTE", "passed"),
+                        ("A2A_RANK_ENV", "BUILD_NOTE")):
+        monkeypatch.setenv(name, value)
+    folder = reachable(tmp_path)
+    path, cases = folder / "secret.py", folder / "cases.txt"
+    path.write_text(hostile(OPERATOR_SECRET))
+    cases.write_text(SMALL_LINE.format(seed=FIRST_SEED) + "\n")
+    plan = make_plan([str(path)], str(cases), 2, "gloo", gpu_only="keep")
+    settings = clock.Settings(steps=1, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
+    run = clock.time_entries(plan, [clock.Entry("secret", "version", str(plan.versions[0]))], settings,
+                             progress=lambda _: None)
+    err = capfd.readouterr().err
+    said = [found[1].split() for found in re.finditer(r"HOSTILE secret([^\n]*)", err)]
+    assert not run.failed and said, (run.failed, err[-3000:])
+    assert all(words[1:] == ["none", "passed"] for words in said), said
 
 
 SEEDED = 424_242_424  # POPCORN_SEED of the seed tests below
