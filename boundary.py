@@ -111,34 +111,43 @@ def _gone(*mark) -> bool:
 # Variables whose names say they hold a secret of the operator's (a token, a key, a password): no process the judge
 # starts gets them, a rank least of all (red team 35: RT35_OPERATOR_TOKEN, exported by the operator, was in every
 # rank's environment).
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|^AWS_|^SSH_AUTH_SOCK$",
-                         re.IGNORECASE)
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS|CRED|AUTH|COOKIE|PRIVATE|SIGNING|(^|_)KEYS?($|_)|API_?KEY|ACCESS_?KEY"
+                         r"|CONNECTION_?STRING|^AWS_|^SSH_AUTH_SOCK$", re.IGNORECASE)
+# ... and values that carry one whatever their name (red team 37: SCCACHE_REDIS=redis://:password@host).
+SECRET_VALUE = re.compile(r"://[^/@\s]*:[^/@\s]*@|(AccountKey|SharedAccessSignature|password|pwd)=", re.IGNORECASE)
+
+
+def is_secret(name: str, value: str) -> bool:
+    return bool(SECRET_NAME.search(name) or SECRET_VALUE.search(value))
+
+
 # What a rank starts with of the operator's environment: what a GPU, a compiler, Python, torch and the collectives
 # read, and the harness's own A2A_* (a secret under an innocent name, FOO=..., reached every rank before). More names
-# pass with RANK_ENV, comma-separated; a name SECRET_NAME matches never does.
+# pass with RANK_ENV, comma-separated, itself never passed; a secret (is_secret) never passes. NOTES: families whose
+# documented variables hold credentials stay out (red team 37: CCACHE_REMOTE_STORAGE, SCCACHE_AZURE_CONNECTION_STRING).
 RANK_ENV = "A2A_RANK_ENV"
 RANK_ENV_NAMES = re.compile(
     r"PATH|LANG|LANGUAGE|TZ|TERM|SHELL|LD_LIBRARY_PATH|LD_PRELOAD|LIBRARY_PATH|CPATH|C_INCLUDE_PATH|CPLUS_INCLUDE_PATH"
     r"|PKG_CONFIG_PATH|CC|CXX|CFLAGS|CXXFLAGS|LDFLAGS|MAX_JOBS|VIRTUAL_ENV|CONDA_PREFIX|MASTER_ADDR|MASTER_PORT|RANK"
-    r"|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE"
-    r"|(LC_|CUDA|NV|NCCL_|TORCH|PYTORCH_|TRITON_|HIP|ROCM|ROCR_|HSA_|HCC_|AMD_|MIOPEN_|RCCL_|OMP_|MKL_|KMP_|GOMP_"
-    r"|OPENBLAS_|PYTHON|A2A_|POPCORN_|CCACHE_|SCCACHE_|GLOO_|TP_|UCX_|FI_).*")
+    r"|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|PYTHON[A-Z0-9]*"
+    r"|(LC_|CUDA|NVIDIA_|NVCC_|NVSHMEM_|NCCL_|TORCH|PYTORCH_|TRITON_|HIP|ROCM|ROCR_|HSA_|HCC_|AMD_|MIOPEN_|RCCL_|OMP_"
+    r"|MKL_|KMP_|GOMP_|OPENBLAS_|A2A_|POPCORN_|GLOO_|TP_|UCX_|FI_).*")
 
 
 def hidden_from_ranks(environ) -> list:
-    """The names in `environ` (a mapping) that no rank starts with (RANK_ENV_NAMES, RANK_ENV)."""
+    """The names in `environ` (a mapping) that no rank starts with (RANK_ENV_NAMES, RANK_ENV, is_secret)."""
     passed = {name.strip() for name in environ.get(RANK_ENV, "").split(",")}
-    return sorted(name for name in environ if SECRET_NAME.search(name)
+    return sorted(name for name, value in environ.items() if name == RANK_ENV or is_secret(name, value)
                   or not (RANK_ENV_NAMES.fullmatch(name) or name in passed))
 
 
 def claim_run(inherit: bool = False) -> None:
     """First ends what earlier runs left behind (sweep_orphans), then marks this command as the owner of every
-    process it will start, and drops from its environment every variable SECRET_NAME matches (before it starts
+    process it will start, and drops from its environment every variable is_secret says is one (before it starts
     any). `inherit`: keep an owner already named (the protocol face under the human face, which ends it on its way
     out)."""
     sweep_orphans()
-    for name in [name for name in os.environ if SECRET_NAME.search(name)]:
+    for name in [name for name, value in os.environ.items() if is_secret(name, value)]:
         del os.environ[name]
     if not (inherit and os.environ.get(RUN_OWNER)):
         os.environ[RUN_OWNER] = _own_mark()

@@ -1946,6 +1946,10 @@ def test_the_operators_secrets_reach_no_rank(tmp_path, face):
     outcome = run_face(face, "test", tmp_path, hostile(OPERATOR_SECRET),
                        env={"RT_OPERATOR_TOKEN": "hunter2", "MY_API_KEY": "hunter2", "AWS_SESSION": "hunter2",
                             "FOO": "hunter2", "DEPLOY_NOTE": "hunter2", "CUDA_HOME_PASSWORD": "hunter2",
+                            # red team 37: secrets in families the ranks got whole, and in a value
+                            "SCCACHE_AZURE_CONNECTION_STRING": "AccountKey=hunter2", "NVCF_RUN_KEY": "hunter2",
+                            "NV_PASSPHRASE": "hunter2", "PYTHON_KEYRING_PASS": "hunter2",
+                            "CCACHE_REMOTE_STORAGE": "redis://u:hunter2@h", "CUDA_CACHE_URL": "https://u:hunter2@h/c",
                             "BUILD_NOTE": "passed", "A2A_RANK_ENV": "BUILD_NOTE,CUDA_HOME_PASSWORD"})
     said = outcome.said("secret")
     assert outcome.code == 0 and said, str(outcome)
