@@ -1956,6 +1956,44 @@ def test_the_operators_secrets_reach_no_rank(tmp_path, face):
     assert all(words[1:] == ["none", "passed"] for words in said), said
 
 
+# Starts argv[2:] with this environment plus the raw entries in argv[1] ('|'-separated), which no shell or
+# subprocess makes: an empty name, and no '=' at all (red team 37: both reached every rank; the first with
+# A2A_RANK_ENV set ended the judge with 114).
+RAW_ENVIRONMENT_LAUNCHER = """
+import ctypes, os, sys
+entries = [f"{k}={v}".encode() for k, v in os.environ.items()] + [e.encode() for e in sys.argv[1].split("|")]
+argv = [a.encode() for a in sys.argv[2:]]
+ctypes.CDLL(None).execve(argv[0], (ctypes.c_char_p * (len(argv) + 1))(*argv, None),
+                         (ctypes.c_char_p * (len(entries) + 1))(*entries, None))
+"""
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_environment_entries_no_shell_makes_reach_no_rank(tmp_path, face):
+    """An entry with an empty name and one with no '=' in the judge's raw environment: no rank has either, in its
+    environment or its process's first block, and the run passes (no 114)."""
+    folder = shared_folder(tmp_path)
+    lines = SMALL_LINE.format(seed=FIRST_SEED) + "\n"
+    env = {**os.environ, "A2A_RANK_ENV": "FOO", "PYTHONDONTWRITEBYTECODE": "1"}
+    if face == "human":
+        (folder / "secret.py").write_text(hostile(OPERATOR_SECRET))
+        (folder / "cases.txt").write_text(lines)
+        command, cwd = [str(ROOT / "eval.py"), "test", str(folder / "secret.py"), "--world-size", "2", "--cases",
+                        str(folder / "cases.txt")], ROOT
+    else:
+        bundle = stage(V1, folder / "bundle", test_files=False)
+        (bundle / "submission.py").write_text(hostile(OPERATOR_SECRET))
+        (bundle / "cases.txt").write_text(lines)
+        env.update(POPCORN_FD="1", POPCORN_GPUS="2", A2A_BACKEND="gloo", A2A_MASTER_PORT=str(PROTOCOL_PORT))
+        command, cwd = ["eval.py", "test", "cases.txt"], bundle
+    done = subprocess.run([sys.executable, "-c", RAW_ENVIRONMENT_LAUNCHER, "=FOO=hunter2|hunter2 with no equals sign",
+                           sys.executable, *command], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=RUN_LIMIT_S)
+    said = [found[1].split() for found in re.finditer(r"HOSTILE secret([^\n]*)", done.stderr)]
+    assert done.returncode == 0 and said, done.stdout[-2000:] + done.stderr[-3000:]
+    assert all(words[1] == "none" for words in said), said
+
+
 def test_the_operators_secrets_reach_no_rank_of_the_clock(tmp_path, capfd, monkeypatch):
     """The same through the clock, whose pools are forked from its nursery (its environment and each zygote's)."""
     for name, value in (("FOO", "hunter2"), ("RT_OPERATOR_TOKEN", "hunter2"), ("BUILD_NOTE", "passed"),
