@@ -659,10 +659,12 @@ def _output_status(output, tokens: int, hidden: int, device) -> int:
     """judge.OUTPUT_PROBLEMS' code for what is wrong with an output's kind, shape, dtype or device; 0 when nothing."""
     import torch
 
-    fits = (lambda: isinstance(output, torch.Tensor), lambda: type(output) is torch.Tensor,  # in judge's code order
-            lambda: tuple(output.shape) == (tokens, hidden), lambda: output.dtype == torch.float16,
-            lambda: output.device == device)
-    return next((code for code, fit in enumerate(fits, 1) if not fit()), 0)
+    if not isinstance(output, torch.Tensor):
+        return 1
+    if type(output) is not torch.Tensor:
+        return 2
+    wrong = (tuple(output.shape) != (tokens, hidden), output.dtype != torch.float16, output.device != device)
+    return next((code for code, bad in enumerate(wrong, 3) if bad), 0)
 
 
 @contextlib.contextmanager
@@ -672,13 +674,13 @@ def _registered(memory, gpu: bool):
     import torch
 
     address = ctypes.addressof(ctypes.c_char.from_buffer(memory)) if gpu else None
-    error = torch.cuda.cudart().cudaHostRegister(address, len(memory), 0) if gpu else 0
-    if not (registered := gpu and error == 0) and gpu:  # its copies still work, slower: said, so a slow floor has a why
+    error = int(torch.cuda.cudart().cudaHostRegister(address, len(memory), 0)) if gpu else 0
+    if error:  # its copies still work, slower: said, so that a slow floor has a why
         print(f"the channel could not be pinned (cudaHostRegister: {error}): its copies are pageable", file=sys.stderr)
     try:
         yield
     finally:
-        if registered:
+        if gpu and not error:
             torch.cuda.cudart().cudaHostUnregister(address)
 
 
@@ -733,8 +735,7 @@ def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable,
     gpu = device.type == "cuda"
     configs = [MoEConfig(c["num_experts"], c["experts_per_token"], c["hidden_dim"], c["max_num_tokens"]) for c in cases]
     floor_out = [torch.zeros(c["max_num_tokens"], c["hidden_dim"], dtype=torch.float16, device=device) for c in cases]
-    # NOTES: the host transport on a GPU: the step's span copied at once into the regions' mirror on the device (three
-    # fresh tensors, each copy synchronized, were 141 of a 293 µs go-to-done at world size 1 on an H200, 9561baf).
+    # NOTES: host transport on a GPU: one copy into a device mirror (three were 141 of 293 µs, ws1 H200, 9561baf).
     mirror = judge.Views(torch.empty(regions["total"], dtype=torch.uint8, device=device), regions) \
         if gpu and channel.shared is None else None
     # NOTES: a step's views are cut from its case's whole ones, once per token count: a dozen views made in every
@@ -1281,11 +1282,10 @@ class RankPool:
                         self.sandbox.namespace_fds())
                 self.zygote = Zygote(self._spawn, _worker_loop, self.nursery, born)
             process = self.zygote.fork([child_end.fileno(), *handed])
-            child_end.close()
         else:
             process = self._spawn(_worker_loop, (child_end,))
-            child_end.close()
             send_fds(parent_end, handed)
+        child_end.close()
         for fd in handed:
             os.close(fd)
         self.texts[process] = (wire.RankText(out_read, sys.stdout, ""), wire.RankText(err_read, sys.stderr, ""))
