@@ -160,6 +160,9 @@ def test_rounds_visit_every_entry_on_every_shape_in_fresh_processes_in_a_recorde
     assert len(pids) == len(set(pids)) == 3 * 2 * 2  # fresh processes: 3 rounds x 2 entries x 2 ranks
     for key in (("A", 0), ("A", 1), ("B", 0), ("B", 1)):
         assert sorted(run.samples[key]) == [0, 1, 2] and all(v["owner"] > 0 for v in run.samples[key].values())
+        for value in run.samples[key].values():  # each idle step's window kept, the figure their mean
+            assert len(value["owner_steps_us"]) == 2 and value["owner"] == pytest.approx(
+                statistics.fmean(value["owner_steps_us"]), abs=1e-3), value
     spread = clock.spread(run)  # the header's line: the rounds' spread, the machine's part and the pools'
     assert {(p["entries"], p["rounds"]) for p in spread.values()} == {(2, 3)} and "owner" in spread, spread
     assert run.stopped == {"A": "3 rounds", "B": "3 rounds"}  # no targets: every round asked for runs
