@@ -819,8 +819,12 @@ class Sandbox:
             return
         self.guards.pid_namespace = self.guards.private_proc = True
         self.setup = RankSandbox(private_proc=True, uid=None)
+        # the libraries the ranks start with preloaded (a newer NCCL for sharing GPUs) stay in sight of whatever a
+        # rank starts: every process ld.so makes reads them again (2026-11-29: 200 "cannot be preloaded" lines from
+        # a world-size-8 test, the NCCL built under /tmp, which the ranks' run covers)
+        preloaded = [p for p in re.split(r"[\s:]+", pool_env.get("LD_PRELOAD", "")) if os.path.isabs(p)]
         needed = [Path(sys.executable), Path(os.__file__).parent, HERE, Path.cwd(), *map(Path, sys.path),
-                  *map(Path, filter(None, reach))]
+                  *map(Path, filter(None, reach)), *map(Path, preloaded)]
         needed = [p.resolve() for p in needed if str(p) and p.exists()]
         pairs, unreachable = exposure([p for p in needed if not _below_covered(p)])
         if unreachable:

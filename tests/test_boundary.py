@@ -3,6 +3,7 @@ pool. Run as root (the sandbox's condition); each test is skipped otherwise."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import pickle
 import re
@@ -262,6 +263,36 @@ time.sleep(60)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.isdir("/dev/shm"), reason="needs root and /dev/shm")
+def test_a_library_the_ranks_start_with_preloaded_is_in_sight_of_what_they_start(tmp_path_factory):
+    """Ranks sharing GPUs start with a newer NCCL preloaded, which the device sessions build below /tmp. The ranks'
+    run covers /tmp, so every process a rank started (a compiler, ldconfig) printed ld.so's "cannot be preloaded"
+    (2026-11-29: 200 lines in one world-size-8 test). The pool keeps each preloaded library in the ranks' view.
+    (Not tmp_path: a test's tmp_path is the ranks' to write, and in their view.)"""
+    folder = tmp_path_factory.mktemp("preloaded")
+    library = folder / "libpreloaded.so"
+    ctypes.CDLL("libm.so.6")  # a real library, harmless to preload: this machine's own libm, found where it is mapped
+    libm = next(line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+                if Path(line.split()[-1]).name.startswith(("libm.so", "libm-")))
+    shutil.copyfile(libm, library)
+    (folder / "beside").write_text("not the ranks'")
+    for path in (folder.parent, folder):
+        path.chmod(0o755)
+    library.chmod(0o644)
+    sandbox = boundary.Sandbox(env={"LD_PRELOAD": str(library)})
+    try:
+        done = _in_sandbox(sandbox, f"""
+import subprocess
+child = subprocess.run(["/bin/true"], env={{"LD_PRELOAD": {str(library)!r}}}, capture_output=True, text=True)
+print("child", child.returncode, repr(child.stderr))
+print("beside", os.listdir({str(folder)!r}))
+""")
+    finally:
+        sandbox.close()
+    assert done.returncode == 0, done.stderr
+    assert "child 0 ''" in done.stdout, done.stdout  # ld.so found the library: nothing said
+    assert "beside ['libpreloaded.so']" in done.stdout, done.stdout  # and nothing else of the folder it lies in
+
+
 def test_no_rank_can_hold_the_name_of_another_pools_dev_shm(tmp_path, monkeypatch):
     """Red team 25, from the code: ranks that see the machine's /dev/shm (beside an MPS daemon that was already
     running) could make /dev/shm/a2a-run-<uid> before another command's pool of that uid, whose start then failed.
