@@ -255,10 +255,12 @@ def checks_table(checks: pd.DataFrame) -> str:
 
 def _spread_line(meta: dict) -> list:
     """Where the rounds' spread is (clock.spread): the part the round's machine shares across entries, the part of
-    each entry's own pool, born anew each round, and each visit's own (runs saved before it was kept show two)."""
+    each entry's own pool, born anew each round, and each visit's own (runs saved before it was kept show two); for
+    the owner's step, how much of a visit's own its steps' noise explains (where kept)."""
     titles = (("owner", "owner's step"), ("call", "call"), ("held", "held"))
-    parts = [f"{title} {found['round']:.3f}, {found['pool']:.3f} and {found['visit']:.3f}"
-             if found.get("visit") is not None else f"{title} {found['round']:.3f} and {found['pool']:.3f}"
+    parts = [(f"{title} {found['round']:.3f}, {found['pool']:.3f} and {found['visit']:.3f}"
+              if found.get("visit") is not None else f"{title} {found['round']:.3f} and {found['pool']:.3f}")
+             + (f" (its steps' own {found['steps']:.3f})" if found.get("steps") is not None else "")
              for metric, title in titles if (found := meta.get("spread", {}).get(metric))]
     settings = meta.get("settings", {})
     pinned = settings.get("pinned_cpus")  # absent in runs saved before it was recorded

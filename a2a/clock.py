@@ -216,7 +216,8 @@ class Run:
 def spread(run: Run) -> dict:
     """{metric: intervals.spread_parts of the entries' per-round geomeans over the shapes}: how much of a round's
     spread the round's machine shares across entries and how much is each entry's own pool (a pool is born anew each
-    round); and "visit", each visit's own part (intervals.visit_spread). Failed entries are left out."""
+    round); and "visit", each visit's own part (intervals.visit_spread), for the owner's step with the part of it
+    its own steps explain ("steps", intervals.steps_spread). Failed entries are left out."""
     out = {}
     for metric in METRICS:
         per_entry, cases = {}, {}
@@ -226,6 +227,10 @@ def spread(run: Run) -> dict:
                 per_entry[entry.name], cases[entry.name] = values, per_case
         if parts := iv.spread_parts(per_entry):
             out[metric] = {**parts, "visit": iv.visit_spread(cases)}
+            if metric == "owner" and (steps := iv.steps_spread(
+                    [v.get("owner_steps_us", ()) for (name, _), per_round in run.samples.items()
+                     if name in per_entry for v in per_round.values()])) is not None:
+                out[metric]["steps"] = steps
     return out
 
 

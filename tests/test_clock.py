@@ -71,6 +71,15 @@ def test_a_visits_own_spread_is_what_its_pool_and_its_shape_do_not_explain():
     assert iv.visit_spread({"A": {0: per_case[0]}}) is None
 
 
+def test_the_part_of_a_visit_its_own_steps_explain():
+    """Visits whose steps spread by a known SD in the log: their part is that SD over the root of the steps' count,
+    the median over visits; a visit of one step, or none with a value that is no time, counts nothing."""
+    wide, narrow = [math.exp(x) for x in (0.2, -0.2, 0.2, -0.2)], [math.exp(x) for x in (0.05, -0.05, 0.05, -0.05)]
+    sd = statistics.stdev([0.2, -0.2, 0.2, -0.2])
+    assert iv.steps_spread([wide, wide, narrow]) == pytest.approx(sd / 2)
+    assert iv.steps_spread([[5.0], [0.0, math.nan, 3.0]]) is None
+
+
 def test_a_ranks_zero_or_denormal_figure_breaks_no_statistic():
     """Red team 31: a round whose call figure was 0 reached visit_spread's log, and rounds of 1e-321 and 8 µs
     overflowed an interval's exp: both ended the clock with 114. A value that is no time is left out; an interval's
@@ -165,6 +174,7 @@ def test_rounds_visit_every_entry_on_every_shape_in_fresh_processes_in_a_recorde
                 statistics.fmean(value["owner_steps_us"]), abs=1e-3), value
     spread = clock.spread(run)  # the header's line: the rounds' spread, the machine's part and the pools'
     assert {(p["entries"], p["rounds"]) for p in spread.values()} == {(2, 3)} and "owner" in spread, spread
+    assert spread["owner"]["steps"] > 0 and all("steps" not in spread[m] for m in spread if m != "owner"), spread
     assert run.stopped == {"A": "3 rounds", "B": "3 rounds"}  # no targets: every round asked for runs
 
 

@@ -182,7 +182,7 @@ def _synthetic() -> tuple[pd.DataFrame, dict]:
 META = {"device": "test", "world_size": 2, "placement": "2 ranks on 2 GPUs, one each", "backend": "nccl",
         "mode": "benchmark", "date": "2026-11-22", "commit": "abc", "skipped": [], "clocks": "GPU clocks not locked",
         "throttled_visits": 1, "rounds": 8, "wall_s": 100, "clock_seed": 7, "guards": "test",
-        "spread": {"owner": {"round": 0.1, "pool": 0.15, "visit": 0.09, "entries": 3, "rounds": 8},
+        "spread": {"owner": {"round": 0.1, "pool": 0.15, "visit": 0.09, "steps": 0.03, "entries": 3, "rounds": 8},
                    "held": {"round": 0.02, "pool": 0.04, "entries": 3, "rounds": 8}}}
 
 
@@ -209,7 +209,8 @@ def test_tables_show_intervals_ties_the_mark_and_a_sync_fallback():
     assert f"Mark geomean (SOL here, dedup, plus the handshake's call time, per shape): " \
            f"{geomean([28 * s for _, s in SHAPES]):.1f} µs." in text
     assert "throttled visits left out: 1" in text and "GPU clocks not locked" in text
-    assert "each visit's own): owner's step 0.100, 0.150 and 0.090; held 0.020 and 0.040" in text, text
+    assert ("each visit's own): owner's step 0.100, 0.150 and 0.090 (its steps' own 0.030); held 0.020 and 0.040"
+            in text), text
     assert "150.0 [142.5, 157.5]" in text  # v2's call time on the first shape, in the per-shape table
 
 
