@@ -425,7 +425,6 @@ def agreement(header: list, results: list, names: list, last_reversed: bool) -> 
     return "\n".join(report + ["", result_rows.github_table(table_rows)])
 
 
-SAVED_RUN_BYTES = 64 << 20  # a results.json --compare reads (a clock run's with every visit's samples: a few MB)
 SHOWN_META = ("device", "placement", "world_size", "commit")
 SAVED_RUN_ENTRIES = 500  # entries --compare sets side by side: its agreement pairs every two (red team 32: 100 000
 # entries, 17 MB, ran past 280 s); a run of every version, both floors and both anchors has 17
@@ -461,7 +460,7 @@ def saved_run(folder) -> dict:
         return core.UserError(f"--compare {wire.as_text(str(folder), 300)}: {why}")
 
     try:
-        saved = json.loads(wire.read_regular_file(Path(folder) / "results.json", SAVED_RUN_BYTES))
+        saved = json.loads(wire.read_regular_file(Path(folder) / "results.json", clock.SAVED_RUN_BYTES))
     except (OSError, ValueError, RecursionError) as error:  # NotRegular and JSON's errors are ValueErrors
         raise refused(f"no readable results.json ({wire.as_text(error, 200)})") from None
     if not isinstance(saved, dict) or not isinstance(saved.get("entries"), dict) \

@@ -39,6 +39,8 @@ COMMANDS = {
                                               "time, held device time"),
     "runner-face": ("-m tools.runner_face", "gpu-mode's own evaluator beside ours on each version's bundle"),
     "cpu-speed": ("-m tools.cpu_speed", "this machine's host speed CPU by CPU: alone, in fresh processes, under load"),
+    "visit-statistics": ("-m tools.visit_statistics", "saved clock runs' owner's step by each statistic of a visit's "
+                                                      "steps, and how far two runs are apart"),
 }
 
 

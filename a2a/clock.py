@@ -51,6 +51,7 @@ COLUMNS = {"owner": ("mean_us", "low_us", "high_us"), "call": ("device_mean_us",
            "held": ("held_mean_us", "held_low_us", "held_high_us")}
 METRIC_NAMES = {"owner": "the owner's step (ranks)", "call": "call time (the rank's events, idle stream)",
                 "held": "device time (the rank's events, stream held)"}
+SAVED_RUN_BYTES = 64 << 20  # a saved run's results.json as read back (every visit's samples and steps: a few MB)
 RANKING = "owner"  # the figure that ranks: the owner's clock, out of every rank's reach
 FLOOR_RATIO = "floor_ratio"  # the owner's step over its round's empty submission (floor_ratio): shown, not ranked
 # What a round-limited run reached on one H100 at world size 1 (2026-11-25, WORKLOG "The judge's clock"): the held

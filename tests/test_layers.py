@@ -19,7 +19,7 @@ LAYERS = {
     "a2a.sol": 4, "a2a.harness": 4, "a2a.diffing": 4,
     "run_leaderboard": 5, "diff": 5, "tools.check_device": 5, "tools.sweep_launch": 5, "tools.step_anatomy": 5,
     "tools.compare_ideas": 5, "tools.triton_launch": 5, "tools.sm_share": 5, "tools.launch_floor": 5,
-    "tools.runner_face": 5, "tools.interpret_ranks": 5, "tools.cpu_speed": 5,
+    "tools.runner_face": 5, "tools.interpret_ranks": 5, "tools.cpu_speed": 5, "tools.visit_statistics": 5,
 }
 
 
