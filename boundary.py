@@ -113,8 +113,15 @@ def _gone(*mark) -> bool:
 # rank's environment).
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS|CRED|AUTH|COOKIE|PRIVATE|SIGNING|(^|_)KEYS?($|_)|API_?KEY|ACCESS_?KEY"
                          r"|CONNECTION_?STRING|^AWS_|^SSH_AUTH_SOCK$", re.IGNORECASE)
-# ... and values that carry one whatever their name (red team 37: SCCACHE_REDIS=redis://:password@host).
-SECRET_VALUE = re.compile(r"://[^/@\s]*:[^/@\s]*@|(AccountKey|SharedAccessSignature|password|pwd)=", re.IGNORECASE)
+# ... and values that carry one whatever their name: anything before an '@' in a URL (red team 37:
+# redis://:password@host; red team 38: a bare token, https://ghp_...@github.com, and a password holding '/'), a
+# credential in a query (red team 38: an Azure SAS's sig=, an S3 presigned X-Amz-Signature=), a connection string's
+# key or password, a private key, and the token formats that say what they are (a whole word: a folder named
+# sk-... in a PATH is none).
+SECRET_VALUE = re.compile(r"://[^\s@]*@|[?&;#](sig|signature|x-(amz|goog)-[a-z-]*|[a-z_]*token|[a-z_]*key|secret|"
+                          r"client_secret|password|passwd|pwd|auth|code)=|(AccountKey|SharedAccessSignature|password|"
+                          r"pwd)=|PRIVATE KEY|(^|[\s=\"'])(ghp|gho|ghu|ghs|ghr|github_pat|glpat|hf|sk|xox[abpr])[_-]"
+                          r"[A-Za-z0-9_-]{16,}($|[\s\"'])|\b(AKIA|ASIA)[0-9A-Z]{16}\b", re.IGNORECASE)
 
 
 def is_secret(name: str, value: str) -> bool:

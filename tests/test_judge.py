@@ -1950,6 +1950,12 @@ def test_the_operators_secrets_reach_no_rank(tmp_path, face):
                             "SCCACHE_AZURE_CONNECTION_STRING": "AccountKey=hunter2", "NVCF_RUN_KEY": "hunter2",
                             "NV_PASSPHRASE": "hunter2", "PYTHON_KEYRING_PASS": "hunter2",
                             "CCACHE_REMOTE_STORAGE": "redis://u:hunter2@h", "CUDA_CACHE_URL": "https://u:hunter2@h/c",
+                            # red team 38: a bare token before '@', a password holding '/', credentials in queries
+                            "CUDA_REPO": "https://ghp_hunter2@github.com/o/r.git",
+                            "NCCL_STORE": "redis://:hun/hunter2@h",
+                            "TRITON_BLOB": "https://a.blob.core.windows.net/c?sv=1&sig=hunter2",
+                            "TORCH_S3": "https://b.s3.amazonaws.com/k?X-Amz-Signature=hunter2",
+                            "HIP_NOTE": "sk-hunter2hunter2hunter2",
                             "BUILD_NOTE": "passed", "A2A_RANK_ENV": "BUILD_NOTE,CUDA_HOME_PASSWORD"})
     said = outcome.said("secret")
     assert outcome.code == 0 and said, str(outcome)
