@@ -428,11 +428,13 @@ def agreement(header: list, results: list, names: list, last_reversed: bool) -> 
 SHOWN_META = ("device", "placement", "world_size", "commit")
 SAVED_RUN_ENTRIES = 500  # entries --compare sets side by side: its agreement pairs every two (red team 32: 100 000
 # entries, 17 MB, ran past 280 s); a run of every version, both floors and both anchors has 17
+SAVED_RUN_CASES = 100  # shapes in a saved run's samples (red team 38: 8000 ran 312 s); a run of every test has 10
 
 
 def _floor_ratios(saved: dict) -> dict:
     """{entry: clock.floor_ratio} from a saved run's samples, for a run saved before results.json kept the ratio; {}
-    where it has no empty submission or its samples are not a run's (saved_run then checks what it reads)."""
+    where it has no empty submission or its samples are not a run's (saved_run then checks what it reads).
+    ValueError for samples of more shapes than SAVED_RUN_CASES."""
     floors = [n for n, e in saved["entries"].items() if isinstance(e, dict) and e.get("kind") == "empty"]
     samples = saved.get("samples")
     if len(floors) != 1 or not isinstance(samples, list):
@@ -446,7 +448,10 @@ def _floor_ratios(saved: dict) -> dict:
         if type(owner) in (int, float) and 0 < owner < math.inf:
             per_case.setdefault((sample["entry"], sample["case"]), {})[sample["round"]] = {"owner": float(owner)}
     cases = len({case for _, case in per_case})
-    found = {name: clock.floor_ratio(per_case, name, floors[0], cases) for name, _ in per_case if name != floors[0]}
+    if cases > SAVED_RUN_CASES:
+        raise ValueError(f"samples of {cases} shapes, more than the {SAVED_RUN_CASES} a compare takes")
+    found = {name: clock.floor_ratio(per_case, name, floors[0], cases)  # once per entry (red team 38: per sample)
+             for name in {name for name, _ in per_case} if name != floors[0]}
     return {name: ratio for name, ratio in found.items() if ratio is not None}
 
 
@@ -477,7 +482,10 @@ def saved_run(folder) -> dict:
         except OverflowError:
             return False
 
-    derived = _floor_ratios(saved)
+    try:
+        derived = _floor_ratios(saved)
+    except ValueError as error:
+        raise refused(str(error)) from None
     entries = {}
     for name, metrics in saved["entries"].items():
         if not isinstance(metrics, dict):

@@ -124,6 +124,13 @@ def test_compare_refuses_what_is_not_a_saved_run_and_names_its_folder_itself(tmp
     many = _saved(tmp_path / "many", {f"e{n}": {"owner": figure} for n in range(501)}, {})
     with pytest.raises(core.UserError, match="501 entries, more than the 500"):
         run_leaderboard.compare([good, many], out)
+    shapes = _saved(tmp_path / "shapes", {"empty": {"kind": "empty"}, "v1": {"owner": figure}}, {})
+    saved = json.loads((Path(shapes) / "results.json").read_text())  # red team 38: 8000 shapes' samples, 312 s
+    saved["samples"] = [{"entry": e, "case": c, "round": 0, "owner": 1.0} for e in ("empty", "v1")
+                        for c in range(8000)]
+    (Path(shapes) / "results.json").write_text(json.dumps(saved))
+    with pytest.raises(core.UserError, match="samples of 8000 shapes, more than the 100"):
+        run_leaderboard.compare([good, shapes], out)
     deep = tmp_path / "deep"
     deep.mkdir()
     (deep / "results.json").write_text("[" * 200_000)
