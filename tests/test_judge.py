@@ -390,8 +390,8 @@ def custom_kernel(data):
     cfg, rank_data, rank, world_size = data
     harness = _sys._getframe(1).f_globals
     pipe = next(c for c in gc.get_objects() if isinstance(c, Connection))
+    _say("forged", rank, "RankResult sent")  # said first: the owner may end the rank as soon as it reads the send
     pipe.send(harness["RankResult"](True, {"apart": []}))  # a pass, before the harness has checked anything
-    _say("forged", rank, "RankResult sent")
     return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
 '''
 
