@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 import eval as core
+import wire
 from a2a import sharing
 from eval import UserError
 
@@ -77,13 +78,24 @@ def device_slug(meta: dict) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", meta["device"]).strip("-").lower()
 
 
+FOLDER_NAME_CHARS = 200  # a run folder's name (ASCII), room left for new_folder's "-N" within 255 (red team 38: a
+# diff of two 100-byte stems on an H100 came to 254)
+
+
 def run_folder(out: Path, meta: dict) -> Path:
     """The name of a run's folder: results/<date>_<device>_<ranks>_<mode>_<commit>/, ranks `ws8` or, when they
     shared GPUs, `ws8-on-1gpu` (new_folder makes it). Every part is a slug, so the name is one folder inside `out`
     (red team 31: a saved run's date `/tmp/...` or commit `../..` put a compare's files outside it)."""
-    parts = (meta["date"], device_slug(meta), meta["ranks"] if "ranks" in meta else f"ws{meta['world_size']}",
-             meta["mode"], meta["commit"])
-    return out / "_".join(re.sub(r"[^A-Za-z0-9._+-]+", "-", str(part)).strip("-.") or "unknown" for part in parts)
+    parts = [re.sub(r"[^A-Za-z0-9._+-]+", "-", str(part)).strip("-.") or "unknown" for part in (
+        meta["date"], device_slug(meta), meta["ranks"] if "ranks" in meta else f"ws{meta['world_size']}",
+        meta["mode"], meta["commit"])]
+    over = len("_".join(parts)) - FOLDER_NAME_CHARS
+    if over > 0:  # the mode (a diff's two stems) cut, and told apart from others cut alike by its hash
+        import hashlib
+
+        digest = hashlib.sha256(parts[3].encode()).hexdigest()[:8]
+        parts[3] = f"{parts[3][:max(1, len(parts[3]) - over - 9)]}-{digest}"
+    return out / "_".join(parts)
 
 
 def new_folder(path: Path) -> Path:
@@ -176,24 +188,33 @@ def resolve_version(name: str) -> Path:
         raise UserError("an empty version name")
     path = Path(name)
     if path.suffix == ".py" or os.sep in name:
-        import wire
-
-        if wire.as_text(name, len(name) + 1) != name:  # its name goes into lines, tables, plots and folder names
-            raise UserError(f"{wire.as_text(name, 200)}: a submission's path may hold no control, line-breaking or "
-                            "bidirectional character, nor undecodable bytes")
-        if len(path.name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:  # run folders hold the stem
-            raise UserError(f"{wire.as_text(path.name, 60)}: a submission's file name may be at most {MAX_NAME_BYTES} "
-                            "bytes (its stem goes into folder names, which hold 255)")
+        _check_path(path, "")
         if not path.is_file():
             kind = ("a folder" if path.is_dir() else "a FIFO" if path.is_fifo() else "a device" if
                     path.is_char_device() or path.is_block_device() else None) if path.exists() else None
             raise UserError(f"{name} is {kind}, not a submission file" if kind else f"no such file: {name}")
+        # the file a link leads to names the results (label, stem): its path is held to the same rules (red team
+        # 38: a plain name linked to one holding escapes reached the terminal and table.md; to 250 bytes, 114)
+        _check_path(path.resolve(), f" (the file {wire.as_text(name, 100)} leads to)")
         return path.resolve()
     matches = [p for p in list_versions() if p.stem == name or p.stem.split("_")[0] == name]
     if len(matches) != 1:
         known = ", ".join(p.stem for p in list_versions()) or "none"
         raise UserError(f"unknown version '{name}' (known: {known})")
     return matches[0]
+
+
+def _check_path(path: Path, which: str) -> None:
+    """UserError unless `path` is fit to name results: no control, line-breaking or bidirectional character nor
+    undecodable bytes (it goes into lines, tables and plots), a file name within MAX_NAME_BYTES (its stem goes into
+    folder names)."""
+    text = str(path)
+    if wire.as_text(text, len(text) + 1) != text:
+        raise UserError(f"{wire.as_text(text, 200)}{which}: a submission's path may hold no control, line-breaking "
+                        "or bidirectional character, nor undecodable bytes")
+    if len(path.name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+        raise UserError(f"{wire.as_text(path.name, 60)}{which}: a submission's file name may be at most "
+                        f"{MAX_NAME_BYTES} bytes (its stem goes into folder names, which hold 255)")
 
 
 def label(path: Path) -> str:

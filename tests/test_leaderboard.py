@@ -277,6 +277,20 @@ def test_a_version_with_no_gpu_work_is_void():
     assert not math.isnan(frame.loc[2, "held_mean_us"])
 
 
+def test_a_run_folders_name_fits_a_file_system_with_room_for_its_repeats(tmp_path):
+    """A diff of two 100-byte stems on an H100 named a 254-byte folder, and its same-day repeat's '-2' passed 255
+    (red team 38, from the code): the mode is cut to fit 200 and told apart by its hash; a short name is unchanged."""
+    from a2a import plan as planning
+
+    meta = {**META, "device": "NVIDIA H100 80GB HBM3", "world_size": 8, "commit": "abcdef1-dirty"}
+    names = {planning.run_folder(tmp_path, {**meta, "mode": f"diff_{a * 100}_vs_{'b' * 100}"}).name for a in "ac"}
+    assert len(names) == 2 and all(len(name) <= planning.FOLDER_NAME_CHARS for name in names), names
+    for name in names:
+        assert planning.new_folder(tmp_path / name).is_dir() and planning.new_folder(tmp_path / name).is_dir()
+    short = planning.run_folder(tmp_path, {**meta, "mode": "benchmark"}).name
+    assert short == "2026-11-22_nvidia-h100-80gb-hbm3_ws8_benchmark_abcdef1-dirty", short
+
+
 def test_a_second_run_of_the_same_name_gets_its_own_folder(tmp_path):
     """Same day, device and commit: the second run saves into <name>-2, the third into <name>-3, and the first
     run's files stay as they were; runs racing for one name each get a folder of their own."""
