@@ -171,16 +171,16 @@ def run(plan: planning.RunPlan, settings: clock.Settings, anchors: bool = True,
     return frame, meta, timed
 
 
-def speed_of_light_here(plan: planning.RunPlan, frame: pd.DataFrame, sol_path: Path | None = None,
+def speed_of_light_here(plan: planning.RunPlan, frame: pd.DataFrame, saved: dict | None = None,
                         progress=print) -> dict | None:
-    """On GPUs with peers, this machine's speed of light (measured, or read from `sol_path`), and the frame's
-    columns that hold each shape to it (SOL here, the mark)."""
+    """On GPUs with peers, this machine's speed of light (measured, or `saved`: sol.load's, read before the run),
+    and the frame's columns that hold each shape to it (SOL here, the mark)."""
     from a2a import sol
 
     figures = None
     if not frame.empty and plan.backend == "nccl" and not plan.meta["shared_gpus"] and plan.world_size >= 2:
-        progress("speed of light of this machine: " + (f"from {sol_path}" if sol_path else "measuring"))
-        figures = sol.load(sol_path) if sol_path else sol.measure(plan.world_size, plan.meta_for("sol"))
+        progress("speed of light of this machine: " + ("a saved one (--sol)" if saved else "measuring"))
+        figures = saved or sol.measure(plan.world_size, plan.meta_for("sol"))
         for args in plan.case_args:
             modelled = sol.model(sol.routing_of_case(args), args["hidden_dim"], figures)
             same = frame["shape"] == result_rows.shape_label(**args)
@@ -632,6 +632,9 @@ def main(argv=None) -> int:
     plan = planning.make_plan(versions, args.cases, args.world_size, args.backend, timeout_s=args.timeout,
                               gpu_only="skip", distinct=True)
     cli.writable(args.out)
+    from a2a import sol
+
+    saved_sol = sol.load(args.sol, plan.world_size) if args.sol else None  # bad input before any work
     if args.stability:
         return stability(plan, settings, args.stability, not args.no_anchors, args.out)
     frame, meta, timed = run(plan, settings, anchors=not args.no_anchors)
@@ -641,7 +644,7 @@ def main(argv=None) -> int:
         files.attempt("the partial results.json", lambda: files.write_text("results.json", results_json(
             meta, None, frame, timed, summary, pd.DataFrame(), partial="saved when the clock ended; the speed of "
             "light, the world-size-8 checks and the tables were still to come")))
-    figures = speed_of_light_here(plan, frame, args.sol)
+    figures = speed_of_light_here(plan, frame, saved_sol)
     save_rows(files, frame, meta)
     checks, skipped = (pd.DataFrame(), []) if args.no_problem_size else problem_size_checks(
         plan, args.problem_size_cases, record=lambda version, rows: files.append_rows("checks.csv", version, rows))

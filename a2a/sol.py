@@ -187,8 +187,35 @@ def save(figures: dict, folder: Path) -> Path:
     return path
 
 
-def load(path: Path) -> dict:
-    return json.loads(path.read_text())
+SAVED_SOL_BYTES = 1 << 20  # a sol.json is about 1 KB
+MODEL_KEYS = ("launch_us", "one_way_latency_us", "a2a_store_gbps", "local_copy_gbps")  # what model() reads
+SAVED_TEXT_KEYS = ("device", "placement", "ranks", "backend", "mode", "date", "commit")
+
+
+def load(path: Path, world_size: int) -> dict:
+    """A saved sol.json (save's) for a run of `world_size` ranks, read before the run starts: a regular file within
+    SAVED_SOL_BYTES whose model figures are positive numbers and whose world size is the run's; its text escaped,
+    other keys left out. UserError otherwise (red team 38: read after the whole clock, a FIFO hung it, a missing
+    file or another shape ended it with the clock's results unsaved)."""
+    import math
+
+    import wire
+
+    shown = wire.as_text(str(path), 300)
+    try:
+        saved = json.loads(wire.read_regular_file(path, SAVED_SOL_BYTES))
+    except (OSError, ValueError, RecursionError) as error:  # NotRegular and JSON's errors are ValueErrors
+        raise UserError(f"--sol {shown}: no readable sol.json ({wire.as_text(error, 200)})") from None
+    numbers = {key for key, _ in SUMMARY_KEYS} | set(MODEL_KEYS)
+    figures = {key: float(value) for key, value in (saved.items() if isinstance(saved, dict) else ())
+               if key in numbers and type(value) in (int, float) and 0 < value < math.inf}
+    if not all(key in figures for key in MODEL_KEYS):
+        raise UserError(f"--sol {shown}: not a saved speed of light (it needs {', '.join(MODEL_KEYS)}, positive)")
+    if saved.get("world_size") != world_size:
+        raise UserError(f"--sol {shown}: measured at world size {wire.as_text(saved.get('world_size'), 20)}, and "
+                        f"this run has {world_size} ranks")
+    return {**{key: wire.as_text(saved.get(key), 200) for key in SAVED_TEXT_KEYS}, "world_size": world_size,
+            **figures}
 
 
 SUMMARY_KEYS = (("launch_us", "empty kernel, back to back (µs, device)"),

@@ -1,6 +1,7 @@
 """Bad input, on both faces and the commands: one line, the bad-input exit code (113; 2 for a malformed command
 line), no traceback, nothing blamed on the submission, nothing left running. Every item of the hostile-input list
 of the harness issue is here; each failed before the plan validated cases once."""
+import json
 import os
 import subprocess
 import sys
@@ -221,6 +222,50 @@ def test_a_submission_file_name_too_long_for_a_folder_name_is_refused(tmp_path):
         assert result.returncode == EXIT_BAD_INPUT and "at most 100 bytes" in result.stderr, result.stderr[-800:]
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "o").exists()
+
+def test_a_plain_name_that_leads_to_a_bad_one_is_refused(tmp_path):
+    """Red team 38: plain.py, a link to a file whose name holds escapes and a bidi override, printed them raw and
+    wrote them into table.md; one to a 250-byte name ended eval.py with 114 and diff.py after its whole timing. The
+    file a link leads to is held to the same rules: one line, 113, before any work."""
+    escapes = tmp_path / "evil\x1b[2J\x1b[31mPASS\u202e.py"
+    long = tmp_path / ("M" * 250 + ".py")
+    for target, message in ((escapes, "no control"), (long, "at most 100 bytes")):
+        target.write_text(V1.read_text())
+        link = tmp_path / "plain.py"
+        link.unlink(missing_ok=True)
+        link.symlink_to(target)
+        for command in (("eval.py", "test", str(link), "--world-size", "2", "--cases", "tests:0"),
+                        ("run_leaderboard.py", "--versions", str(link), "--out", str(tmp_path / "o")),
+                        ("diff.py", str(link), "v1", "--out", str(tmp_path / "o"))):
+            result = _command(*command)
+            assert result.returncode == EXIT_BAD_INPUT and message in result.stderr, result.stderr[-800:]
+            assert "leads to" in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+            assert "\x1b" not in result.stdout + result.stderr and "\u202e" not in result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_saved_speed_of_light_is_read_before_any_work(tmp_path):
+    """Red team 38: --sol was read after the whole clock, unchecked: a FIFO would hang the judge there, a missing
+    file or a sol.json of another shape end it with the tables unsaved. Each is one line, 113, before any work."""
+    good = {"world_size": 2, "launch_us": 4.0, "one_way_latency_us": 1.5, "a2a_store_gbps": 300.0,
+            "local_copy_gbps": 4000.0}
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    cases = {"missing": (tmp_path / "missing.json", "no readable sol.json"), "fifo": (fifo, "no readable sol.json"),
+             "shape": (_file(tmp_path, "shape.json", json.dumps({"world_size": 2, "launch_us": "4"})),
+                       "not a saved speed of light"),
+             "world": (_file(tmp_path, "world.json", json.dumps({**good, "world_size": 4})), "at world size 4")}
+    for name, (path, message) in cases.items():
+        result = _command("run_leaderboard.py", "--versions", "v1", "--world-size", "2", "--sol", str(path),
+                          "--out", str(tmp_path / "o"))
+        assert result.returncode == EXIT_BAD_INPUT and message in result.stderr, (name, result.stderr[-800:])
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "o").exists()
+    from a2a import sol
+
+    saved = sol.load(Path(_file(tmp_path, "good.json", json.dumps({**good, "device": "H\x1b[2J", "extra": [1]}))), 2)
+    assert saved["launch_us"] == 4.0 and "extra" not in saved and "\x1b" not in saved["device"], saved
+
 
 def test_a_detached_gpu_session_runs_from_its_own_copy_of_the_tree(tmp_path):
     """`start` copies the tree into DIR/tree and runs from there (2026-11-29: the device tool's re-sync of the
