@@ -260,6 +260,9 @@ def floor_ratio(samples: dict, name: str, floor: str, n_cases: int) -> Optional[
     return iv.interval(ratios) if ratios else None
 
 
+LATE_FACTOR = 3  # how far past its rounds' expected cost an entry's own time may go before it fails
+
+
 def cap_rounds(share_s: float, first_s: float) -> float:
     """The rounds an entry runs under its share of the time cap: the builds' round, then as many more as its first
     round after it fits (NOTES in Clock.run), one at least; no cap, no end."""
@@ -550,9 +553,14 @@ class Clock:
         # was low (red team 31 with the sum, red team 32 with the median). Only the judge's own figure's target stops
         # an entry: a rank's call and held figures are its word, and two equal ones given at the round it chose met
         # their targets there (red team 32); their targets are shown in the stop reasons.
+        # The rounds bought by a cheap first round are not a licence for dear later ones (red team 38: fast there,
+        # then a 20 s import each round, 8x its share and on to the last round): an entry whose own time after the
+        # first round passes LATE_FACTOR times what its rounds should cost (its share, or its rounds at its first
+        # round's cost where those are more) fails. Failing serves no entry, so this is no stop to choose.
         share_s = self.settings.time_cap_s / max(1, len(self.entries))
         judged = [t for t in self.settings.targets if t.metric == RANKING]
         budget: dict = {}
+        charged: dict = {}
         with sharing.shared_ranks(self.plan.placement) as env, self._nursing(env):
             for round_index in range(self.settings.max_rounds):
                 active = [by_name[n] for n in names if n not in self.stopped and n not in self.failed]
@@ -569,6 +577,14 @@ class Clock:
                 round_s = time.monotonic() - round_started
                 for name, seconds in entry_s.items() if round_index else ():
                     budget.setdefault(name, cap_rounds(share_s, seconds))
+                    first_s, spent_s = charged.setdefault(name, [seconds, 0.0])
+                    charged[name][1] = spent_s = spent_s + seconds
+                    allowed_s = LATE_FACTOR * max(share_s, max(budget[name], self.settings.min_rounds) * first_s)
+                    if spent_s > allowed_s and name not in self.failed:
+                        self.failed[name] = (f"its own time after the first round, {spent_s:.0f} s, passed "
+                                             f"{LATE_FACTOR}x what its rounds should cost ({allowed_s / LATE_FACTOR:.0f}"
+                                             f" s: the time cap's share, or its rounds at its first round's "
+                                             f"{first_s:.1f} s)")
                 self.phases.append(phases)
                 rounds = round_index + 1
                 waits = sorted(phases.get("ready_s", {}).items(), key=lambda item: -item[1])[:3]

@@ -217,6 +217,22 @@ def test_an_entrys_rounds_under_the_cap_are_fixed_by_its_first_timed_round():
     assert clock.cap_rounds(math.inf, 2.0) == math.inf
 
 
+def test_an_entry_whose_later_rounds_cost_past_what_its_first_bought_fails(tmp_path, monkeypatch):
+    """Red team 38: fast in its first round after the builds, which fixes its rounds under the cap, then a 20 s import
+    every round: 8x its share, on to the last round. Each later round is charged: past LATE_FACTOR times what its
+    rounds should cost, the entry fails, named. Here the factor is cut to 0.4 so that an honest entry's second round
+    after the first (together about 2x its first, against 0.4 x its 3 rounds' worth) passes it, and its first alone
+    (1x against 1.2x) does not."""
+    monkeypatch.setattr(clock, "LATE_FACTOR", 0.4)
+    plan = make_plan(["v1"], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    entries = [clock.Entry("later", "version", str(plan.versions[0]))]
+    settings = clock.Settings(steps=1, warmup=1, min_rounds=3, max_rounds=4, time_cap_s=1e-3, targets=(), seed=0)
+    run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    assert run.rounds == 3 and "its own time after the first round" in run.failed.get("later", ""), (
+        run.rounds, run.failed, run.stopped)
+    assert "0.4x what its rounds should cost" in run.failed["later"]
+
+
 def test_a_held_steps_sleep_is_the_owners_and_grows_when_any_rank_was_not_held():
     """judge.next_hold_cycles: the owner keeps one sleep for every rank's held step; one rank not held makes every
     rank's next sleep eight times longer, never past the longest."""
