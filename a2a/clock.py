@@ -30,6 +30,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import gc
+import glob
 import math
 import random
 import secrets
@@ -350,11 +351,14 @@ class Clock:
 
     def _others(self, entry: Entry) -> tuple:
         """The other entries' files, which this entry's ranks read as empty: their sources and staged copies (red
-        team 35: a rank read a rival's source by its path, the file system being read-only but not hidden)."""
+        team 35: a rank read a rival's source by its path, the file system being read-only but not hidden), and the
+        compiled copies beside them (red team 38: a rival's __pycache__ .pyc gave its docstring and constants)."""
         others = [other for other in self.entries if other.kind == "version" and other.name != entry.name]
-        return tuple([other.path for other in others]
-                     + [str(Path(self.bundles[other.name]) / "submission.py") for other in others
-                        if other.name in self.bundles])
+        sources = [Path(other.path) for other in others] + [Path(self.bundles[other.name]) / "submission.py"
+                                                              for other in others if other.name in self.bundles]
+        compiled = [found for source in sources
+                    for found in (source.parent / "__pycache__").glob(f"{glob.escape(source.stem)}.*.pyc")]
+        return tuple(map(str, sources + compiled))
 
     def _begin(self, live: _Live) -> None:
         """The entry's session started in its pool: its ranks import the submission from here on."""

@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import math
 import os
+import py_compile
 import re
 import shutil
 import signal
@@ -1886,11 +1887,13 @@ def test_identical_entries_under_two_names_share_no_kept_build(tmp_path, capfd):
 READS_RIVAL = '''
 
 def custom_kernel(data):
-    try:
-        text = open("@RIVAL@").read()
-        _say("rival", data[2], "SECRET-42" in text, len(text))
-    except OSError as error:
-        _say("rival", data[2], "refused", error.errno)
+    import glob
+    for path in ["@RIVAL@"] + glob.glob("@RIVAL_CACHE@/*.pyc"):  # its source, and its compiled copies (red team 38)
+        try:
+            text = open(path, "rb").read()
+            _say("rival", data[2], b"SECRET-42" in text, len(text), path.endswith(".pyc"))
+        except OSError as error:
+            _say("rival", data[2], "refused", error.errno)
     return _v1_kernel(data)
 '''
 
@@ -1907,9 +1910,10 @@ def test_an_entry_reads_no_other_entrys_source(tmp_path, capfd, request):
     outside.mkdir(parents=True, exist_ok=True)
     request.addfinalizer(lambda: shutil.rmtree(outside, ignore_errors=True))
     rival = outside / "rival.py"
-    rival.write_text(V1.read_text() + "# SECRET-42\n")
+    rival.write_text(V1.read_text() + "RIVAL_NOTE = 'SECRET-42'\n")
+    py_compile.compile(str(rival), doraise=True)  # what an import of it leaves beside it
     reader = folder / "reader.py"
-    reader.write_text(hostile(READS_RIVAL, rival=rival))
+    reader.write_text(hostile(READS_RIVAL, rival=rival, rival_cache=outside / "__pycache__"))
     plan = make_plan([str(reader), str(rival)], str(cases), 2, "gloo", gpu_only="keep")
     settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
     entries = [clock.Entry(p.stem, "version", str(v)) for p, v in zip((reader, rival), plan.versions)]
@@ -1918,6 +1922,7 @@ def test_an_entry_reads_no_other_entrys_source(tmp_path, capfd, request):
     seen = {tuple(words[1:]) for words in (f[1].split() for f in re.finditer(r"HOSTILE (rival[^\n]*)", err))}
     assert run.rounds == 1 and not run.failed and seen, (run.failed, err[-3000:])
     assert all(words[1] == "False" for words in seen), seen  # read, and empty: the secret is not there
+    assert {words[-1] for words in seen} == {"False", "True"}, seen  # the source and its compiled copy both read
 
 
 # Looks for the operator's secret in its environment, its process's first environment block, and its parents' (red
