@@ -59,6 +59,15 @@ def _log_scale(ax, values: list) -> None:
         ax.set_yscale("log")
 
 
+TICK_CHARS = 48  # an entry's name under its bars: a user's file is named by its path (red team 38: a 3236-character
+# path made a picture of 23664 x 11095 pixels)
+
+
+def _ticks(entries: list) -> list:
+    """Each name as shown under its bars: its end (where a path names its file) within TICK_CHARS."""
+    return [name if len(name) <= TICK_CHARS else "…" + name[-(TICK_CHARS - 1):] for name in entries]
+
+
 def _line(ax, value, style: str, color: str, label: str) -> None:
     if value is not None and value == value:
         ax.axhline(value, linestyle=style, color=color, linewidth=1.4, label=label)
@@ -108,7 +117,7 @@ def leaderboard_png(frame: pd.DataFrame, meta: dict, summary: dict, path: Path, 
     handles.append(Patch(facecolor="white", edgecolor="black",
                          label="call time (filled) | held device (light) | the owner's step (hatched); bars: 95%"))
     ax.set_xticks(range(len(entries)))
-    ax.set_xticklabels(entries, rotation=25, ha="right", fontsize=8)
+    ax.set_xticklabels(_ticks(entries), rotation=25, ha="right", fontsize=8)
     _log_scale(ax, drawn)
     ax.set_ylabel("µs, geometric mean over the shapes")
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
@@ -145,7 +154,7 @@ def shapes_png(frame: pd.DataFrame, meta: dict, path: Path) -> Path:
             if col in rows:
                 _line(ax, rows[col].median(), style, color, label)
         ax.set_xticks(range(len(entries)))
-        ax.set_xticklabels(entries, rotation=35, ha="right", fontsize=6)
+        ax.set_xticklabels(_ticks(entries), rotation=35, ha="right", fontsize=6)
         _log_scale(ax, values)
         ax.set_title(shape, fontsize=8)
         ax.set_ylabel("call time µs (95%)", fontsize=7)

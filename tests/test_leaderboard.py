@@ -436,6 +436,21 @@ def test_entry_names_and_a_ranks_words_stay_in_their_cells_and_their_pictures(tm
     assert plots.shapes_png(frame, META, tmp_path / "s.png").read_bytes()[:8] == PNG
 
 
+def test_a_long_path_makes_no_giant_picture(tmp_path):
+    """Red team 38: an entry named by a 3236-character path drew a picture of 23664 x 11095 pixels; its name is cut
+    to its end under the bars."""
+    import struct
+
+    frame, summary = _synthetic()
+    name = "/" + "deep/" * 646 + "mine.py"
+    frame["version"] = frame["version"].replace({"v1_torch_sort": name})
+    summary = {name if key == "v1_torch_sort" else key: value for key, value in summary.items()}
+    for path in (plots.leaderboard_png(frame, META, summary, tmp_path / "p.png", {}),
+                 plots.shapes_png(frame, META, tmp_path / "s.png")):
+        width, height = struct.unpack(">II", path.read_bytes()[16:24])  # the PNG header's size
+        assert width < 4000 and height < 4000, (path.name, width, height)
+
+
 def _drifting_run(drift: float, rounds: int = 6) -> dict:
     """A saved run's entries and samples: the empty submission at 400 µs and v1 at 1.1x it in every round, round r
     of the run scaled by (1 + 0.05 r) and the whole run by `drift` (a floor that moves with the machine)."""
