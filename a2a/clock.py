@@ -563,8 +563,7 @@ class Clock:
         # round's cost where those are more) fails. Failing serves no entry, so this is no stop to choose.
         share_s = self.settings.time_cap_s / max(1, len(self.entries))
         judged = [t for t in self.settings.targets if t.metric == RANKING]
-        budget: dict = {}
-        charged: dict = {}
+        budget, first_s, spent_s = {}, {}, {}  # per entry: its rounds under the cap, its first round's s, its s since
         with sharing.shared_ranks(self.plan.placement) as env, self._nursing(env):
             for round_index in range(self.settings.max_rounds):
                 active = [by_name[n] for n in names if n not in self.stopped and n not in self.failed]
@@ -580,15 +579,14 @@ class Clock:
                 phases, entry_s = self._round(round_index, active, env)
                 round_s = time.monotonic() - round_started
                 for name, seconds in entry_s.items() if round_index else ():
-                    budget.setdefault(name, cap_rounds(share_s, seconds))
-                    first_s, spent_s = charged.setdefault(name, [seconds, 0.0])
-                    charged[name][1] = spent_s = spent_s + seconds
-                    allowed_s = LATE_FACTOR * max(share_s, max(budget[name], self.settings.min_rounds) * first_s)
-                    if spent_s > allowed_s and name not in self.failed:
-                        self.failed[name] = (f"its own time after the first round, {spent_s:.0f} s, passed "
-                                             f"{LATE_FACTOR}x what its rounds should cost ({allowed_s / LATE_FACTOR:.0f}"
-                                             f" s: the time cap's share, or its rounds at its first round's "
-                                             f"{first_s:.1f} s)")
+                    first = first_s.setdefault(name, seconds)
+                    budget.setdefault(name, cap_rounds(share_s, first))
+                    spent_s[name] = spent_s.get(name, 0.0) + seconds
+                    expected_s = max(share_s, max(budget[name], self.settings.min_rounds) * first)
+                    if spent_s[name] > LATE_FACTOR * expected_s and name not in self.failed:
+                        self.failed[name] = (f"its own time after the first round, {spent_s[name]:.0f} s, passed "
+                                             f"{LATE_FACTOR}x what its rounds should cost ({expected_s:.0f} s: the "
+                                             f"time cap's share, or its rounds at its first round's {first:.1f} s)")
                 self.phases.append(phases)
                 rounds = round_index + 1
                 waits = sorted(phases.get("ready_s", {}).items(), key=lambda item: -item[1])[:3]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 import sys
 import time
@@ -197,8 +198,6 @@ def load(path: Path, world_size: int) -> dict:
     SAVED_SOL_BYTES whose model figures are positive numbers and whose world size is the run's; its text escaped,
     other keys left out. UserError otherwise (red team 38: read after the whole clock, a FIFO hung it, a missing
     file or another shape ended it with the clock's results unsaved)."""
-    import math
-
     import wire
 
     shown = wire.as_text(str(path), 300)

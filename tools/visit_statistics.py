@@ -40,9 +40,11 @@ class BadRun(Exception):
 
 def _steps(sample) -> bool:
     """Whether a saved sample is a visit with its steps: entry, case, round and positive finite step times."""
-    steps = sample.get("owner_steps_us") if isinstance(sample, dict) else None
-    return (isinstance(sample.get("entry") if steps else None, str) and type(sample.get("case")) is int
-            and type(sample.get("round")) is int and isinstance(steps, list)
+    if not isinstance(sample, dict):
+        return False
+    steps = sample.get("owner_steps_us")
+    return (isinstance(sample.get("entry"), str) and type(sample.get("case")) is int
+            and type(sample.get("round")) is int and isinstance(steps, list) and len(steps) > 0
             and all(type(v) in (int, float) and 0 < v < math.inf for v in steps))
 
 
