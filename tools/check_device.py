@@ -331,9 +331,10 @@ def triton_source_key(module) -> str:
 _TRITON_BUILDS: dict = {}
 
 
-def triton_compile(module, kernel_name: str, target_name: str, shape: dict, trace: bool):
-    """One kernel of a Triton version compiled for one target and shape, or the same build another file made; raises
-    with the compiler's message."""
+def triton_compile(module, kernel_name: str, target_name: str, shape: dict, trace: bool,
+                   world_size: int = TRITON_WORLD):
+    """One kernel of a Triton version compiled for one target, shape and world size, or the same build another file
+    made; raises with the compiler's message."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
@@ -341,7 +342,7 @@ def triton_compile(module, kernel_name: str, target_name: str, shape: dict, trac
     target = GPUTarget(*TRITON_TARGETS[target_name])
     hip = target.backend == "hip"
     kernel, arg_types = getattr(module, kernel_name), module.TRITON_KERNELS[kernel_name]
-    constants = module.constants(**shape, world_size=TRITON_WORLD, trace=trace, hip=hip)
+    constants = module.constants(**shape, world_size=world_size, trace=trace, hip=hip)
     runtime_args = [name for name in kernel.arg_names if name not in constants]
     if runtime_args != list(arg_types):
         raise ValueError(f"{kernel_name}'s runtime arguments are {runtime_args}, TRITON_KERNELS says {list(arg_types)}")
