@@ -15,8 +15,8 @@ changes who waits for whom:
 - the releases leave out the own-rank lane; at world size 1 there is none (a constexpr), only the barriers;
 - the range words alternate by call parity (v13's fix): a source that sent a receiver nothing runs at most one
   call ahead of it, and must not overwrite the word the receiver has not read.
-The trace build's phases are v11's: route, send_row, raise_flags, wait_range, row_in_and_home, wait_combined,
-reduce.
+The trace build's phases are v11's and own_rows (a program's rows from its own range, before any wait): route,
+send_row, raise_flags, own_rows, wait_range, row_in_and_home, wait_combined, reduce.
 """
 import contextlib
 import ctypes
@@ -36,13 +36,14 @@ from triton.language.extra import cuda as tl_cuda
 
 TRACE = os.environ.get("A2A_TRACE") == "1"
 # In the order each (program, warp) first enters them (raise_flags again after the rows sent home).
-TRACE_PHASES = ("all2all", "all2all.route", "all2all.send_row", "all2all.raise_flags", "all2all.wait_range",
-                "all2all.row_in_and_home", "all2all.wait_combined", "all2all.reduce")
+TRACE_PHASES = ("all2all", "all2all.route", "all2all.send_row", "all2all.raise_flags", "all2all.own_rows",
+                "all2all.wait_range", "all2all.row_in_and_home", "all2all.wait_combined", "all2all.reduce")
 TRACE_CAPACITY = 1 << 20  # records per rank between two trace_take() calls
 PH_ALL2ALL = tl.constexpr(TRACE_PHASES.index("all2all"))
 PH_ROUTE = tl.constexpr(TRACE_PHASES.index("all2all.route"))
 PH_SEND_ROW = tl.constexpr(TRACE_PHASES.index("all2all.send_row"))
 PH_WAIT_RANGE = tl.constexpr(TRACE_PHASES.index("all2all.wait_range"))
+PH_OWN_ROWS = tl.constexpr(TRACE_PHASES.index("all2all.own_rows"))
 PH_ROW_IN_AND_HOME = tl.constexpr(TRACE_PHASES.index("all2all.row_in_and_home"))
 PH_WAIT_COMBINED = tl.constexpr(TRACE_PHASES.index("all2all.wait_combined"))
 PH_REDUCE = tl.constexpr(TRACE_PHASES.index("all2all.reduce"))
@@ -349,7 +350,10 @@ def all2all_kernel(x_ptr, indices_ptr, weights_ptr, num_tokens, epoch,
             weighted = (expert_out.to(tl.float32) * weight_sum).to(tl.float16)
             home = rank * SLOTS + slot
             tl.store(_heap(src_base, COMB_Y, tl.float16) + home * HIDDEN + columns, weighted, mask=in_row)
-            _trace(trace_ptr, PH_ROW_IN_AND_HOME, t_row, TRACE_ON, HIP)
+            if step == 0:
+                _trace(trace_ptr, PH_OWN_ROWS, t_row, TRACE_ON, HIP)
+            else:
+                _trace(trace_ptr, PH_ROW_IN_AND_HOME, t_row, TRACE_ON, HIP)
     # Every combined row of this program's ranges is stored: one home flag per source, one release for all.
     t_flags = _stamp(TRACE_ON, HIP)
     src_bases = tl.load(heap_bases + ranks, mask=peers, other=0)
@@ -380,7 +384,12 @@ def all2all_kernel(x_ptr, indices_ptr, weights_ptr, num_tokens, epoch,
                 row = tl.load(_heap(my_base, COMB_Y, tl.float16) + (dst * SLOTS + slot) * HIDDEN + columns,
                               mask=in_row & ready, other=0.0)
                 total += row.to(tl.float32)
-                _trace(trace_ptr, PH_REDUCE, t_reduce, TRACE_ON, HIP)
+                # The own rank's row is traced only where it is the only one: among peers' rows its place differs
+                # by rank, and the phases are named in the order of their first entry.
+                if WORLD == 1:
+                    _trace(trace_ptr, PH_REDUCE, t_reduce, TRACE_ON, HIP)
+                elif dst != rank:
+                    _trace(trace_ptr, PH_REDUCE, t_reduce, TRACE_ON, HIP)
         tl.store(out_ptr + token * HIDDEN + columns, total.to(tl.float16), mask=in_row)
     _trace(trace_ptr, PH_ALL2ALL, t_kernel, TRACE_ON, HIP)
 
