@@ -711,6 +711,7 @@ class Guards:
     memory_off: str = ""  # why it has none
     shared: list = dataclasses.field(default_factory=list)  # what the ranks share beyond their pool, and why
     off: list = dataclasses.field(default_factory=list)
+    preloads_left_out: int = 0  # LD_PRELOAD's entries the ranks go without (preloads_in_reach)
 
     def describe(self) -> str:
         if self.pid_namespace and self.network_ipc and self.private_proc and self.read_only and self.uid is not None:
@@ -718,8 +719,13 @@ class Guards:
                       if self.memory_bytes else f"no memory cap ({self.memory_off})")
             return (f"ranks in their own PID, network and IPC namespaces and /proc, as uid {self.uid} with "
                     f"no_new_privs and no user namespace, every mount read-only but their run's own folders"
-                    f"{'; but ' + ', '.join(self.shared) if self.shared else ''}, {memory}{_env_note()}")
+                    f"{'; but ' + ', '.join(self.shared) if self.shared else ''}, {memory}{_env_note()}"
+                    f"{self._preload_note()}")
         return "guards off: " + "; ".join(self.off + self.shared)
+
+    def _preload_note(self) -> str:
+        return (f", LD_PRELOAD less {self.preloads_left_out} entr{'y' if self.preloads_left_out == 1 else 'ies'} "
+                "that other users cannot read" if self.preloads_left_out else "")
 
 
 def _env_note() -> str:
@@ -829,10 +835,9 @@ class Sandbox:
         # the libraries the ranks start with preloaded (a newer NCCL for sharing GPUs) stay in sight of whatever a
         # rank starts: every process ld.so makes reads them again (2026-11-29: 200 "cannot be preloaded" lines from
         # a world-size-8 test, the NCCL built under /tmp, which the ranks' run covers)
-        preloaded = [p for p in re.split(r"[\s:]+", pool_env.get("LD_PRELOAD", "")) if os.path.isabs(p)]
-        needed = [Path(sys.executable), Path(os.__file__).parent, HERE, Path.cwd(), *map(Path, sys.path),
-                  *map(Path, filter(None, reach)), *map(Path, preloaded)]
-        needed = [p.resolve() for p in needed if str(p) and p.exists()]
+        preloaded, self.guards.preloads_left_out = preloads_in_reach(pool_env.get("LD_PRELOAD", ""))
+        needed = existing([Path(sys.executable), Path(sys.prefix), Path(os.__file__).parent, HERE, Path.cwd(),
+                           *map(Path, sys.path), *map(Path, filter(None, reach)), *map(Path, preloaded)])
         pairs, unreachable = exposure([p for p in needed if not _below_covered(p)])
         if unreachable:
             self.guards.off.append(f"the ranks keep this user's uid: {unreachable} is not readable by other users")
@@ -850,7 +855,8 @@ class Sandbox:
         self.guards.memory_bytes = limit if group else None
         # shared with the MPS server: its pipe folder, and the machine's /dev/shm where theirs is not covered
         shared = tuple(filter(None, (self._mps_pipe, "/dev/shm" if shm_shared and shm is None else None)))
-        self.setup = RankSandbox(private_proc=True, uid=self.uid, env=run_env(self.uid, self._views),
+        preload = {"LD_PRELOAD": " ".join(preloaded)} if "LD_PRELOAD" in pool_env else {}
+        self.setup = RankSandbox(private_proc=True, uid=self.uid, env={**run_env(self.uid, self._views), **preload},
                                  covers=covers, writable=_writable(self.uid, pool_env, shared),
                                  read_only=read_only,
                                  keep=tuple(sorted({str(p) for p in needed if _below_covered(p)})),
@@ -1111,26 +1117,53 @@ def _below_covered(path: Path) -> bool:
     return any(Path(folder) in Path(path).parents for folder in COVERED)
 
 
+def existing(paths: list) -> list:
+    """The paths that exist, resolved; a name the kernel refuses (too long, a /proc entry of another process) is
+    none (red team 39: an LD_PRELOAD of 300 characters ended the judge with 114)."""
+    found = []
+    for path in paths:
+        with contextlib.suppress(OSError, RuntimeError, ValueError):
+            if str(path) and path.exists():
+                found.append(path.resolve())
+    return found
+
+
+def preloads_in_reach(preload: str) -> tuple[list, int]:
+    """LD_PRELOAD's entries a rank can be given: (the names ld.so searches for, and the regular files other users
+    can read, resolved), and how many are left out. NOTES: one out of reach used to turn every guard off, the ranks
+    running as root (red team 39: a library at 0600); a rank now goes without it."""
+    kept, left_out = [], 0
+    for entry in filter(None, re.split(r"[\s:]+", preload)):
+        if not os.path.isabs(entry):
+            kept.append(entry)
+            continue
+        found = existing([Path(entry)])
+        if found and found[0].is_file() and exposure(found)[1] is None:
+            kept.append(str(found[0]))
+        else:
+            left_out += 1
+    return kept, left_out
+
+
 def exposure(paths: list) -> tuple[list, Optional[str]]:
-    """What makes every path reachable by another uid in a rank's mount namespace: (folder, entry) pairs, one per
-    folder that others cannot search, naming the entry below it on the way to a path; and the first path that
-    stays out of reach (a second such folder deeper down, an entry itself unreadable), or None."""
+    """What makes every path reachable by another uid in a rank's mount namespace: (folder, path below it) pairs,
+    the first folder on the way that others cannot search and the whole way from it to the path; and the first
+    path that stays out of reach (itself unreadable by others), or None. NOTES: the path itself is put in the
+    rank's view, nothing beside it (red team 39: a library below /root/.cache put all of /root/.cache there, a
+    token with it)."""
     pairs: set = set()
     for path in paths:
-        path = Path(path).resolve()
-        chain = list(reversed(path.parents)) + [path]
-        blocked = None
-        for above, below in zip(chain, chain[1:]):
-            mode = os.stat(above).st_mode
-            if not mode & stat.S_IXOTH:
-                if blocked is not None:
-                    return [], str(path)
-                blocked = (str(above), below.name)
-        mode = os.stat(path).st_mode
+        try:
+            path = Path(path).resolve()
+            chain = list(reversed(path.parents)) + [path]
+            blocked = next((above for above in chain[:-1] if not os.stat(above).st_mode & stat.S_IXOTH), None)
+            mode = os.stat(path).st_mode
+        except (OSError, RuntimeError):
+            return [], str(path)
         if not mode & stat.S_IROTH or (stat.S_ISDIR(mode) and not mode & stat.S_IXOTH):
             return [], str(path)
-        if blocked:
-            pairs.add(blocked)
+        if blocked is not None:
+            pairs.add((str(blocked), str(path.relative_to(blocked))))
     return sorted(pairs), None
 
 
@@ -1671,18 +1704,20 @@ def _cover_scratch(libc, sandbox: RankSandbox) -> None:
 
 
 def _expose(libc, pairs: tuple) -> None:
-    """Covers each folder others cannot search with an empty searchable one, holding only the named entries (moved
-    there as detached copies of their mounts)."""
+    """Covers each folder others cannot search with an empty searchable one, holding only the named paths below it
+    (moved there as detached copies of their mounts, on folders made for the way to them); a path below another
+    named one comes with it."""
     by_folder: dict = {}
-    for folder, entry in pairs:
-        by_folder.setdefault(folder, []).append(entry)
-    for folder, entries in by_folder.items():
-        trees = [(entry, _clone(libc, os.path.join(folder, entry)), os.path.isdir(os.path.join(folder, entry)))
-                 for entry in entries]
+    for folder, below in pairs:
+        by_folder.setdefault(folder, []).append(Path(below))
+    for folder, paths in by_folder.items():
+        paths = [p for p in paths if not any(other in p.parents for other in paths)]
+        targets = [os.path.join(folder, p) for p in paths]
+        trees = [(target, _clone(libc, target), os.path.isdir(target)) for target in targets]
         if libc.mount(b"tmpfs", folder.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755"):
             _fail(f"covering {folder}")
-        for entry, fd, is_dir in trees:
-            target = os.path.join(folder, entry)
+        for target, fd, is_dir in trees:
+            os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
             if is_dir:
                 os.mkdir(target, 0o755)
             else:

@@ -13,6 +13,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -291,6 +292,74 @@ print("beside", os.listdir({str(folder)!r}))
     assert done.returncode == 0, done.stderr
     assert "child 0 ''" in done.stdout, done.stdout  # ld.so found the library: nothing said
     assert "beside ['libpreloaded.so']" in done.stdout, done.stdout  # and nothing else of the folder it lies in
+
+
+def _libm_copy(path: Path) -> Path:
+    """A real library, harmless to preload: this machine's own libm (found where it is mapped), copied to `path`."""
+    ctypes.CDLL("libm.so.6")
+    libm = next(line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+                if Path(line.split()[-1]).name.startswith(("libm.so", "libm-")))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(libm, path)
+    return path
+
+
+def test_a_preload_out_of_the_ranks_reach_is_left_out_with_every_guard_on(tmp_path_factory):
+    """Red team 39: an LD_PRELOAD library other users cannot read (0600) turned every guard off, and the ranks ran
+    as root (they read the judge's cache and planted a file that outlived the run, exit 0); names the kernel
+    refuses (300 characters, another process's /proc root) ended the judge with 114, and a descriptor of the
+    judge's own hung it. Each is left out of the ranks' LD_PRELOAD now, and said in the boundary line."""
+    folder = tmp_path_factory.mktemp("unreadable")
+    folder.chmod(0o755)
+    library = _libm_copy(folder / "librt39.so")
+    library.chmod(0o600)
+    odd = ["/" + "a" * 300 + ".so", "/proc/1/root/etc/hostname", "/proc/self/fd/1", "/dev/null"]
+    sandbox = boundary.Sandbox(env={"LD_PRELOAD": " ".join([str(library), *odd, "libm.so.6"])})
+    try:
+        line = sandbox.guards.describe()
+        done = _in_sandbox(sandbox, "print('uid', os.getuid(), 'preload', repr(os.environ.get('LD_PRELOAD')))")
+    finally:
+        sandbox.close()
+    assert not line.startswith("guards off") and "LD_PRELOAD less 5 entries that other users cannot read" in line, line
+    assert done.returncode == 0, done.stderr
+    assert f"uid {sandbox.uid} preload 'libm.so.6'" in done.stdout, done.stdout
+
+
+def test_a_path_below_a_closed_folder_brings_nothing_beside_it_into_view():
+    """Red team 39: a preloaded library (or a PYTHONPATH entry) below a folder others cannot search put the whole
+    first entry below that folder in the ranks' view: a library under /root/.cache gave them /root/.cache, and a
+    token in it. Now only the path itself is there, on folders made for the way to it."""
+    closed = Path(tempfile.mkdtemp(prefix="a2a-closed-", dir="/var/lib"))
+    try:
+        closed.chmod(0o700)
+        library = _libm_copy(closed / "cache" / "nccl" / "librt39.so")
+        package = closed / "cache" / "python"
+        package.mkdir()
+        (package / "on_path.py").write_text("")
+        (closed / "cache" / "secret").mkdir()
+        (closed / "cache" / "secret" / "token").write_text("hf_RT39")
+        (closed / "cache" / "beside.txt").write_text("hf_RT39")
+        for path in (closed / "cache", library.parent, package, closed / "cache" / "secret"):
+            path.chmod(0o755)
+        for path in (library, package / "on_path.py", closed / "cache" / "secret" / "token"):
+            path.chmod(0o644)
+        sandbox = boundary.Sandbox(env={"LD_PRELOAD": str(library)}, reach=(str(package),))
+        try:
+            line = sandbox.guards.describe()
+            done = _in_sandbox(sandbox, f"""
+root = {str(closed / "cache")!r}
+print("cache", sorted(os.listdir(root)))
+print("library", os.path.isfile(root + "/nccl/librt39.so"), "package", sorted(os.listdir(root + "/python")))
+print("token", os.path.exists(root + "/secret/token"))
+""")
+        finally:
+            sandbox.close()
+    finally:
+        shutil.rmtree(closed)
+    assert not line.startswith("guards off"), line
+    assert done.returncode == 0, done.stderr
+    assert "cache ['nccl', 'python']" in done.stdout, done.stdout
+    assert "library True package ['on_path.py']" in done.stdout and "token False" in done.stdout, done.stdout
 
 
 def test_no_rank_can_hold_the_name_of_another_pools_dev_shm(tmp_path, monkeypatch):
