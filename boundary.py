@@ -111,17 +111,23 @@ def _gone(*mark) -> bool:
 # Variables whose names say they hold a secret of the operator's (a token, a key, a password): no process the judge
 # starts gets them, a rank least of all (red team 35: RT35_OPERATOR_TOKEN, exported by the operator, was in every
 # rank's environment).
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS|CRED|AUTH|COOKIE|PRIVATE|SIGNING|(^|_)KEYS?($|_)|API_?KEY|ACCESS_?KEY"
-                         r"|CONNECTION_?STRING|^AWS_|^SSH_AUTH_SOCK$", re.IGNORECASE)
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS|CRED|AUTH|COOKIE|PRIVATE|SIGNING|(^|_)[A-Z]*KEY[A-Z]*($|_)|API_?KEY"
+                         r"|ACCESS_?KEY|CONNECTION_?STRING|^AWS_|^SSH_AUTH_SOCK$|(^|_)(PWD|PSK)($|_)|JWT|BEARER|HMAC"
+                         r"|SESSION_?ID", re.IGNORECASE)
 # ... and values that carry one whatever their name: anything before an '@' in a URL (red team 37:
-# redis://:password@host; red team 38: a bare token, https://ghp_...@github.com, and a password holding '/'), a
-# credential in a query (red team 38: an Azure SAS's sig=, an S3 presigned X-Amz-Signature=), a connection string's
-# key or password, a private key, and the token formats that say what they are (a whole word: a folder named
+# redis://:password@host; red team 38: a bare token, https://ghp_...@github.com, and a password holding '/'; red
+# team 39: one holding a space), a credential in a query or a JSON key (red team 38: an Azure SAS's sig=, an S3
+# presigned X-Amz-Signature=; red team 39: pass=, api-key=), a connection string's key or password, a private key,
+# an Authorization header's value, and the token formats that say what they are (a whole word: a folder named
 # sk-... in a PATH is none).
-SECRET_VALUE = re.compile(r"://[^\s@]*@|[?&;#](sig|signature|x-(amz|goog)-[a-z-]*|[a-z_]*token|[a-z_]*key|secret|"
-                          r"client_secret|password|passwd|pwd|auth|code)=|(AccountKey|SharedAccessSignature|password|"
-                          r"pwd)=|PRIVATE KEY|(^|[\s=\"'])(ghp|gho|ghu|ghs|ghr|github_pat|glpat|hf|sk|xox[abpr])[_-]"
-                          r"[A-Za-z0-9_-]{16,}($|[\s\"'])|\b(AKIA|ASIA)[0-9A-Z]{16}\b", re.IGNORECASE)
+SECRET_VALUE = re.compile(
+    r"://[^\s@]*@|://[^/@]*@|[?&;#](sig|signature|x-(amz|goog)-[a-z-]*|[a-z_-]*token|[a-z_-]*key|secret|"
+    r"client_secret|pass|password|passwd|pwd|auth|code)=|\"[a-z_-]*(token|secret|password|passwd|key)\"\s*:"
+    r"|(AccountKey|SharedAccessSignature|password|pwd)=|PRIVATE KEY|\b(Bearer|Basic)\s+[A-Za-z0-9+/=._~-]{8,}"
+    r"|hooks\.slack\.com/services/|(^|[\s=\"':,;@])(ghp|gho|ghu|ghs|ghr|github_pat|glpat|hf|sk|npm|pypi|dckr_pat"
+    r"|[rsp]k_(live|test)|xox[abpr])[_-][A-Za-z0-9_-]{16,}($|[\s\"',;:@.])|\b(AKIA|ASIA)[0-9A-Z]{16}\b"
+    r"|\bAIza[0-9A-Za-z_-]{30,}|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.|\bSG\.[A-Za-z0-9_-]{16,}\."
+    r"|AGE-SECRET-KEY-", re.IGNORECASE)
 
 
 def is_secret(name: str, value: str) -> bool:

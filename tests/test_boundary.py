@@ -1429,3 +1429,41 @@ def test_over_one_scan_the_pool_uids_processes_are_read_no_further_than_the_tota
         for child in children:
             child.kill()
             child.wait()
+
+
+# Red team 39: 26 secrets under names the allowlist passes, each of which reached every rank.
+SECRETS_39 = {
+    "CUDA_A_JWT": "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9",
+    "CUDA_A_GOOGLE": "AIzaSyD-abcdefghijklmnopqrstuvwxyz01234",
+    "CUDA_A_HOOK": "https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX",
+    "CUDA_A_COMMA": "ghp_abcdefghijklmnopqrstuvwxyz0123456789,other",
+    "CUDA_A_COLON": "x:ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+    "CUDA_A_NPM": "npm_abcdefghijklmnopqrstuvwxyz0123456789",
+    "CUDA_A_PYPI": "pypi-AgEIcHlwaS5vcmcCJGFiY2RlZmdoaWprbG1ub3BxcnN0",
+    "CUDA_A_HEADER": "Authorization: Bearer abcdefghijklmnopqrstuvwxyz0123",
+    "CUDA_A_AGE": "AGE-SECRET-KEY-1QQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQ",
+    "CUDA_A_SEARCH": "https://search.example.net/indexes?api-version=1&api-key=S3CR3T",
+    "CUDA_A_LOGIN": "https://example.net/login?user=me&pass=S3CR3T",
+    "CUDA_A_DOCKER": "dckr_pat_abcdefghijklmnopqrstuvwxyz0",
+    "CUDA_A_STRIPE": "rk_live_abcdefghijklmnopqrstuvwxyz",
+    "CUDA_A_SENDGRID": "SG.abcdefghijklmnopqrstuv.abcdefghijklmnopqrstuvwxyz0123456789ABCDE",
+    "CUDA_A_JSON": '{"token": "S3CR3T"}',
+    "CUDA_A_SK": "sk-abcdefghijklmnopqrstuvwx.more",
+    "CUDA_A_URL": "https://user:pa ss@host.example/x",
+    "CUDA_A_BASIC": "Basic dXNlcjpodW50ZXIy",
+    "CUDA_PWD": "S3CR3T", "NCCL_A_JWT_NAME": "S3CR3T", "TORCH_A_BEARER": "S3CR3T", "TRITON_A_PSK": "S3CR3T",
+    "HIP_A_HMAC": "S3CR3T", "CUDA_A_SESSIONID": "S3CR3T", "CUDA_A_PRIVKEY": "S3CR3T", "CUDA_A_SSHKEYFILE": "S3CR3T",
+}
+# What a GPU, a compiler, Python and the collectives read: none of it is a secret.
+PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bin", "NCCL_SOCKET_IFNAME": "eth0",
+         "LD_LIBRARY_PATH": "/usr/local/cuda/lib64:/opt/x", "CUDA_VISIBLE_DEVICES": "0,1", "NCCL_DEBUG": "INFO",
+         "TRITON_CACHE_DIR": "/root/.triton", "PYTHONPATH": "/a/b:/c", "TORCH_CUDA_ARCH_LIST": "9.0",
+         "HIP_URL": "https://download.pytorch.org/whl/cu130", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+         "CXXFLAGS": "-O2 -march=native", "LD_PRELOAD": "/tmp/s/build/nccl/lib/libnccl.so.2.30.7", "HSA_XNACK": "1",
+         "TORCH_EXTENSIONS_DIR": "/root/.cache/torch_extensions", "MASTER_ADDR": "127.0.0.1", "LANG": "C.UTF-8"}
+
+
+def test_secrets_under_names_the_ranks_may_have_are_told_apart_from_what_they_need():
+    missed = sorted(name for name, value in SECRETS_39.items() if not boundary.is_secret(name, value))
+    taken = sorted(name for name, value in PLAIN.items() if boundary.is_secret(name, value))
+    assert not missed and not taken, (missed, taken)
