@@ -1502,6 +1502,7 @@ def seed_builds(uid: int, key: Optional[str], views: dict) -> set:
     source left (builds/<key>); returns what they then hold (keep_builds compares). The folders on the way to a
     cache folder are root's (the mount points made later below a covered folder must be), the folder the rank's."""
     base = run_folder(uid)
+    _mark_used(key)
     if key:
         with contextlib.suppress(OSError):
             os.utime(BUILDS / key)  # used now: the last of the keys to be evicted (_evict_builds)
@@ -1533,9 +1534,33 @@ ENDED_TIMEOUT_S = 60.0  # a namespace's end takes well under a second; past this
 STALE_COPY_S = 3600  # a copy being made is minutes old at most; one older was left by a judge that was killed
 
 
+# The build keys of the run under way (protect_builds), which no eviction takes: a clock run's entries are
+# rivals, and what one keeps must not push out another's build (red team 39: three entries kept 19 950 files each,
+# the cap over all keys evicted a fourth's build, which it built again inside its charged time and failed). Past the
+# caps while a run lasts by at most its entries' own caps (KEEP_MAX_*); the next run's evictions take the rest.
+_PROTECTED: Optional[set] = None
+
+
+@contextlib.contextmanager
+def protect_builds():
+    """While it lasts, every key a pool of this process starts from or keeps stays in builds/."""
+    global _PROTECTED
+    outer = _PROTECTED
+    _PROTECTED = set() if outer is None else outer
+    try:
+        yield
+    finally:
+        _PROTECTED = outer
+
+
+def _mark_used(key: Optional[str]) -> None:
+    if key and _PROTECTED is not None:
+        _PROTECTED.add(key)
+
+
 def _evict_builds() -> None:
     """Removes the least recently used keys of builds/ (a key's folder time: when a pool kept it or started from
-    it) until what is left is within KEEP_TOTAL_BYTES and KEEP_TOTAL_FILES."""
+    it) until what is left is within KEEP_TOTAL_BYTES and KEEP_TOTAL_FILES, sparing the run's (protect_builds)."""
     keys = []
     for folder in BUILDS.iterdir():
         if folder.name.startswith("."):  # a copy being made or retired; one a judge killed meanwhile left goes
@@ -1554,6 +1579,8 @@ def _evict_builds() -> None:
     for _, folder, key_files, key_size in keys:
         if files <= KEEP_TOTAL_FILES and size <= KEEP_TOTAL_BYTES:
             return
+        if folder.name in (_PROTECTED or ()):
+            continue
         retired = Path(tempfile.mkdtemp(prefix=f".{folder.name}-old-", dir=BUILDS))
         with contextlib.suppress(OSError):
             os.rename(folder, retired / folder.name)

@@ -42,7 +42,7 @@ from typing import Optional
 import eval as core
 import judge
 from births import on_cpu
-from boundary import Sandbox
+from boundary import Sandbox, protect_builds
 from a2a import intervals as iv
 from a2a import sharing
 
@@ -564,7 +564,8 @@ class Clock:
         share_s = self.settings.time_cap_s / max(1, len(self.entries))
         judged = [t for t in self.settings.targets if t.metric == RANKING]
         budget, first_s, spent_s = {}, {}, {}  # per entry: its rounds under the cap, its first round's s, its s since
-        with sharing.shared_ranks(self.plan.placement) as env, self._nursing(env):
+        # protect_builds: what one entry keeps never pushes out another's build while the run lasts
+        with protect_builds(), sharing.shared_ranks(self.plan.placement) as env, self._nursing(env):
             for round_index in range(self.settings.max_rounds):
                 active = [by_name[n] for n in names if n not in self.stopped and n not in self.failed]
                 if round_index >= self.settings.min_rounds:

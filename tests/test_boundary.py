@@ -776,6 +776,23 @@ def test_past_the_cap_over_every_kept_build_the_least_recently_used_key_goes(tmp
     assert sorted(p.name for p in boundary.BUILDS.iterdir()) == sorted([first, third])
 
 
+def test_no_key_of_the_run_under_way_is_evicted(tmp_path, monkeypatch):
+    """Red team 39: three entries of one clock run kept 19 950 files each, and the cap over every key evicted a
+    fourth entry's build; it built again inside the clock's charged time and failed. While a run lasts
+    (protect_builds, the clock's) none of its keys goes; the next run's keeping evicts the least recently used."""
+    monkeypatch.setattr(boundary, "BUILDS", tmp_path / "builds")
+    boundary.BUILDS.mkdir(mode=0o755)
+    monkeypatch.setattr(boundary, "KEEP_TOTAL_FILES", 8)  # two keys' builds: a key is 2 folders and 1 file
+    rival, first, second, later = "d4" * 32, "e5" * 32, "f6" * 32, "a7" * 32
+    build = "open(os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], 'ext.so'), 'w').write('x' * 1000)"
+    with boundary.protect_builds():
+        for key in (rival, first, second):
+            assert _one_pool(key, build).returncode == 0
+        assert sorted(p.name for p in boundary.BUILDS.iterdir()) == sorted([rival, first, second])
+    assert _one_pool(later, build).returncode == 0
+    assert sorted(p.name for p in boundary.BUILDS.iterdir()) == sorted([second, later])
+
+
 # What a rank tries beyond its pool: a TCP port and an abstract socket the test listens on, a System V segment the
 # test made, a user namespace (in which it would be root), clone3 (whose flags no filter reads); and what it must
 # still do: threads and a child process.
