@@ -1192,10 +1192,8 @@ def start_nursery(env: dict) -> Nursery:
 def check_environment() -> None:
     """The variables a run reads only once its pools start, checked before any work: a bad one is bad input."""
     try:
-        rank_birth()
-        pool_memory_bytes()
-        pinned_cpus()
-        owner_cpu()
+        for check in (rank_birth, pool_memory_bytes, pinned_cpus, owner_cpu, judge.check_knobs):
+            check()
     except ValueError as error:
         raise UserError(str(error)) from None
 

@@ -370,13 +370,41 @@ def next_hold_cycles(cycles: int, held_ok: list) -> int:
     return cycles if all(held_ok) else min(8 * cycles, HOLD_MAX_CYCLES)
 
 
+# The operator's numeric knobs: name -> (lowest, highest). A spin past a second would outlast the waits it precedes
+# (a step's deadline is checked only once it ends); a case timeout past a day is no timeout, and a silence deadline
+# of twice it no deadline (a2a/harness.py). NaN, inf and text are bad input (red team 39: 114, or a case failed).
+KNOBS = {"A2A_SPIN_US": (0.0, 1e6), "A2A_RANK_SPIN_US": (0.0, 1e6), "A2A_TIMEOUT": (1e-3, 86400.0)}
+
+
+def knob(name: str) -> Optional[float]:
+    """The operator's KNOBS value `name` (None when unset or empty); ValueError, naming it, for one that is not a
+    finite number in its range."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    low, high = KNOBS[name]
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not low <= value <= high:  # NaN fails too
+        raise ValueError(f"{name}={text[:40]!r}: expected a number from {low:g} to {high:g}")
+    return value
+
+
+def check_knobs() -> None:
+    """Every KNOBS value checked (ValueError for the first bad one), before any work reads it."""
+    for name in KNOBS:
+        knob(name)
+
+
 def spin_budget_ns(ranks: int, name: str, default_us: float) -> int:
     """How long a waiting side polls its flags before it sleeps on the pipe: spinning is sub-µs, a wake-up from the
     pipe 5-30 µs, but a spinning process takes a core; so it spins only where every rank and the owner have a core
     of their own (A2A_SPIN_US / A2A_RANK_SPIN_US set it)."""
-    text = os.environ.get(name)
-    if text is not None:
-        return int(float(text) * 1e3)
+    value = knob(name)
+    if value is not None:
+        return int(value * 1e3)
     return int(default_us * 1e3) if (os.cpu_count() or 1) >= 2 * (ranks + 1) else 0
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 import eval as core
+import judge
 import wire
 from a2a import sharing
 from eval import UserError
@@ -406,9 +407,10 @@ def make_plan(versions, selector: str = "tests", world_size: Optional[int] = Non
         raise UserError(f"--backend {backend}: expected nccl or gloo")
     if world_size is not None and world_size < 1:
         raise UserError(f"--world-size must be at least 1, not {world_size}")
-    if timeout_s is not None and not timeout_s >= MIN_TIMEOUT_S:
+    # at most what the evaluator takes as A2A_TIMEOUT, which carries it (inf, red team 39: refused only there)
+    if timeout_s is not None and not MIN_TIMEOUT_S <= timeout_s <= judge.KNOBS["A2A_TIMEOUT"][1]:
         raise UserError(f"--timeout must be at least {MIN_TIMEOUT_S:g} s (a case's group setup alone takes about "
-                        f"that), not {timeout_s:g}")
+                        f"that) and at most {judge.KNOBS['A2A_TIMEOUT'][1]:g} s, not {timeout_s:g}")
     if seed is not None and not 0 <= seed <= core.SEED_MAX:
         raise UserError(f"--seed must be from 0 to {core.SEED_MAX}, not {seed}")
     task = load_task(task_path)

@@ -50,6 +50,7 @@ def human_face_cases(tmp: Path):
         (("test", "v1", "--timeout", "-1"), "--timeout must be at least 1 s"),
         (("test", "v1", "--timeout", "0"), "--timeout must be at least 1 s"),
         (("test", "v1", "--timeout", "1e-9"), "--timeout must be at least 1 s"),
+        (("test", "v1", "--timeout", "inf"), "and at most 86400 s, not inf"),  # A2A_TIMEOUT's range
         (("test", "v1", "--seed", "10000000000"), "mixed into this test's seed gives"),
         (("test", "v1", "--seed", str(2**64)), "--seed must be from 0 to"),
         (("test", "v1", "--seed", str(10**29)), "--seed must be from 0 to"),
@@ -162,6 +163,19 @@ def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
                              capture_output=True, text=True)
     assert checked.returncode == 0 and "every step known" in checked.stdout, checked.stderr
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("variable, value", [("A2A_SPIN_US", "abc"), ("A2A_SPIN_US", "1e400"),
+                                             ("A2A_RANK_SPIN_US", "nan"), ("A2A_RANK_SPIN_US", "-5"),
+                                             ("A2A_TIMEOUT", "abc"), ("A2A_TIMEOUT", "nan"), ("A2A_TIMEOUT", "inf")])
+def test_the_operators_numeric_knobs_are_bad_input_before_any_work(variable, value):
+    """Red team 39: an odd spin or timeout ended the judge with 114 once its ranks ran, or failed the case as if the
+    entry had (A2A_RANK_SPIN_US is read in the ranks). Each is one line and 113 now, before a rank starts."""
+    result = subprocess.run([sys.executable, "eval.py", "test", "v1", "--cases", "tests:0"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600, env={**os.environ, variable: value})
+    assert result.returncode == EXIT_BAD_INPUT and f"{variable}={value!r}: expected a number" in result.stderr, \
+        result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_a_gpu_session_folder_of_an_earlier_session_is_moved_aside_not_packed(tmp_path):
@@ -361,7 +375,9 @@ def test_protocol_face_rejects_a_bad_environment(bundle):
                          ({"POPCORN_FD": "1", "A2A_OWNER_GPU": "first"}, "A2A_OWNER_GPU must be 'own', 'next' or a GPU index"),
                          ({"POPCORN_FD": "1", "A2A_POOL_MEMORY_GB": "lots"}, "A2A_POOL_MEMORY_GB='lots': must be a"),
                          ({"POPCORN_FD": "1", "A2A_POOL_MEMORY_GB": "0"}, "A2A_POOL_MEMORY_GB='0': must be a"),
-                         ({"POPCORN_FD": "1", "A2A_RANK_BIRTH": "fork"}, "A2A_RANK_BIRTH='fork': must be one of")]:
+                         ({"POPCORN_FD": "1", "A2A_RANK_BIRTH": "fork"}, "A2A_RANK_BIRTH='fork': must be one of"),
+                         ({"POPCORN_FD": "1", "A2A_TIMEOUT": "nan"}, "A2A_TIMEOUT='nan': expected a number"),
+                         ({"POPCORN_FD": "1", "A2A_SPIN_US": "1e400"}, "A2A_SPIN_US='1e400': expected a number")]:
         done = _protocol(bundle, env, "test", "one.txt")
         assert done.returncode == EXIT_BAD_INPUT and message in done.stderr, (env, done.returncode, done.stderr)
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
