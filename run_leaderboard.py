@@ -571,6 +571,9 @@ def stability(plan: planning.RunPlan, settings: clock.Settings, runs: int, ancho
     return cli.verdict(not any(r["failed"] for r in results))
 
 
+TIME_CAP_MAX_S = 7 * 86400.0  # a week of timing: past it a cap is none (inf is the clock's own "no cap")
+
+
 def _settings(args) -> clock.Settings:
     targets = list(clock.DEFAULT_TARGETS)
     if args.target:
@@ -589,8 +592,10 @@ def _settings(args) -> clock.Settings:
                              ("--max-rounds", args.max_rounds, args.min_rounds)):
         if value < low:
             raise core.UserError(f"{name} must be at least {low}, not {value}")
-    if args.time_cap <= 0:
-        raise core.UserError(f"--time-cap must be positive, not {args.time_cap}")
+    if not 0 < args.time_cap <= TIME_CAP_MAX_S:  # NaN too (red team 39: 114 after the first round, nothing saved)
+        raise core.UserError(f"--time-cap must be above 0 and at most {TIME_CAP_MAX_S:g} s, not {args.time_cap:g}")
+    if args.seed is not None and not 0 <= args.seed <= core.SEED_MAX:
+        raise core.UserError(f"--seed must be from 0 to {core.SEED_MAX}, not {args.seed}")
     return clock.Settings(steps=args.steps, min_rounds=args.min_rounds, max_rounds=args.max_rounds,
                           time_cap_s=args.time_cap, targets=tuple(targets), seed=args.seed)
 

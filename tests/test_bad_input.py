@@ -126,6 +126,22 @@ def test_run_leaderboard_rejects_bad_version_lists(tmp_path, versions, message):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("--time-cap", "nan", "--time-cap must be above 0"), ("--time-cap", "inf", "--time-cap must be above 0"),
+    ("--time-cap", "-1", "--time-cap must be above 0"), ("--seed", "-1", "--seed must be from 0"),
+    ("--seed", str(2**64), "--seed must be from 0"), ("--timeout", "nan", "--timeout must be at least 1 s"),
+    ("--timeout", "inf", "--timeout must be at least 1 s")])
+def test_run_leaderboard_s_numbers_are_finite_and_in_range_before_any_work(tmp_path, option, value, message):
+    """Red team 39: --time-cap nan passed (NaN <= 0 is False) and ended the run with 114 after its first round,
+    nothing saved."""
+    result = _command("run_leaderboard.py", "--versions", "v1", "--cases", "benchmarks:0", "--world-size", "2",
+                      "--min-rounds", "2", "--max-rounds", "2", "--steps", "2", "--no-problem-size", option, value,
+                      "--out", str(tmp_path / "out"))
+    assert result.returncode == EXIT_BAD_INPUT and message in result.stderr, result.stdout[-1000:] + result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
     """Each found before a rank starts: one line, 113, nothing saved."""
     a_file = Path(_file(tmp_path, "a_file", ""))
