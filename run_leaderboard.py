@@ -429,38 +429,65 @@ SHOWN_META = ("device", "placement", "world_size", "commit")
 SAVED_RUN_ENTRIES = 500  # entries --compare sets side by side: its agreement pairs every two (red team 32: 100 000
 # entries, 17 MB, ran past 280 s); a run of every version, both floors and both anchors has 17
 SAVED_RUN_CASES = 100  # shapes in a saved run's samples (red team 38: 8000 ran 312 s); a run of every test has 10
+SAVED_RUN_ROUNDS = 10_000  # rounds of one entry in a saved run's samples, and --max-rounds' most (red team 39: 300 000)
+# A saved figure, in µs or a ratio: from a nanosecond (a rank's own figures are no less: judge.py) to past any visit
+# (clock.VISIT_TIMEOUT_S is 1.2e8 µs). Red team 39: 80 shapes of the largest double overflowed a geomean (114).
+SAVED_FIGURE_RANGE = (1e-3, 1e9)
+
+
+def _saved_figure(value) -> bool:
+    low, high = SAVED_FIGURE_RANGE
+    return type(value) in (int, float) and low <= value <= high  # NaN fails too
 
 
 def _floor_ratios(saved: dict) -> dict:
-    """{entry: clock.floor_ratio} from a saved run's samples, for a run saved before results.json kept the ratio; {}
-    where it has no empty submission or its samples are not a run's (saved_run then checks what it reads).
-    ValueError for samples of more shapes than SAVED_RUN_CASES."""
+    """{entry: its owner's step over the floor's in the same round, as clock.floor_ratio gives it} from a saved
+    run's samples, for the entries of a run saved before results.json kept the ratio; {} where it has no empty
+    submission or its samples are not a run's (saved_run then checks what it reads). ValueError for samples of more
+    shapes, entries or rounds than a compare takes (SAVED_RUN_CASES, SAVED_RUN_ENTRIES, SAVED_RUN_ROUNDS) or an
+    owner's figure out of SAVED_FIGURE_RANGE."""
     floors = [n for n, e in saved["entries"].items() if isinstance(e, dict) and e.get("kind") == "empty"]
     samples = saved.get("samples")
     if len(floors) != 1 or not isinstance(samples, list):
         return {}
-    per_case: dict = {}
+    per_entry: dict = {}  # {entry: {case: {round: the owner's step}}}
     for sample in samples:
         if not (isinstance(sample, dict) and isinstance(sample.get("entry"), str)
                 and all(type(sample.get(k)) is int and sample[k] >= 0 for k in ("case", "round"))):
             return {}
         owner = sample.get("owner")
-        if type(owner) in (int, float) and 0 < owner < math.inf:
-            per_case.setdefault((sample["entry"], sample["case"]), {})[sample["round"]] = {"owner": float(owner)}
-    cases = len({case for _, case in per_case})
-    if cases > SAVED_RUN_CASES:
-        raise ValueError(f"samples of {cases} shapes, more than the {SAVED_RUN_CASES} a compare takes")
-    found = {name: clock.floor_ratio(per_case, name, floors[0], cases)  # once per entry (red team 38: per sample)
-             for name in {name for name, _ in per_case} if name != floors[0]}
-    return {name: ratio for name, ratio in found.items() if ratio is not None}
+        if owner is None:
+            continue
+        if not _saved_figure(owner):
+            raise ValueError(f"a sample's owner figure {wire.as_text(owner, 40)} is not a number from "
+                             f"{SAVED_FIGURE_RANGE[0]:g} to {SAVED_FIGURE_RANGE[1]:g}")
+        per_entry.setdefault(sample["entry"], {}).setdefault(sample["case"], {})[sample["round"]] = float(owner)
+    cases = sorted({case for per_case in per_entry.values() for case in per_case})
+    rounds = max((len({r for values in per_case.values() for r in values}) for per_case in per_entry.values()),
+                 default=0)
+    for what, count, most in (("shapes", len(cases), SAVED_RUN_CASES), ("entries", len(per_entry), SAVED_RUN_ENTRIES),
+                              ("rounds of one entry", rounds, SAVED_RUN_ROUNDS)):
+        if count > most:
+            raise ValueError(f"samples of {count} {what}, more than the {most} a compare takes")
+
+    def by_round(name: str) -> dict:
+        return iv.geomean_by_round({case: per_entry.get(name, {}).get(case, {}) for case in cases})
+    # the floor's rounds once for every entry (red team 39: once per entry, 300 000 entries ran for a day)
+    base = by_round(floors[0])
+    found = {}
+    for name in saved["entries"]:
+        mine = by_round(name) if name != floors[0] else {}
+        if ratios := [mine[r] / base[r] for r in mine if r in base]:
+            found[name] = iv.interval(ratios)
+    return found
 
 
 def saved_run(folder) -> dict:
     """A saved run's figures for --compare, from its results.json: {"entries": {name: {metric: {"center", "low",
     "high"}}}, "meta": {SHOWN_META: text}}, every name and text escaped. A figure without a positive center (an entry
-    that gave none) is left out; anything else not of a run's shape is bad input. NOTES: the folder may come from
-    elsewhere (red team 31: a FIFO hung the read, a link to /dev/zero ran memory out, a zero or string center, deep
-    nesting or a 400-digit number ended it with 114)."""
+    that gave none) is left out; one whose center is out of SAVED_FIGURE_RANGE, and anything else not of a run's
+    shape, is bad input. NOTES: the folder may come from elsewhere (red team 31: a FIFO hung the read, a link to
+    /dev/zero ran memory out, a zero or string center, deep nesting or a 400-digit number ended it with 114)."""
     def refused(why: str) -> core.UserError:
         return core.UserError(f"--compare {wire.as_text(str(folder), 300)}: {why}")
 
@@ -498,8 +525,12 @@ def saved_run(folder) -> dict:
                 continue
             if not isinstance(figure, dict) or not all(real(figure.get(k)) for k in ("center", "low", "high")):
                 raise refused(f"entry {wire.as_text(name, 100)}'s {metric} is not an interval of numbers")
-            if 0 < float(figure["center"]) < math.inf:
-                kept[metric] = {k: float(figure[k]) for k in ("center", "low", "high")}
+            if float(figure["center"]) <= 0:  # no figure
+                continue
+            if not _saved_figure(figure["center"]):
+                raise refused(f"entry {wire.as_text(name, 100)}'s {metric} center {wire.as_text(figure['center'], 40)} "
+                              f"is not from {SAVED_FIGURE_RANGE[0]:g} to {SAVED_FIGURE_RANGE[1]:g}")
+            kept[metric] = {k: float(figure[k]) for k in ("center", "low", "high")}
         if kept:
             entries[wire.as_text(name, 200)] = kept
     return {"entries": entries, "meta": {key: wire.as_text(saved["meta"].get(key), 200) for key in SHOWN_META}}
@@ -592,6 +623,8 @@ def _settings(args) -> clock.Settings:
                              ("--max-rounds", args.max_rounds, args.min_rounds)):
         if value < low:
             raise core.UserError(f"{name} must be at least {low}, not {value}")
+    if args.max_rounds > SAVED_RUN_ROUNDS:  # a run --compare could not read back
+        raise core.UserError(f"--max-rounds must be at most {SAVED_RUN_ROUNDS}, not {args.max_rounds}")
     if not 0 < args.time_cap <= TIME_CAP_MAX_S:  # NaN too (red team 39: 114 after the first round, nothing saved)
         raise core.UserError(f"--time-cap must be above 0 and at most {TIME_CAP_MAX_S:g} s, not {args.time_cap:g}")
     if args.seed is not None and not 0 <= args.seed <= core.SEED_MAX:

@@ -81,21 +81,29 @@ def device_slug(meta: dict) -> str:
 
 FOLDER_NAME_CHARS = 200  # a run folder's name (ASCII), room left for new_folder's "-N" within 255 (red team 38: a
 # diff of two 100-byte stems on an H100 came to 254)
+FOLDER_PART_CHARS = 40  # each part but the mode (red team 39: a compared run's 200-character device and world size
+# named a 420-byte folder); four of them leave the mode 36 at least
+
+
+def _cut(part: str, chars: int) -> str:
+    """`part` within `chars`, one cut told apart from others cut alike by its hash."""
+    if len(part) <= chars:
+        return part
+    import hashlib
+
+    return f"{part[:max(1, chars - 9)]}-{hashlib.sha256(part.encode()).hexdigest()[:8]}"
 
 
 def run_folder(out: Path, meta: dict) -> Path:
     """The name of a run's folder: results/<date>_<device>_<ranks>_<mode>_<commit>/, ranks `ws8` or, when they
     shared GPUs, `ws8-on-1gpu` (new_folder makes it). Every part is a slug, so the name is one folder inside `out`
-    (red team 31: a saved run's date `/tmp/...` or commit `../..` put a compare's files outside it)."""
+    (red team 31: a saved run's date `/tmp/...` or commit `../..` put a compare's files outside it), of at most
+    FOLDER_PART_CHARS but the mode, which is cut to fit FOLDER_NAME_CHARS (a diff's two stems)."""
     parts = [re.sub(r"[^A-Za-z0-9._+-]+", "-", str(part)).strip("-.") or "unknown" for part in (
         meta["date"], device_slug(meta), meta["ranks"] if "ranks" in meta else f"ws{meta['world_size']}",
         meta["mode"], meta["commit"])]
-    over = len("_".join(parts)) - FOLDER_NAME_CHARS
-    if over > 0:  # the mode (a diff's two stems) cut, and told apart from others cut alike by its hash
-        import hashlib
-
-        digest = hashlib.sha256(parts[3].encode()).hexdigest()[:8]
-        parts[3] = f"{parts[3][:max(1, len(parts[3]) - over - 9)]}-{digest}"
+    parts = [part if index == 3 else _cut(part, FOLDER_PART_CHARS) for index, part in enumerate(parts)]
+    parts[3] = _cut(parts[3], len(parts[3]) - max(0, len("_".join(parts)) - FOLDER_NAME_CHARS))
     return out / "_".join(parts)
 
 

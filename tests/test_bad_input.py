@@ -130,7 +130,7 @@ def test_run_leaderboard_rejects_bad_version_lists(tmp_path, versions, message):
     ("--time-cap", "nan", "--time-cap must be above 0"), ("--time-cap", "inf", "--time-cap must be above 0"),
     ("--time-cap", "-1", "--time-cap must be above 0"), ("--seed", "-1", "--seed must be from 0"),
     ("--seed", str(2**64), "--seed must be from 0"), ("--timeout", "nan", "--timeout must be at least 1 s"),
-    ("--timeout", "inf", "--timeout must be at least 1 s")])
+    ("--timeout", "inf", "--timeout must be at least 1 s"), ("--max-rounds", "10001", "--max-rounds must be at most")])
 def test_run_leaderboard_s_numbers_are_finite_and_in_range_before_any_work(tmp_path, option, value, message):
     """Red team 39: --time-cap nan passed (NaN <= 0 is False) and ended the run with 114 after its first round,
     nothing saved."""

@@ -90,6 +90,15 @@ def test_a_ranks_zero_or_denormal_figure_breaks_no_statistic():
     assert wide.center > 0 and wide.high == pytest.approx(1e300)
 
 
+def test_many_shapes_or_rounds_of_the_largest_double_overflow_no_geomean():
+    """Red team 39: the mean of 70 or more logs of the largest double rounds past its log, and a geomean over 80
+    shapes (or an interval over 80 rounds) of it ended --compare with 114. Each figure stops at 1e300."""
+    per_shape = {shape: {0: sys.float_info.max} for shape in range(80)}
+    assert iv.geomean_by_round(per_shape)[0] == pytest.approx(1e300)
+    found = iv.interval([sys.float_info.max] * 80)
+    assert found.center == pytest.approx(1e300) and found.low == pytest.approx(1e300)
+
+
 def test_the_rounds_a_target_needs_follow_from_the_spread_seen():
     """An interval of n rounds whose half-width is twice the target needs about 4n rounds (a little less: t shrinks
     with n); meeting it already needs no more than it has; one round says nothing."""

@@ -291,6 +291,22 @@ def test_a_run_folders_name_fits_a_file_system_with_room_for_its_repeats(tmp_pat
     assert short == "2026-11-22_nvidia-h100-80gb-hbm3_ws8_benchmark_abcdef1-dirty", short
 
 
+def test_a_compare_of_runs_with_long_devices_and_world_sizes_names_a_folder_that_fits(tmp_path, capsys):
+    """Red team 39: two saved runs whose device and world size were 200 characters each named the compare's folder
+    420 bytes long (114, nothing saved): every part is cut, not only the mode, each told apart by its hash."""
+    import run_leaderboard
+
+    figure = {"center": 10.0, "low": 9.0, "high": 11.0, "rounds": 3}
+    meta = {"device": "D" * 200, "world_size": "1" * 200, "commit": "c" * 200}
+    runs = [_saved(tmp_path / name, {"v1": {"owner": figure}}, meta) for name in ("a", "b")]
+    assert run_leaderboard.compare(runs, tmp_path / "out") == 0
+    (made,) = (tmp_path / "out").iterdir()
+    assert len(made.name) <= planning.FOLDER_NAME_CHARS and (made / "table.md").exists(), made.name
+    names = {planning.run_folder(tmp_path, {**META, "device": "D" * 100 + end, "mode": "compare"}).name
+             for end in "xy"}
+    assert len(names) == 2 and all(len(name) <= planning.FOLDER_NAME_CHARS for name in names), names
+
+
 def test_a_second_run_of_the_same_name_gets_its_own_folder(tmp_path):
     """Same day, device and commit: the second run saves into <name>-2, the third into <name>-3, and the first
     run's files stay as they were; runs racing for one name each get a folder of their own."""
@@ -485,6 +501,62 @@ def test_compare_sets_the_owners_step_over_its_rounds_floor_beside_it(tmp_path, 
     assert "-4.8% / +4.8%" in rows["the owner's step (ranks)"], text
     ratio = rows["the owner's step over its round's empty submission (a ratio)"]
     assert "1.100 / 1.100" in ratio and "-0.0% / +0.0%" in ratio, ratio
+
+
+def test_compare_refuses_figures_out_of_range_and_samples_past_its_bounds(tmp_path):
+    """Red team 39: a saved run's figures of the largest double overflowed a geomean over 80 shapes (114), and
+    300 000 entry names in the samples (beside one in `entries`) ran --compare for a day. A figure out of
+    SAVED_FIGURE_RANGE, more entries or rounds in the samples than a compare takes: bad input, one line."""
+    import sys
+
+    import run_leaderboard
+
+    import eval as core
+
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "results.json").write_text(json.dumps(_drifting_run(1.0)))
+    largest = sys.float_info.max
+    hostile = {}
+    run = _drifting_run(1.0)
+    run["samples"] = [{"entry": e, "case": c, "round": 0, "owner": largest if e == "x" else 1.0}
+                      for e in ("empty_submission", "x") for c in range(80)]
+    hostile["sample of the largest double"] = (run, r"owner figure 1.7976931348623157e\+308 is not a number from")
+    run = _drifting_run(1.0)
+    run["entries"]["v1_torch_sort"]["owner"]["center"] = 1e300
+    hostile["center of 1e300"] = (run, r"v1_torch_sort's owner center 1e\+300 is not from 0.001 to 1e\+09")
+    run = _drifting_run(1.0)
+    run["samples"] += [{"entry": f"e{n}", "case": 0, "round": 0, "owner": 1.0} for n in range(600)]
+    hostile["600 entries in the samples"] = (run, "samples of 602 entries, more than the 500")
+    run = _drifting_run(1.0)
+    run["samples"] += [{"entry": "v1_torch_sort", "case": 0, "round": r, "owner": 1.0} for r in range(10_001)]
+    hostile["10 001 rounds"] = (run, "samples of 10001 rounds of one entry, more than the 10000")
+    for why, (saved, says) in hostile.items():
+        folder = tmp_path / why.replace(" ", "_")
+        folder.mkdir()
+        (folder / "results.json").write_text(json.dumps(saved))
+        with pytest.raises(core.UserError, match=says):
+            run_leaderboard.compare([good, folder], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_saved_runs_floor_ratios_take_the_floors_rounds_once(monkeypatch):
+    """Red team 39: each entry's ratio took the floor's geomean over all its rounds anew (0.3 s an entry at 300 000
+    rounds). The floor's rounds are taken once, each entry's once, and only for the entries the run names."""
+    import run_leaderboard
+
+    saved = _drifting_run(1.0)
+    for name in ("v2", "v3"):
+        saved["entries"][name] = {"kind": "version"}
+        saved["samples"] += [{**s, "entry": name} for s in saved["samples"] if s["entry"] == "v1_torch_sort"]
+    saved["samples"] += [{"entry": "unnamed", "case": 0, "round": 0, "owner": 1.0}]
+    taken = []
+    geomean_by_round = iv.geomean_by_round
+    monkeypatch.setattr(iv, "geomean_by_round", lambda per_shape: taken.append(per_shape) or geomean_by_round(
+        per_shape))
+    ratios = run_leaderboard._floor_ratios(saved)
+    assert sorted(ratios) == ["v1_torch_sort", "v2", "v3"] and len(taken) == 4
+    assert all(ratio.center == pytest.approx(1.1) for ratio in ratios.values())
 
 
 def test_the_floor_ratio_cancels_what_a_round_shares():
