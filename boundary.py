@@ -842,7 +842,9 @@ class Sandbox:
         # rank starts: every process ld.so makes reads them again (2026-11-29: 200 "cannot be preloaded" lines from
         # a world-size-8 test, the NCCL built under /tmp, which the ranks' run covers)
         preloaded, self.guards.preloads_left_out = preloads_in_reach(pool_env.get("LD_PRELOAD", ""))
-        needed = existing([Path(sys.executable), Path(sys.prefix), Path(os.__file__).parent, HERE, Path.cwd(),
+        # the interpreter's own trees whole (its shared library and links lie beside it), every other path alone
+        interpreter = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+        needed = existing([Path(sys.executable), *map(Path, interpreter), Path(os.__file__).parent, HERE, Path.cwd(),
                            *map(Path, sys.path), *map(Path, filter(None, reach)), *map(Path, preloaded)])
         pairs, unreachable = exposure([p for p in needed if not _below_covered(p)])
         if unreachable:
