@@ -43,17 +43,28 @@ def use_bundle_modules() -> None:
             sys.path.insert(0, str(folder))
 
 
+GIT_TIMEOUT_S = 10.0  # the judge's own git calls: a status of a large tree takes well under a second
+
+
 def commit() -> str:
-    """The commit measured; A2A_COMMIT names it where the tree travels without .git (the device machine)."""
+    """The commit measured; A2A_COMMIT names it where the tree travels without .git (the device machine); "unknown"
+    where git cannot say. NOTES: the operator's LD_PRELOAD is not git's (red team 39: /proc/self/fd/1 hung it reading
+    its own stdout, and ld.so's warning naming a path of raw bytes ended the judge with 114); git gets
+    GIT_TIMEOUT_S, and its words are read as bytes."""
     if os.environ.get("A2A_COMMIT"):
         return os.environ["A2A_COMMIT"]
+    env = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD"}
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=GIT_TIMEOUT_S)
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
+        head = git("rev-parse", "--short", "HEAD")
+        if head.returncode:
+            return "unknown"
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return head.stdout.decode("utf-8", "replace").strip() + ("-dirty" if dirty else "")
+    except (OSError, ValueError, subprocess.SubprocessError):
         return "unknown"
 
 

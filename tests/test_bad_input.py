@@ -142,6 +142,20 @@ def test_run_leaderboard_s_numbers_are_finite_and_in_range_before_any_work(tmp_p
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("preload", [b"/tmp/\xff.so", b"/proc/self/fd/1"])
+def test_the_judges_own_git_runs_without_the_operators_preload(tmp_path, preload):
+    """Red team 39: the commit a run is labelled with came from git run with the operator's LD_PRELOAD: a path of a
+    raw byte made ld.so's warning on git's stderr undecodable (114), and /proc/self/fd/1 had git read its own
+    stdout, a pipe, forever. git runs without it now, within its timeout, and its words are read as bytes."""
+    env = {**os.environb, b"LD_PRELOAD": preload}
+    env.pop(b"A2A_COMMIT", None)
+    with open(tmp_path / "out", "wb") as out:  # a file, as a judge's log: the interpreter's own preload reads it
+        done = subprocess.run([sys.executable, "-c", "from a2a import plan; print(plan.commit())"], cwd=ROOT,
+                              env=env, stdout=out, stderr=subprocess.PIPE, timeout=120)
+    said = (tmp_path / "out").read_bytes().strip()
+    assert done.returncode == 0 and said and b"unknown" not in said, (said, done.stderr[-2000:])
+
+
 def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
     """Each found before a rank starts: one line, 113, nothing saved."""
     a_file = Path(_file(tmp_path, "a_file", ""))
