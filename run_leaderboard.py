@@ -430,14 +430,6 @@ SAVED_RUN_ENTRIES = 500  # entries --compare sets side by side: its agreement pa
 # entries, 17 MB, ran past 280 s); a run of every version, both floors and both anchors has 17
 SAVED_RUN_CASES = 100  # shapes in a saved run's samples (red team 38: 8000 ran 312 s); a run of every test has 10
 SAVED_RUN_ROUNDS = 10_000  # rounds of one entry in a saved run's samples, and --max-rounds' most (red team 39: 300 000)
-# A saved figure, in µs or a ratio: from a nanosecond (a rank's own figures are no less: judge.py) to past any visit
-# (clock.VISIT_TIMEOUT_S is 1.2e8 µs). Red team 39: 80 shapes of the largest double overflowed a geomean (114).
-SAVED_FIGURE_RANGE = (1e-3, 1e9)
-
-
-def _saved_figure(value) -> bool:
-    low, high = SAVED_FIGURE_RANGE
-    return type(value) in (int, float) and low <= value <= high  # NaN fails too
 
 
 def _floor_ratios(saved: dict) -> dict:
@@ -445,7 +437,7 @@ def _floor_ratios(saved: dict) -> dict:
     run's samples, for the entries of a run saved before results.json kept the ratio; {} where it has no empty
     submission or its samples are not a run's (saved_run then checks what it reads). ValueError for samples of more
     shapes, entries or rounds than a compare takes (SAVED_RUN_CASES, SAVED_RUN_ENTRIES, SAVED_RUN_ROUNDS) or an
-    owner's figure out of SAVED_FIGURE_RANGE."""
+    owner's figure out of clock.SAVED_FIGURE_RANGE."""
     floors = [n for n, e in saved["entries"].items() if isinstance(e, dict) and e.get("kind") == "empty"]
     samples = saved.get("samples")
     if len(floors) != 1 or not isinstance(samples, list):
@@ -458,9 +450,9 @@ def _floor_ratios(saved: dict) -> dict:
         owner = sample.get("owner")
         if owner is None:
             continue
-        if not _saved_figure(owner):
+        if not clock.saved_figure(owner):
             raise ValueError(f"a sample's owner figure {wire.as_text(owner, 40)} is not a number from "
-                             f"{SAVED_FIGURE_RANGE[0]:g} to {SAVED_FIGURE_RANGE[1]:g}")
+                             f"{clock.SAVED_FIGURE_RANGE[0]:g} to {clock.SAVED_FIGURE_RANGE[1]:g}")
         per_entry.setdefault(sample["entry"], {}).setdefault(sample["case"], {})[sample["round"]] = float(owner)
     cases = sorted({case for per_case in per_entry.values() for case in per_case})
     rounds = max((len({r for values in per_case.values() for r in values}) for per_case in per_entry.values()),
@@ -485,7 +477,7 @@ def _floor_ratios(saved: dict) -> dict:
 def saved_run(folder) -> dict:
     """A saved run's figures for --compare, from its results.json: {"entries": {name: {metric: {"center", "low",
     "high"}}}, "meta": {SHOWN_META: text}}, every name and text escaped. A figure without a positive center (an entry
-    that gave none) is left out; one whose center is out of SAVED_FIGURE_RANGE, and anything else not of a run's
+    that gave none) is left out; one whose center is out of clock.SAVED_FIGURE_RANGE, and anything else not of a run's
     shape, is bad input. NOTES: the folder may come from elsewhere (red team 31: a FIFO hung the read, a link to
     /dev/zero ran memory out, a zero or string center, deep nesting or a 400-digit number ended it with 114)."""
     def refused(why: str) -> core.UserError:
@@ -527,9 +519,9 @@ def saved_run(folder) -> dict:
                 raise refused(f"entry {wire.as_text(name, 100)}'s {metric} is not an interval of numbers")
             if float(figure["center"]) <= 0:  # no figure
                 continue
-            if not _saved_figure(figure["center"]):
+            if not clock.saved_figure(figure["center"]):
                 raise refused(f"entry {wire.as_text(name, 100)}'s {metric} center {wire.as_text(figure['center'], 40)} "
-                              f"is not from {SAVED_FIGURE_RANGE[0]:g} to {SAVED_FIGURE_RANGE[1]:g}")
+                              f"is not from {clock.SAVED_FIGURE_RANGE[0]:g} to {clock.SAVED_FIGURE_RANGE[1]:g}")
             kept[metric] = {k: float(figure[k]) for k in ("center", "low", "high")}
         if kept:
             entries[wire.as_text(name, 200)] = kept

@@ -53,6 +53,16 @@ COLUMNS = {"owner": ("mean_us", "low_us", "high_us"), "call": ("device_mean_us",
 METRIC_NAMES = {"owner": "the owner's step (ranks)", "call": "call time (the rank's events, idle stream)",
                 "held": "device time (the rank's events, stream held)"}
 SAVED_RUN_BYTES = 64 << 20  # a saved run's results.json as read back (every visit's samples and steps: a few MB)
+# A figure of a saved run as read back, in µs or a ratio: from a nanosecond (a rank's own figures are no less:
+# judge.py) to past any visit (VISIT_TIMEOUT_S is 1.2e8 µs). Red team 39: steps and figures of the largest double
+# overflowed a geomean over 80 shapes (--compare, 114) and a visit's mean (visit-statistics, a traceback).
+SAVED_FIGURE_RANGE = (1e-3, 1e9)
+
+
+def saved_figure(value) -> bool:
+    """Whether a figure read back from a saved run is a number in SAVED_FIGURE_RANGE."""
+    low, high = SAVED_FIGURE_RANGE
+    return type(value) in (int, float) and low <= value <= high  # NaN fails too
 RANKING = "owner"  # the figure that ranks: the owner's clock, out of every rank's reach
 FLOOR_RATIO = "floor_ratio"  # the owner's step over its round's empty submission (floor_ratio): shown, not ranked
 # What a round-limited run reached on one H100 at world size 1 (2026-11-25, WORKLOG "The judge's clock"): the held

@@ -44,3 +44,48 @@ def test_a_run_without_its_steps_is_refused_in_one_line(tmp_path):
         done = _tool(*folders)
         assert done.returncode == 113 and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def _saved_entries(folder, entries: dict) -> str:
+    """A saved run of several entries: {entry: {round: (the cases it visited, the steps of each visit)}}."""
+    folder.mkdir()
+    samples = [{"entry": entry, "case": case, "round": r, "owner": steps[0], "owner_steps_us": steps}
+               for entry, by_round in entries.items() for r, (cases, steps) in by_round.items() for case in cases]
+    (folder / "results.json").write_text(json.dumps({"meta": {}, "entries": {}, "samples": samples}))
+    return str(folder)
+
+
+def test_an_entry_name_from_a_file_is_shown_escaped(tmp_path):
+    """Red team 39: an entry named with ESC and CR reached the terminal raw (a cleared screen, a forged row)."""
+    name = "v1\x1b[2J\x1b[31mFAKE\rrow|x"
+    runs = [_saved_entries(tmp_path / run, {name: {0: ((0, 1), [100.0] * 3)}}) for run in ("one", "two")]
+    done = _tool(*runs)
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout and "\r" not in done.stdout and "\\x1b[2J" in done.stdout, done.stdout
+
+
+def test_figures_out_of_range_and_runs_without_a_whole_round_are_refused_in_one_line(tmp_path):
+    """Red team 39: steps of the largest double overflowed a mean, and a run in which no entry visited every shape
+    in one round gave no figures: both ended in a traceback."""
+    steady = _saved(tmp_path / "one", {0: [100.0] * 5})
+    largest = _saved_entries(tmp_path / "largest", {"v1": {0: ((0, 1), [1.7976931348623157e308] * 2)}})
+    scattered = _saved_entries(tmp_path / "scattered", {"a": {0: ((0,), [100.0])}, "b": {0: ((1,), [100.0])}})
+    for folder, says in ((largest, "a visit's step 1.7976931348623157e+308 is not a time from 0.001 to 1e+09"),
+                         (scattered, "no entry has a round with a visit of each of its 2 shapes")):
+        done = _tool(steady, folder)
+        assert done.returncode == 113 and says in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_an_entry_missing_from_a_run_is_left_out_with_a_line(tmp_path):
+    """An entry with no whole round in one of the runs is named on a line of its own, the others tabled."""
+    both = {"v1": {0: ((0, 1), [100.0] * 3)}}
+    one = _saved_entries(tmp_path / "one", {**both, "v2\x1b": {0: ((0, 1), [100.0] * 3)}})
+    two = _saved_entries(tmp_path / "two", {**both, "v2\x1b": {0: ((0,), [100.0] * 3)}})
+    done = _tool(one, two)
+    assert done.returncode == 0, done.stderr
+    assert "| v1 " in done.stdout and "| v2" not in done.stdout, done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "left out, without a round of every shape in every run: v2\\x1b"
+    alone = _saved_entries(tmp_path / "alone", {"v3": {0: ((0, 1), [100.0] * 3)}})
+    done = _tool(one, alone)
+    assert done.returncode == 113 and "no entry has a round of every shape in every run" in done.stderr, done.stderr
