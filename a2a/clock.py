@@ -57,12 +57,6 @@ SAVED_RUN_BYTES = 64 << 20  # a saved run's results.json as read back (every vis
 # judge.py) to past any visit (VISIT_TIMEOUT_S is 1.2e8 µs). Red team 39: steps and figures of the largest double
 # overflowed a geomean over 80 shapes (--compare, 114) and a visit's mean (visit-statistics, a traceback).
 SAVED_FIGURE_RANGE = (1e-3, 1e9)
-
-
-def saved_figure(value) -> bool:
-    """Whether a figure read back from a saved run is a number in SAVED_FIGURE_RANGE."""
-    low, high = SAVED_FIGURE_RANGE
-    return type(value) in (int, float) and low <= value <= high  # NaN fails too
 RANKING = "owner"  # the figure that ranks: the owner's clock, out of every rank's reach
 FLOOR_RATIO = "floor_ratio"  # the owner's step over its round's empty submission (floor_ratio): shown, not ranked
 # What a round-limited run reached on one H100 at world size 1 (2026-11-25, WORKLOG "The judge's clock"): the held
@@ -71,6 +65,12 @@ DEFAULT_TARGETS = (iv.Target("held", 0.02), iv.Target("call", 0.05), iv.Target("
 SETUP_TIMEOUT_S = 300.0  # a round's start: imports, the first round's extension builds, checks, warm-up
 VISIT_TIMEOUT_S = 120.0
 THROTTLE_FRACTION = 0.75  # nvbench: a sample taken below 75% of the clock is throttled
+
+
+def saved_figure(value) -> bool:
+    """Whether a figure read back from a saved run is a number in SAVED_FIGURE_RANGE."""
+    low, high = SAVED_FIGURE_RANGE
+    return type(value) in (int, float) and low <= value <= high  # NaN fails too
 
 
 @dataclasses.dataclass(frozen=True)
