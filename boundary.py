@@ -160,6 +160,8 @@ def reset_environment() -> None:
     execve makes, reached every rank past every filter (red team 37); unsetenv refuses an empty name (EINVAL)."""
     keep = {name: value for name, value in os.environ.items()
             if name and "=" not in name and not is_secret(name, value)}
+    if "LD_PRELOAD" in keep:
+        keep["LD_PRELOAD"] = loadable_preloads(keep["LD_PRELOAD"])
     ctypes.CDLL(None).clearenv()
     os.environ._data.clear()  # CPython's own mapping, emptied without unsetenv, which an empty name would fail
     os.environ.update(keep)
@@ -1134,6 +1136,17 @@ def existing(paths: list) -> list:
             if str(path) and path.exists():
                 found.append(path.resolve())
     return found
+
+
+def loadable_preloads(preload: str) -> str:
+    """LD_PRELOAD less the paths that are no regular file, or name one per process (/proc, /dev): what every process
+    the judge starts loads. NOTES: ld.so reads whatever a path names, and /proc/self/fd/1, the judge's log file in
+    the judge, had the human face's evaluator read its own stdout, a pipe, until the silence deadline (red team
+    39)."""
+    def loadable(entry: str) -> bool:
+        return (not os.path.isabs(entry) or not entry.startswith(("/proc/", "/dev/"))
+                and any(p.is_file() for p in existing([Path(entry)])))
+    return " ".join(filter(loadable, filter(None, re.split(r"[\s:]+", preload))))
 
 
 def preloads_in_reach(preload: str) -> tuple[list, int]:

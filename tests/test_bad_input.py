@@ -450,3 +450,19 @@ def test_a_submission_cannot_replace_the_check(bundle, mode):
     keys = parse_popcorn(output)
     assert code == EXIT_CHECK_FAILED and keys["check"] == "fail", output + stderr[-2000:]
     assert "mismatch" in output
+
+
+def test_a_preload_that_names_no_file_is_dropped_before_the_judge_starts_anything(tmp_path):
+    """Red team 39: LD_PRELOAD=/proc/self/fd/1 had the human face's evaluator (its stdout a pipe) read its own stdout
+    until the silence deadline, then end void (112). Every judge command drops from LD_PRELOAD what names no
+    regular file before it starts a process, so the run passes at once. (The judge's own output goes to a file, as a
+    log: a judge whose stdout were a pipe would block in its own start, before any of its code runs.)"""
+    env = {**os.environ, "LD_PRELOAD": "/proc/self/fd/1", "A2A_TIMEOUT": "20"}
+    started = time.monotonic()
+    with open(tmp_path / "out", "wb") as out:
+        done = subprocess.run([sys.executable, "eval.py", "test", "v1", "--world-size", "2", "--backend", "gloo",
+                               "--cases", "tests:0"], cwd=ROOT, stdout=out, stderr=subprocess.PIPE, timeout=300,
+                              env=env)
+    said = (tmp_path / "out").read_bytes().decode(errors="replace")
+    assert done.returncode == 0, said[-2000:] + done.stderr.decode(errors="replace")[-2000:]
+    assert time.monotonic() - started < 60
