@@ -24,7 +24,7 @@ def _interpret(*args: str) -> tuple:
 
 @pytest.mark.parametrize("args", [
     ("--shape", "64,6,256,8", "--world-size", "1", "--programs", "3", "--seed", "5"),
-    ("--shape", "64,6,2048,32", "--world-size", "4", "--seed", "1234"),
+    ("--shape", "64,6,512,32", "--world-size", "4", "--seed", "1234"),
     ("--shape", "6,2,256,8", "--world-size", "3", "--programs", "3", "--seed", "11"),
     ("--shape", "8,2,256,16", "--world-size", "2", "--programs", "5", "--seed", "3"),
 ], ids=["alone-three-programs", "four-ranks", "three-ranks-three-programs", "more-programs-than-some-ranks-tokens"])
