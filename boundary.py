@@ -1144,9 +1144,32 @@ def loadable_preloads(preload: str) -> str:
     the judge, had the human face's evaluator read its own stdout, a pipe, until the silence deadline (red team
     39)."""
     def loadable(entry: str) -> bool:
-        return (not os.path.isabs(entry) or not entry.startswith(("/proc/", "/dev/"))
-                and any(p.is_file() for p in existing([Path(entry)])))
+        return not os.path.isabs(entry) or not _by_way_of_proc_or_dev(entry) and any(
+            p.is_file() for p in existing([Path(entry)]))
     return " ".join(filter(loadable, filter(None, re.split(r"[\s:]+", preload))))
+
+
+def _by_way_of_proc_or_dev(path: str) -> bool:
+    """Whether the way to `path`, its links followed one step at a time, passes through /proc or /dev (resolved
+    whole, a /proc/self link names the judge's own file, not the one it names in another process); a way that
+    cannot be followed counts as one."""
+    way, here, hops = list(Path(path).parts[1:]), Path("/"), 0
+    try:
+        while way:
+            part = way.pop(0)
+            here = here.parent if part == ".." else here if part == "." else here / part
+            if here.parts[1:2] in (("proc",), ("dev",)):
+                return True
+            if here.is_symlink():
+                hops += 1
+                target = Path(os.readlink(here))
+                way = [*target.parts[1:], *way] if target.is_absolute() else [*target.parts, *way]
+                here = Path("/") if target.is_absolute() else here.parent
+                if hops > 40:
+                    return True
+    except OSError:
+        return True
+    return False
 
 
 def preloads_in_reach(preload: str) -> tuple[list, int]:

@@ -452,12 +452,16 @@ def test_a_submission_cannot_replace_the_check(bundle, mode):
     assert "mismatch" in output
 
 
-def test_a_preload_that_names_no_file_is_dropped_before_the_judge_starts_anything(tmp_path):
+@pytest.mark.parametrize("by_link", [False, True], ids=["named", "by-a-link"])
+def test_a_preload_that_names_no_file_is_dropped_before_the_judge_starts_anything(tmp_path, by_link):
     """Red team 39: LD_PRELOAD=/proc/self/fd/1 had the human face's evaluator (its stdout a pipe) read its own stdout
     until the silence deadline, then end void (112). Every judge command drops from LD_PRELOAD what names no
     regular file before it starts a process, so the run passes at once. (The judge's own output goes to a file, as a
-    log: a judge whose stdout were a pipe would block in its own start, before any of its code runs.)"""
-    env = {**os.environ, "LD_PRELOAD": "/proc/self/fd/1", "A2A_TIMEOUT": "20"}
+    log: a judge whose stdout were a pipe would block in its own start, before any of its code runs.) A link to it
+    is followed a step at a time: resolved whole in the judge, it names the judge's log, a regular file."""
+    preload = tmp_path / "stdout.so"
+    preload.symlink_to("/proc/self/fd/1")
+    env = {**os.environ, "LD_PRELOAD": str(preload) if by_link else "/proc/self/fd/1", "A2A_TIMEOUT": "20"}
     started = time.monotonic()
     with open(tmp_path / "out", "wb") as out:
         done = subprocess.run([sys.executable, "eval.py", "test", "v1", "--world-size", "2", "--backend", "gloo",
