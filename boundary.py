@@ -110,10 +110,10 @@ def _gone(*mark) -> bool:
 
 # Variables whose names say they hold a secret of the operator's (a token, a key, a password): no process the judge
 # starts gets them, a rank least of all (red team 35: RT35_OPERATOR_TOKEN, exported by the operator, was in every
-# rank's environment).
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS|CRED|AUTH|COOKIE|PRIVATE|SIGNING|(^|_)[A-Z]*KEY[A-Z]*($|_)|API_?KEY"
-                         r"|ACCESS_?KEY|CONNECTION_?STRING|^AWS_|^SSH_AUTH_SOCK$|(^|_)(PWD|PSK)($|_)|JWT|BEARER|HMAC"
-                         r"|SESSION_?ID", re.IGNORECASE)
+# rank's environment). PWD alone is the shell's working folder.
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS($|_|WORD|WD|PHRASE)|CRED|AUTH|COOKIE|PRIVATE|SIGNING"
+                         r"|(^|_)[A-Z]*KEY[A-Z0-9]*($|_)|API_?KEY|ACCESS_?KEY|CONNECTION_?STRING|^AWS_|^SSH_AUTH_SOCK$"
+                         r"|(^|_)(PW|PSK|TOK)($|_)|_PWD($|_)|^PWD_|JWT|BEARER|HMAC|SESSION_?ID", re.IGNORECASE)
 # ... and values that carry one whatever their name: anything before an '@' in a URL (red team 37:
 # redis://:password@host; red team 38: a bare token, https://ghp_...@github.com, and a password holding '/'; red
 # team 39: one holding a space), a credential in a query or a JSON key (red team 38: an Azure SAS's sig=, an S3
@@ -121,9 +121,11 @@ SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS|CRED|AUTH|COOKIE|PRIVATE|SIGNING|(^
 # an Authorization header's value, and the token formats that say what they are (a whole word: a folder named
 # sk-... in a PATH is none).
 SECRET_VALUE = re.compile(
-    r"://[^\s@]*@|://[^/@]*@|[?&;#](sig|signature|x-(amz|goog)-[a-z-]*|[a-z_-]*token|[a-z_-]*key|secret|"
-    r"client_secret|pass|password|passwd|pwd|auth|code)=|\"[a-z_-]*(token|secret|password|passwd|key)\"\s*:"
-    r"|(AccountKey|SharedAccessSignature|password|pwd)=|PRIVATE KEY|\b(Bearer|Basic)\s+[A-Za-z0-9+/=._~-]{8,}"
+    r"://[^\s@]*@|://[^/@]*@|(^|[\s=])[^\s:/@]+:[^\s/@]+@[A-Za-z0-9.-]+"
+    r"|[?&;#](sig|signature|x-(amz|goog)-[a-z-]*|[a-z_-]*token|[a-z_-]*key(id)?|secret|"
+    r"client_secret|pass|password|passwd|pwd|auth|code)=|[\"'][a-z_-]*(token|secret|password|passwd|key)[\"']\s*:"
+    r"|(AccountKey|SharedAccessSignature|password|pwd)=|PRIVATE KEY|\b(Bearer|Basic|Token)\s+[A-Za-z0-9+/=._~-]{8,}"
+    r"|\bya29\.[A-Za-z0-9_-]{16,}|\bdapi[0-9a-f]{32}\b"
     r"|hooks\.slack\.com/services/|(^|[\s=\"':,;@])(ghp|gho|ghu|ghs|ghr|github_pat|glpat|hf|sk|npm|pypi|dckr_pat"
     r"|[rsp]k_(live|test)|xox[abpr])[_-][A-Za-z0-9_-]{16,}($|[\s\"',;:@.])|\b(AKIA|ASIA)[0-9A-Z]{16}\b"
     r"|\bAIza[0-9A-Za-z_-]{30,}|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.|\bSG\.[A-Za-z0-9_-]{16,}\."
@@ -720,6 +722,7 @@ class Guards:
     shared: list = dataclasses.field(default_factory=list)  # what the ranks share beyond their pool, and why
     off: list = dataclasses.field(default_factory=list)
     preloads_left_out: int = 0  # LD_PRELOAD's entries the ranks go without (preloads_in_reach)
+    paths_left_out: int = 0  # sys.path entries and the working folder out of their view (other users cannot read)
 
     def describe(self) -> str:
         if self.pid_namespace and self.network_ipc and self.private_proc and self.read_only and self.uid is not None:
@@ -732,8 +735,11 @@ class Guards:
         return "guards off: " + "; ".join(self.off + self.shared)
 
     def _preload_note(self) -> str:
-        return (f", LD_PRELOAD less {self.preloads_left_out} entr{'y' if self.preloads_left_out == 1 else 'ies'} "
-                "that other users cannot read" if self.preloads_left_out else "")
+        preloads, paths = self.preloads_left_out, self.paths_left_out
+        return ((f", LD_PRELOAD less {preloads} entr{'y' if preloads == 1 else 'ies'} that other users cannot read"
+                 if preloads else "")
+                + (f", {paths} path(s) of sys.path and the working folder out of their view (other users cannot "
+                   "read them)" if paths else ""))
 
 
 def _env_note() -> str:
@@ -844,10 +850,15 @@ class Sandbox:
         # rank starts: every process ld.so makes reads them again (2026-11-29: 200 "cannot be preloaded" lines from
         # a world-size-8 test, the NCCL built under /tmp, which the ranks' run covers)
         preloaded, self.guards.preloads_left_out = preloads_in_reach(pool_env.get("LD_PRELOAD", ""))
-        # the interpreter's own trees whole (its shared library and links lie beside it), every other path alone
+        # the interpreter's own trees whole (its shared library and links lie beside it), every other path alone;
+        # of the operator's sys.path and working folder only what other users can read (red team 40: PYTHONPATH=/root,
+        # 0700, turned every guard off, and the ranks read /root as root)
         interpreter = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-        needed = existing([Path(sys.executable), *map(Path, interpreter), Path(os.__file__).parent, HERE, Path.cwd(),
-                           *map(Path, sys.path), *map(Path, filter(None, reach)), *map(Path, preloaded)])
+        operators = existing([Path.cwd(), *map(Path, sys.path)])
+        readable = [p for p in operators if _below_covered(p) or exposure([p])[1] is None]
+        self.guards.paths_left_out = len(set(operators) - set(readable))
+        needed = existing([Path(sys.executable), *map(Path, interpreter), Path(os.__file__).parent, HERE,
+                           *map(Path, filter(None, reach)), *map(Path, filter(os.path.isabs, preloaded))]) + readable
         pairs, unreachable = exposure([p for p in needed if not _below_covered(p)])
         if unreachable:
             self.guards.off.append(f"the ranks keep this user's uid: {unreachable} is not readable by other users")
@@ -1144,9 +1155,15 @@ def loadable_preloads(preload: str) -> str:
     the judge, had the human face's evaluator read its own stdout, a pipe, until the silence deadline (red team
     39)."""
     def loadable(entry: str) -> bool:
-        return not os.path.isabs(entry) or not _by_way_of_proc_or_dev(entry) and any(
+        return "/" not in entry or not _by_way_of_proc_or_dev(entry) and any(
             p.is_file() for p in existing([Path(entry)]))
-    return " ".join(filter(loadable, filter(None, re.split(r"[\s:]+", preload))))
+    return " ".join(filter(loadable, _preload_entries(preload)))
+
+
+def _preload_entries(preload: str) -> list:
+    """LD_PRELOAD's entries: a name with a slash is a path (ld.so reads it from the process's working folder when
+    relative), made absolute from the judge's (red team 40: ../../proc/self/fd/1); a bare name ld.so searches for."""
+    return [os.path.abspath(e) if "/" in e else e for e in re.split(r"[\s:]+", preload) if e]
 
 
 def _by_way_of_proc_or_dev(path: str) -> bool:
@@ -1177,11 +1194,11 @@ def preloads_in_reach(preload: str) -> tuple[list, int]:
     can read, resolved), and how many are left out. NOTES: one out of reach used to turn every guard off, the ranks
     running as root (red team 39: a library at 0600); a rank now goes without it."""
     kept, left_out = [], 0
-    for entry in filter(None, re.split(r"[\s:]+", preload)):
+    for entry in _preload_entries(preload):
         if not os.path.isabs(entry):
             kept.append(entry)
             continue
-        found = existing([Path(entry)])
+        found = [] if _by_way_of_proc_or_dev(entry) else existing([Path(entry)])
         if found and found[0].is_file() and exposure(found)[1] is None:
             kept.append(str(found[0]))
         else:

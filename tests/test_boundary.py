@@ -313,16 +313,41 @@ def test_a_preload_out_of_the_ranks_reach_is_left_out_with_every_guard_on(tmp_pa
     folder.chmod(0o755)
     library = _libm_copy(folder / "librt39.so")
     library.chmod(0o600)
-    odd = ["/" + "a" * 300 + ".so", "/proc/1/root/etc/hostname", "/proc/self/fd/1", "/dev/null"]
+    odd = ["/" + "a" * 300 + ".so", "/proc/1/root/etc/hostname", "/proc/self/fd/1", "/dev/null",
+           "../../proc/self/fd/1"]  # red team 40: relative, as ld.so reads it from the working folder
     sandbox = boundary.Sandbox(env={"LD_PRELOAD": " ".join([str(library), *odd, "libm.so.6"])})
     try:
         line = sandbox.guards.describe()
         done = _in_sandbox(sandbox, "print('uid', os.getuid(), 'preload', repr(os.environ.get('LD_PRELOAD')))")
     finally:
         sandbox.close()
-    assert not line.startswith("guards off") and "LD_PRELOAD less 5 entries that other users cannot read" in line, line
+    assert not line.startswith("guards off") and "LD_PRELOAD less 6 entries that other users cannot read" in line, line
     assert done.returncode == 0, done.stderr
     assert f"uid {sandbox.uid} preload 'libm.so.6'" in done.stdout, done.stdout
+
+
+def test_a_sys_path_entry_others_cannot_read_is_left_out_with_every_guard_on(monkeypatch):
+    """Red team 40: PYTHONPATH=/root (0700) put an unreadable folder on the judge's sys.path, which turned every
+    guard off: the ranks ran as root and read /root. A sys.path entry (or working folder) other users cannot read is
+    left out of the ranks' view now, and the boundary line counts it."""
+    closed = Path(tempfile.mkdtemp(prefix="a2a-closed-", dir="/var/lib"))
+    try:
+        closed.chmod(0o700)
+        (closed / "token").write_text("hf_RT40")
+        monkeypatch.setattr(sys, "path", [*sys.path, str(closed)])
+        sandbox = boundary.Sandbox()
+        try:
+            line = sandbox.guards.describe()
+            done = _in_sandbox(sandbox, f"""
+print("uid", os.getuid(), "token", os.path.exists({str(closed / "token")!r}))
+""")
+        finally:
+            sandbox.close()
+    finally:
+        shutil.rmtree(closed)
+    assert not line.startswith("guards off") and "1 path(s) of sys.path and the working folder" in line, line
+    assert done.returncode == 0, done.stderr
+    assert f"uid {sandbox.uid} token False" in done.stdout, done.stdout
 
 
 def test_a_path_below_a_closed_folder_brings_nothing_beside_it_into_view():
@@ -1448,7 +1473,7 @@ def test_over_one_scan_the_pool_uids_processes_are_read_no_further_than_the_tota
             child.wait()
 
 
-# Red team 39: 26 secrets under names the allowlist passes, each of which reached every rank.
+# Red teams 39 and 40: secrets under names the allowlist passes, each of which reached every rank.
 SECRETS_39 = {
     "CUDA_A_JWT": "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9",
     "CUDA_A_GOOGLE": "AIzaSyD-abcdefghijklmnopqrstuvwxyz01234",
@@ -1470,6 +1495,11 @@ SECRETS_39 = {
     "CUDA_A_BASIC": "Basic dXNlcjpodW50ZXIy",
     "CUDA_PWD": "S3CR3T", "NCCL_A_JWT_NAME": "S3CR3T", "TORCH_A_BEARER": "S3CR3T", "TRITON_A_PSK": "S3CR3T",
     "HIP_A_HMAC": "S3CR3T", "CUDA_A_SESSIONID": "S3CR3T", "CUDA_A_PRIVKEY": "S3CR3T", "CUDA_A_SSHKEYFILE": "S3CR3T",
+    # red team 40
+    "TORCH_A_DSN": "user:password@host:5432", "NCCL_A_HEADER": "Token abcdefghijklmnopqrst",
+    "TORCH_A_OAUTH": "ya29.a0AfH6SMBabcdefghijklmnop", "OMP_A_URL": "https://host/x?AccessKeyId=abc",
+    "OMP_A_DICT": "{'api_key': 'abcd'}", "OMP_A_DATABRICKS": "dapi0123456789abcdef0123456789abcdef",
+    "NCCL_KEY1": "S3CR3T", "CUDA_PW": "S3CR3T", "NCCL_NET_PLUGIN_TOK": "S3CR3T",
 }
 # What a GPU, a compiler, Python and the collectives read: none of it is a secret.
 PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bin", "NCCL_SOCKET_IFNAME": "eth0",
@@ -1477,7 +1507,8 @@ PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bi
          "TRITON_CACHE_DIR": "/root/.triton", "PYTHONPATH": "/a/b:/c", "TORCH_CUDA_ARCH_LIST": "9.0",
          "HIP_URL": "https://download.pytorch.org/whl/cu130", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
          "CXXFLAGS": "-O2 -march=native", "LD_PRELOAD": "/tmp/s/build/nccl/lib/libnccl.so.2.30.7", "HSA_XNACK": "1",
-         "TORCH_EXTENSIONS_DIR": "/root/.cache/torch_extensions", "MASTER_ADDR": "127.0.0.1", "LANG": "C.UTF-8"}
+         "TORCH_EXTENSIONS_DIR": "/root/.cache/torch_extensions", "MASTER_ADDR": "127.0.0.1", "LANG": "C.UTF-8",
+         "TORCHINDUCTOR_DISABLED_PASSES": "a,b", "MASTER_PORT": "29500", "NCCL_SOCKET_FAMILY": "AF_INET", "PWD": "/work"}
 
 
 def test_secrets_under_names_the_ranks_may_have_are_told_apart_from_what_they_need():
