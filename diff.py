@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import eval as core
-from a2a import cli, diffing
+from a2a import cli, clock, diffing
 from a2a import plan as planning
 from a2a import rows as result_rows
 
@@ -33,8 +33,9 @@ def main(argv=None) -> int:
                         help="family-wise error rate of the verdicts (Bonferroni over the run)")
     args = parser.parse_args(argv)
     cli.writable(args.out)
-    if args.rounds < 2 or args.steps < 1:
-        raise core.UserError(f"--rounds must be at least 2 and --steps at least 1 (got {args.rounds}, {args.steps})")
+    if not (2 <= args.rounds <= diffing.ROUNDS_MAX and 1 <= args.steps <= clock.STEPS_MAX):
+        raise core.UserError(f"--rounds must be from 2 to {diffing.ROUNDS_MAX} and --steps from 1 to {clock.STEPS_MAX} "
+                             f"(got {args.rounds}, {args.steps})")
     if not 0 < args.alpha < 1:
         raise core.UserError(f"--alpha must be between 0 and 1, not {args.alpha}")
     plan = planning.make_plan([args.a, args.b], args.cases, args.world_size, args.backend, gpu_only="keep")

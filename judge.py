@@ -372,8 +372,9 @@ def next_hold_cycles(cycles: int, held_ok: list) -> int:
 
 # The operator's numeric knobs: name -> (lowest, highest). A spin past a second would outlast the waits it precedes
 # (a step's deadline is checked only once it ends); a case timeout past a day is no timeout, and a silence deadline
-# of twice it no deadline (a2a/harness.py). NaN, inf and text are bad input (red team 39: 114, or a case failed).
-KNOBS = {"A2A_SPIN_US": (0.0, 1e6), "A2A_RANK_SPIN_US": (0.0, 1e6), "A2A_TIMEOUT": (1e-3, 86400.0)}
+# of twice it no deadline (a2a/harness.py); under a second fails every case (a2a/plan.py's MIN_TIMEOUT_S, red
+# team 40: the entry blamed). NaN, inf and text are bad input (red team 39: 114, or a case failed).
+KNOBS = {"A2A_SPIN_US": (0.0, 1e6), "A2A_RANK_SPIN_US": (0.0, 1e6), "A2A_TIMEOUT": (1.0, 86400.0)}
 
 
 def knob(name: str) -> Optional[float]:

@@ -595,6 +595,7 @@ def stability(plan: planning.RunPlan, settings: clock.Settings, runs: int, ancho
 
 
 TIME_CAP_MAX_S = 7 * 86400.0  # a week of timing: past it a cap is none (inf is the clock's own "no cap")
+TARGET_MIN = 1e-4  # a half-width of 0.01%: millions of rounds at the spreads measured here
 
 
 def _settings(args) -> clock.Settings:
@@ -607,14 +608,17 @@ def _settings(args) -> clock.Settings:
                 asked[name.strip()] = float(value)
             except ValueError:
                 raise core.UserError(f"--target '{part}': expected METRIC=FRACTION, e.g. held=0.02") from None
-            if name.strip() not in clock.METRICS or not 0 < asked[name.strip()] < 1:
+            # a fraction under TARGET_MIN asks rounds past any count (red team 40: 1e-320, an infinite count, 114)
+            if name.strip() not in clock.METRICS or not TARGET_MIN <= asked[name.strip()] < 1:
                 raise core.UserError(f"--target '{part}': the metric is one of {', '.join(clock.METRICS)} and the "
-                                     "fraction between 0 and 1")
+                                     f"fraction from {TARGET_MIN:g} to below 1")
         targets = [iv.Target(t.metric, asked.get(t.metric, t.half_width)) for t in targets]
     for name, value, low in (("--steps", args.steps, 1), ("--min-rounds", args.min_rounds, 2),
                              ("--max-rounds", args.max_rounds, args.min_rounds)):
         if value < low:
             raise core.UserError(f"{name} must be at least {low}, not {value}")
+    if args.steps > clock.STEPS_MAX:  # every step's inputs are made before a round (red team 40: 1e23 filled memory)
+        raise core.UserError(f"--steps must be at most {clock.STEPS_MAX}, not {args.steps}")
     if args.max_rounds > SAVED_RUN_ROUNDS:  # a run --compare could not read back
         raise core.UserError(f"--max-rounds must be at most {SAVED_RUN_ROUNDS}, not {args.max_rounds}")
     if not 0 < args.time_cap <= TIME_CAP_MAX_S:  # NaN too (red team 39: 114 after the first round, nothing saved)

@@ -83,6 +83,11 @@ class Entry:
     call: Optional[str] = None
 
 
+# Steps per visit and kind at most: every step's inputs are made before its round (red team 40: --steps 1e23 filled
+# the machine's memory). 100x the default.
+STEPS_MAX = 1000
+
+
 @dataclasses.dataclass
 class Settings:
     steps: int = 10  # timed steps per visit and kind (idle, held)

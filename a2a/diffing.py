@@ -38,6 +38,7 @@ RENAME_SIMILARITY = 0.8
 MIN_EFFECT = 0.02
 FAMILY_ALPHA = 0.05
 ROUNDS = 8
+ROUNDS_MAX = 1000  # each round starts every pool anew: 1000 is hours already
 STEPS = 8  # steps of each kind per visit
 
 

@@ -130,7 +130,8 @@ def test_run_leaderboard_rejects_bad_version_lists(tmp_path, versions, message):
     ("--time-cap", "nan", "--time-cap must be above 0"), ("--time-cap", "inf", "--time-cap must be above 0"),
     ("--time-cap", "-1", "--time-cap must be above 0"), ("--seed", "-1", "--seed must be from 0"),
     ("--seed", str(2**64), "--seed must be from 0"), ("--timeout", "nan", "--timeout must be at least 1 s"),
-    ("--timeout", "inf", "--timeout must be at least 1 s"), ("--max-rounds", "10001", "--max-rounds must be at most")])
+    ("--timeout", "inf", "--timeout must be at least 1 s"), ("--max-rounds", "10001", "--max-rounds must be at most"),
+    ("--steps", str(10**23), "--steps must be at most"), ("--target", "owner=1e-320", "the fraction from")])
 def test_run_leaderboard_s_numbers_are_finite_and_in_range_before_any_work(tmp_path, option, value, message):
     """Red team 39: --time-cap nan passed (NaN <= 0 is False) and ended the run with 114 after its first round,
     nothing saved."""
@@ -197,7 +198,8 @@ def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
 
 @pytest.mark.parametrize("variable, value", [("A2A_SPIN_US", "abc"), ("A2A_SPIN_US", "1e400"),
                                              ("A2A_RANK_SPIN_US", "nan"), ("A2A_RANK_SPIN_US", "-5"),
-                                             ("A2A_TIMEOUT", "abc"), ("A2A_TIMEOUT", "nan"), ("A2A_TIMEOUT", "inf")])
+                                             ("A2A_TIMEOUT", "abc"), ("A2A_TIMEOUT", "nan"), ("A2A_TIMEOUT", "inf"),
+                                             ("A2A_TIMEOUT", "0.001")])
 def test_the_operators_numeric_knobs_are_bad_input_before_any_work(variable, value):
     """Red team 39: an odd spin or timeout ended the judge with 114 once its ranks ran, or failed the case as if the
     entry had (A2A_RANK_SPIN_US is read in the ranks). Each is one line and 113 now, before a rank starts."""
