@@ -1154,10 +1154,13 @@ def loadable_preloads(preload: str) -> str:
     the judge starts loads. NOTES: ld.so reads whatever a path names, and /proc/self/fd/1, the judge's log file in
     the judge, had the human face's evaluator read its own stdout, a pipe, until the silence deadline (red team
     39)."""
-    def loadable(entry: str) -> bool:
-        return "/" not in entry or not _by_way_of_proc_or_dev(entry) and any(
-            p.is_file() for p in existing([Path(entry)]))
-    return " ".join(filter(loadable, _preload_entries(preload)))
+    return " ".join(e for e in _preload_entries(preload) if "/" not in e or _preload_file(e))
+
+
+def _preload_file(entry: str) -> Optional[Path]:
+    """The regular file a preload path names, resolved; None where it names none, or goes by /proc or /dev."""
+    found = [] if _by_way_of_proc_or_dev(entry) else existing([Path(entry)])
+    return found[0] if found and found[0].is_file() else None
 
 
 def _preload_entries(preload: str) -> list:
@@ -1198,9 +1201,9 @@ def preloads_in_reach(preload: str) -> tuple[list, int]:
         if not os.path.isabs(entry):
             kept.append(entry)
             continue
-        found = [] if _by_way_of_proc_or_dev(entry) else existing([Path(entry)])
-        if found and found[0].is_file() and exposure(found)[1] is None:
-            kept.append(str(found[0]))
+        found = _preload_file(entry)
+        if found and exposure([found])[1] is None:
+            kept.append(str(found))
         else:
             left_out += 1
     return kept, left_out
