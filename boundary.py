@@ -731,10 +731,10 @@ class Guards:
             return (f"ranks in their own PID, network and IPC namespaces and /proc, as uid {self.uid} with "
                     f"no_new_privs and no user namespace, every mount read-only but their run's own folders"
                     f"{'; but ' + ', '.join(self.shared) if self.shared else ''}, {memory}{_env_note()}"
-                    f"{self._preload_note()}")
+                    f"{self._left_out_note()}")
         return "guards off: " + "; ".join(self.off + self.shared)
 
-    def _preload_note(self) -> str:
+    def _left_out_note(self) -> str:
         preloads, paths = self.preloads_left_out, self.paths_left_out
         return ((f", LD_PRELOAD less {preloads} entr{'y' if preloads == 1 else 'ies'} that other users cannot read"
                  if preloads else "")

@@ -466,12 +466,8 @@ def _floor_ratios(saved: dict) -> dict:
         return iv.geomean_by_round({case: per_entry.get(name, {}).get(case, {}) for case in cases})
     # the floor's rounds once for every entry (red team 39: once per entry, 300 000 entries ran for a day)
     base = by_round(floors[0])
-    found = {}
-    for name in saved["entries"]:
-        mine = by_round(name) if name != floors[0] else {}
-        if ratios := [mine[r] / base[r] for r in mine if r in base]:
-            found[name] = iv.interval(ratios)
-    return found
+    found = {name: clock.ratio_by_round(by_round(name), base) for name in saved["entries"] if name != floors[0]}
+    return {name: ratio for name, ratio in found.items() if ratio is not None}
 
 
 def saved_run(folder) -> dict:

@@ -272,6 +272,11 @@ def floor_ratio(samples: dict, name: str, floor: str, n_cases: int) -> Optional[
     entries share moves both alike (twenty-eighth session, one H200, world size 1: a back-to-back pair within ±3.0% so
     where its owner's steps in µs were within ±6.8%)."""
     mine, base = (iv.geomean_by_round(_per_case(samples, entry, "owner", n_cases)) for entry in (name, floor))
+    return ratio_by_round(mine, base)
+
+
+def ratio_by_round(mine: dict, base: dict) -> Optional[iv.Interval]:
+    """{round: figure} over {round: the floor's figure}, as an interval over the rounds both have; None without one."""
     ratios = [mine[r] / base[r] for r in mine if r in base]
     return iv.interval(ratios) if ratios else None
 

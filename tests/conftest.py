@@ -145,6 +145,15 @@ def run_bundle(bundle: Path, mode: str, test_file: str, extra_env: dict | None =
     return run_protocol(bundle, mode, test_file, env)
 
 
+def interpret_ranks(*args: str) -> tuple:
+    """tools/interpret_ranks.py with `args` (a version first): (exit code, one dict a rank, stderr)."""
+    import json
+
+    done = subprocess.run([sys.executable, "-m", "tools.interpret_ranks", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return done.returncode, [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")], done.stderr
+
+
 def v1_kernel_source(name: str = "_v1_kernel") -> str:
     """v1's code with its custom_kernel renamed, for test submissions that must compute the right answer."""
     return V1.read_text().replace("def custom_kernel(", f"def {name}(")

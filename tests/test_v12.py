@@ -1,7 +1,6 @@
 """v12 on a CPU: which shapes take the LL path, the heap it needs, the packing its kernel does (run by Triton's
 interpreter: the device helpers themselves, not a copy) and its reader for tests undoes; and two ranks of it under
 the interpreter (tools/interpret_ranks.py), calls run free among them."""
-import json
 import os
 import subprocess
 import sys
@@ -9,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, interpret_ranks
 from tools import check_device
 
 V12 = ROOT / "submissions" / "all2all" / "v12_ll_rows.py"
@@ -76,18 +75,11 @@ def test_an_ll_word_carries_the_epoch_and_gives_back_both_fp16_values_bit_for_bi
     assert done.stdout.split() == ["True", "True", "True"], done.stdout + done.stderr[-2000:]
 
 
-def _interpret(*args: str) -> tuple:
-    """tools/interpret_ranks.py: (exit code, one dict a rank, stderr)."""
-    done = subprocess.run([sys.executable, "-m", "tools.interpret_ranks", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return done.returncode, [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")], done.stderr
-
-
 @pytest.mark.parametrize("shape", ["8,2,256,8", "8,2,8192,64"], ids=["ll-path", "v11-path"])
 def test_two_ranks_of_v12_give_the_closed_form_under_the_interpreter(shape):
     """Both of v12's paths across two ranks (threads, heaps in host memory), three calls: every output right, no
     wait given up."""
-    code, ranks, stderr = _interpret("v12", "--shape", shape, "--calls", "3")
+    code, ranks, stderr = interpret_ranks("v12", "--shape", shape, "--calls", "3")
     assert code == 0 and len(ranks) == 2, (code, ranks, stderr[-2000:])
     assert all(rank["right"] and rank["counts_right"] and not rank["gave_up"] and not rank["error"]
                for rank in ranks), ranks
@@ -98,7 +90,7 @@ def test_ranks_of_several_programs_each_give_the_closed_form_under_the_interpret
     a rank's programs finish a call before its next one starts), on a record shorter than a program (hidden 256),
     two calls: every output and every expert's row count right (a program that did all its rank's work would count
     each row three times), no wait given up."""
-    code, ranks, stderr = _interpret("v12", "--shape", "6,2,256,8", "--world-size", "3", "--programs", "3",
+    code, ranks, stderr = interpret_ranks("v12", "--shape", "6,2,256,8", "--world-size", "3", "--programs", "3",
                                      "--calls", "2", "--seed", "11")
     assert code == 0 and len(ranks) == 3, (code, ranks, stderr[-2000:])
     assert all(rank["right"] and rank["counts_right"] and not rank["gave_up"] and not rank["error"]
@@ -109,9 +101,9 @@ def test_calls_run_free_give_up_in_v11_and_not_in_v12():
     """Ranks that send each other nothing meet only through the range words: rank 0 runs a call ahead and, in v11,
     stores its next word where rank 1 has not yet read this call's, so both wait until they give up. v12 keeps the
     words by call parity (its WORKLOG plan entry). v11 is frozen: this is what the tool sees, and what v12 mends."""
-    code, ranks, stderr = _interpret("v12", "--local", "--calls", "10")
+    code, ranks, stderr = interpret_ranks("v12", "--local", "--calls", "10")
     assert code == 0 and all(rank["right"] and not rank["gave_up"] for rank in ranks), (ranks, stderr[-2000:])
-    code, ranks, stderr = _interpret("v11", "--local", "--calls", "10", "--give-up-s", "2")
+    code, ranks, stderr = interpret_ranks("v11", "--local", "--calls", "10", "--give-up-s", "2")
     assert code == 1 and any("waiting for the row count from rank" in (rank["gave_up"] or "") for rank in ranks), \
         (code, ranks, stderr[-2000:])
 
@@ -125,6 +117,6 @@ def test_the_interpreter_tool_refuses_what_it_cannot_run(tmp_path):
     broken.write_text("# TRITON_KERNELS\nraise RuntimeError('at import\\x1b[2J')\n")
     for args, exit_code in ((["v1"], 113), (["v12", "--shape", "8,2"], 113), (["v12", "--world-size", "3"], 113),
                             (["v12", "--programs", "0"], 113), ([str(named)], 113), ([str(broken)], 112)):
-        code, ranks, stderr = _interpret(*args)
+        code, ranks, stderr = interpret_ranks(*args)
         assert code == exit_code and not ranks and len(stderr.strip().splitlines()) == 1, (args, code, stderr)
         assert "Traceback" not in stderr and "\x1b" not in stderr

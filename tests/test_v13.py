@@ -1,23 +1,12 @@
 """v13 on a CPU: its tiles of rows across ranks and programs under Triton's interpreter (tools/interpret_ranks.py:
 the kernel itself, one thread a program, heaps in host memory), full and partial tiles, and calls run free."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, interpret_ranks
 from tools import check_device
 
 V13 = ROOT / "submissions" / "all2all" / "v13_row_tiles.py"
-
-
-def _interpret(*args: str) -> tuple:
-    """tools/interpret_ranks.py on v13: (exit code, one dict a rank, stderr)."""
-    done = subprocess.run([sys.executable, "-m", "tools.interpret_ranks", "v13", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return done.returncode, [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")], done.stderr
 
 
 def test_every_benchmark_shape_gets_a_tile_of_several_rows_in_32_values_a_thread():
@@ -40,7 +29,7 @@ def test_ranks_of_v13_give_the_closed_form_under_the_interpreter(args):
     """Every output right and every expert's row count right (a tile's row counted twice or lost would show), no
     wait given up: one program a rank walking 16 tiles of 8 rows; three programs whose shares end mid-tile; a
     hidden size of 256 (8 rows a tile)."""
-    code, ranks, stderr = _interpret(*args, "--calls", "2")
+    code, ranks, stderr = interpret_ranks("v13", *args, "--calls", "2")
     assert code == 0 and ranks, (code, ranks, stderr[-2000:])
     assert all(rank["right"] and rank["counts_right"] and not rank["gave_up"] and not rank["error"]
                for rank in ranks), ranks
@@ -50,7 +39,7 @@ def test_calls_run_free_do_not_give_up():
     """Ranks that send each other nothing meet only through the count words; a rank runs a call ahead of its peers.
     v13 keeps the words by call parity (its plan entry). The same command gave up in v10 in 2 of 3 runs on the
     2-core CPU machine (2026-11-28), naming 'the row count from rank 0'."""
-    code, ranks, stderr = _interpret("--local", "--calls", "30", "--world-size", "3", "--programs", "2",
+    code, ranks, stderr = interpret_ranks("v13", "--local", "--calls", "30", "--world-size", "3", "--programs", "2",
                                      "--shape", "6,2,256,8")
     assert code == 0 and len(ranks) == 3, (code, ranks, stderr[-2000:])
     assert all(rank["right"] and not rank["gave_up"] for rank in ranks), ranks

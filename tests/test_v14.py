@@ -1,25 +1,14 @@
 """v14 on a CPU: its own-rank rows kept inside the program that routed them, under Triton's interpreter across ranks
 (tools/interpret_ranks.py), and its compiled code at world size 1, where no flag is left."""
-import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, interpret_ranks
 from tools import check_device
 
 V14 = ROOT / "submissions" / "all2all" / "v14_self_rows.py"
 MISSING = check_device.missing_tools()
-
-
-def _interpret(*args: str) -> tuple:
-    """tools/interpret_ranks.py on v14: (exit code, one dict a rank, stderr)."""
-    done = subprocess.run([sys.executable, "-m", "tools.interpret_ranks", "v14", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return done.returncode, [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")], done.stderr
 
 
 @pytest.mark.parametrize("args", [
@@ -32,7 +21,7 @@ def test_ranks_of_v14_give_the_closed_form_under_the_interpreter(args):
     """Every output and every expert's row count right, no wait given up: a token's own-rank row is reduced by the
     program that sent and received it, whichever program that is (a token reduced by another program would read a
     row nobody has stored yet, and no flag would say so)."""
-    code, ranks, stderr = _interpret(*args, "--calls", "2")
+    code, ranks, stderr = interpret_ranks("v14", *args, "--calls", "2")
     assert code == 0 and ranks, (code, ranks, stderr[-2000:])
     assert all(rank["right"] and rank["counts_right"] and not rank["gave_up"] and not rank["error"]
                for rank in ranks), ranks
@@ -42,7 +31,7 @@ def test_calls_run_free_do_not_give_up():
     """Ranks that send each other nothing meet only through their range words, and a rank runs a call ahead of its
     peers. v14 keeps the words by call parity (its plan entry); v11, which does not, gave up here under the same
     command (2026-11-29: 'waiting for the row count from rank 1 (call 7)')."""
-    code, ranks, stderr = _interpret("--local", "--calls", "30", "--world-size", "3", "--programs", "2",
+    code, ranks, stderr = interpret_ranks("v14", "--local", "--calls", "30", "--world-size", "3", "--programs", "2",
                                      "--shape", "6,2,256,8")
     assert code == 0 and len(ranks) == 3, (code, ranks, stderr[-2000:])
     assert all(rank["right"] and not rank["gave_up"] for rank in ranks), ranks
