@@ -132,8 +132,27 @@ SECRET_VALUE = re.compile(
     r"|AGE-SECRET-KEY-", re.IGNORECASE)
 
 
+# Knobs whose names hold KEY but whose values are no secret (red team 40: an IB partition, a cache key's tag, a key's
+# format). Their values are still checked.
+KNOBS_NAMED_LIKE_SECRETS = frozenset({"TORCH_COMPILE_CACHE_KEY_TAG", "TORCH_COMPILE_STICKY_PGO_KEY",
+                                      "TRITON_REDIS_KEY_FORMAT", "NCCL_IB_PKEY", "UCX_IB_PKEY"})
+# A bare key: a word of 32 or more base64 characters that mixes both cases and digits and is no path (red team 39: an
+# AWS secret access key has no prefix to tell it by). GPU UUIDs, hex hashes and paths are none.
+_WORD = re.compile(r"[^\s=:,;\"'()\[\]{}]+")
+_BARE_KEY = re.compile(r"[A-Za-z0-9+/]{32,}={0,2}")
+
+
+def _bare_key(value: str) -> bool:
+    for word in _WORD.findall(value):
+        if (not word.startswith("/") and _BARE_KEY.fullmatch(word) and sum(c.isupper() for c in word) >= 2
+                and sum(c.islower() for c in word) >= 2 and any(c.isdigit() for c in word)):
+            return True
+    return False
+
+
 def is_secret(name: str, value: str) -> bool:
-    return bool(SECRET_NAME.search(name) or SECRET_VALUE.search(value))
+    named = SECRET_NAME.search(name) and name.upper() not in KNOBS_NAMED_LIKE_SECRETS
+    return bool(named or SECRET_VALUE.search(value) or _bare_key(value))
 
 
 # What a rank starts with of the operator's environment: what a GPU, a compiler, Python, torch and the collectives
@@ -1346,6 +1365,28 @@ def run_covers(uid: int, shm: Optional[str]) -> tuple:
     machine's."""
     base = run_folder(uid)
     return (("/tmp", str(base / "tmp")), ("/var/tmp", str(base / "var-tmp")), *((("/dev/shm", shm),) if shm else ()))
+
+
+def check_rank_writable(env=None) -> None:
+    """The operator's RANK_WRITABLE folders hold nothing the judge's processes run or load from elsewhere (ValueError
+    for the first that does): no folder of PATH, LD_LIBRARY_PATH or sys.path but the harness's own, and no preloaded
+    library. NOTES: a rank writes there for the rest of the command, and the judge's next process (a pool's zygote,
+    a compiler, git) would run what it planted, as root (red team 39, from the code). The harness's own folder and
+    the working folder are left to the operator: the suite stages bundles below the folder its ranks may write."""
+    env = os.environ if env is None else env
+    folders = {os.path.realpath(f) for f in env.get(RANK_WRITABLE, "").split(os.pathsep) if f}
+    if not folders:
+        return
+    own = {os.path.realpath(HERE), os.path.realpath(os.getcwd())}
+    preloads = [str(found) for found in map(_preload_file, _preload_entries(env.get("LD_PRELOAD", ""))) if found]
+    run = [*(entry for entry in sys.path if entry and os.path.realpath(entry) not in own), *preloads,
+           *(entry for name in ("PATH", "LD_LIBRARY_PATH") for entry in env.get(name, "").split(os.pathsep) if entry)]
+    for folder in sorted(folders):
+        for path in run:
+            real = os.path.realpath(path)
+            if real == folder or real.startswith(folder.rstrip(os.sep) + os.sep):
+                raise ValueError(f"{RANK_WRITABLE}={folder!r} holds {path!r}, which the judge runs or loads; a rank "
+                                 f"could replace what is there")
 
 
 def _writable(uid: int, env: dict, shared: tuple) -> tuple:

@@ -56,9 +56,9 @@ from typing import Any, Callable, NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own modules, wherever it is run from
 from boundary import (MPS_DEFAULT_PIPE, POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox,  # noqa: E402
-                      become_subreaper, claim_run, descendants, die_with_parent, enter_rank_sandbox,
-                      hide_result_channel, kill_tree, memory_cap_hit, owned_tempdir, pool_memory_bytes,
-                      prepare_rank_cache, release_uid)
+                      become_subreaper, check_rank_writable, claim_run, descendants, die_with_parent,
+                      enter_rank_sandbox, hide_result_channel, kill_tree, memory_cap_hit, owned_tempdir,
+                      pool_memory_bytes, prepare_rank_cache, release_uid)
 import births  # noqa: E402
 from births import (KILLED_WAIT_S, Forked, Nursery, PhaseSlot, Zygote, close_all_but, environ_with,  # noqa: E402
                     environment_with, join_within, owner_cpu, pinned_cpus, rank_birth, send_fds, stdin_from_null)
@@ -1192,7 +1192,7 @@ def start_nursery(env: dict) -> Nursery:
 def check_environment() -> None:
     """The variables a run reads only once its pools start, checked before any work: a bad one is bad input."""
     try:
-        for check in (rank_birth, pool_memory_bytes, pinned_cpus, owner_cpu, judge.check_knobs):
+        for check in (rank_birth, pool_memory_bytes, pinned_cpus, owner_cpu, judge.check_knobs, check_rank_writable):
             check()
     except ValueError as error:
         raise UserError(str(error)) from None

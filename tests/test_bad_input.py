@@ -13,7 +13,7 @@ import pytest
 from a2a.cli import run_cli
 from a2a.rows import parse_popcorn
 from eval import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_CRASH, EXIT_USAGE
-from tests.conftest import ROOT, V1, every_time, run_bundle, run_eval
+from tests.conftest import ROOT, V1, every_time, libm_copy, run_bundle, run_eval
 
 LINE = "num_experts: 8; experts_per_token: 2; hidden_dim: {h}; max_num_tokens: 4; seed: {s}; world_size: {w}"
 
@@ -206,6 +206,23 @@ def test_the_operators_numeric_knobs_are_bad_input_before_any_work(variable, val
     result = subprocess.run([sys.executable, "eval.py", "test", "v1", "--cases", "tests:0"], cwd=ROOT,
                             capture_output=True, text=True, timeout=600, env={**os.environ, variable: value})
     assert result.returncode == EXIT_BAD_INPUT and f"{variable}={value!r}: expected a number" in result.stderr, \
+        result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("variable", ["PATH", "PYTHONPATH", "LD_PRELOAD"])
+def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_path, variable):
+    """Red team 39, from the code: an A2A_RANK_WRITABLE folder holding a folder of PATH or sys.path, or a preloaded
+    library, let a rank replace what the judge's next process runs as root. One line and 113, before any rank."""
+    writable = tmp_path / "writable"
+    (writable / "bin").mkdir(parents=True)
+    library = libm_copy(writable / "bin" / "libnothing.so")
+    held = {"PATH": f"{writable / 'bin'}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(writable / "bin"),
+            "LD_PRELOAD": str(library)}[variable]
+    result = subprocess.run([sys.executable, "eval.py", "test", "v1", "--cases", "tests:0"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600,
+                            env={**os.environ, variable: held, "A2A_RANK_WRITABLE": str(writable)})
+    assert result.returncode == EXIT_BAD_INPUT and "which the judge runs or loads" in result.stderr, \
         result.stderr[-2000:]
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 

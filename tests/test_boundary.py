@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import boundary
-from tests.conftest import ROOT, run_eval, v1_kernel_source
+from tests.conftest import ROOT, libm_copy, run_eval, v1_kernel_source
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
                                 reason="the boundary needs root on Linux")
@@ -270,11 +270,7 @@ def test_a_library_the_ranks_start_with_preloaded_is_in_sight_of_what_they_start
     (2026-11-29: 200 lines in one world-size-8 test). The pool keeps each preloaded library in the ranks' view.
     (Not tmp_path: a test's tmp_path is the ranks' to write, and in their view.)"""
     folder = tmp_path_factory.mktemp("preloaded")
-    library = folder / "libpreloaded.so"
-    ctypes.CDLL("libm.so.6")  # a real library, harmless to preload: this machine's own libm, found where it is mapped
-    libm = next(line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
-                if Path(line.split()[-1]).name.startswith(("libm.so", "libm-")))
-    shutil.copyfile(libm, library)
+    library = libm_copy(folder / "libpreloaded.so")
     (folder / "beside").write_text("not the ranks'")
     for path in (folder.parent, folder):
         path.chmod(0o755)
@@ -294,16 +290,6 @@ print("beside", os.listdir({str(folder)!r}))
     assert "beside ['libpreloaded.so']" in done.stdout, done.stdout  # and nothing else of the folder it lies in
 
 
-def _libm_copy(path: Path) -> Path:
-    """A real library, harmless to preload: this machine's own libm (found where it is mapped), copied to `path`."""
-    ctypes.CDLL("libm.so.6")
-    libm = next(line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
-                if Path(line.split()[-1]).name.startswith(("libm.so", "libm-")))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(libm, path)
-    return path
-
-
 def test_a_preload_out_of_the_ranks_reach_is_left_out_with_every_guard_on(tmp_path_factory):
     """Red team 39: an LD_PRELOAD library other users cannot read (0600) turned every guard off, and the ranks ran
     as root (they read the judge's cache and planted a file that outlived the run, exit 0); names the kernel
@@ -311,7 +297,7 @@ def test_a_preload_out_of_the_ranks_reach_is_left_out_with_every_guard_on(tmp_pa
     judge's own hung it. Each is left out of the ranks' LD_PRELOAD now, and said in the boundary line."""
     folder = tmp_path_factory.mktemp("unreadable")
     folder.chmod(0o755)
-    library = _libm_copy(folder / "librt39.so")
+    library = libm_copy(folder / "librt39.so")
     library.chmod(0o600)
     odd = ["/" + "a" * 300 + ".so", "/proc/1/root/etc/hostname", "/proc/self/fd/1", "/dev/null",
            "../../proc/self/fd/1"]  # red team 40: relative, as ld.so reads it from the working folder
@@ -357,7 +343,7 @@ def test_a_path_below_a_closed_folder_brings_nothing_beside_it_into_view():
     closed = Path(tempfile.mkdtemp(prefix="a2a-closed-", dir="/var/lib"))
     try:
         closed.chmod(0o700)
-        library = _libm_copy(closed / "cache" / "nccl" / "librt39.so")
+        library = libm_copy(closed / "cache" / "nccl" / "librt39.so")
         package = closed / "cache" / "python"
         package.mkdir()
         (package / "on_path.py").write_text("")
@@ -1500,6 +1486,10 @@ SECRETS_39 = {
     "TORCH_A_OAUTH": "ya29.a0AfH6SMBabcdefghijklmnop", "OMP_A_URL": "https://host/x?AccessKeyId=abc",
     "OMP_A_DICT": "{'api_key': 'abcd'}", "OMP_A_DATABRICKS": "dapi0123456789abcdef0123456789abcdef",
     "NCCL_KEY1": "S3CR3T", "CUDA_PW": "S3CR3T", "NCCL_NET_PLUGIN_TOK": "S3CR3T",
+    # a bare key: no prefix, no name (red teams 39 and 40)
+    "CUDA_W": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "TORCH_A_ARGS": "--key=Zk3q9XvB2mLr8TtYw1Pa5Hc7Ns0Ue4Dg",
+    # a knob named like a secret keeps its value check
+    "NCCL_IB_PKEY": "https://user:S3CR3T@host",
 }
 # What a GPU, a compiler, Python and the collectives read: none of it is a secret.
 PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bin", "NCCL_SOCKET_IFNAME": "eth0",
@@ -1508,7 +1498,13 @@ PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bi
          "HIP_URL": "https://download.pytorch.org/whl/cu130", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
          "CXXFLAGS": "-O2 -march=native", "LD_PRELOAD": "/tmp/s/build/nccl/lib/libnccl.so.2.30.7", "HSA_XNACK": "1",
          "TORCH_EXTENSIONS_DIR": "/root/.cache/torch_extensions", "MASTER_ADDR": "127.0.0.1", "LANG": "C.UTF-8",
-         "TORCHINDUCTOR_DISABLED_PASSES": "a,b", "MASTER_PORT": "29500", "NCCL_SOCKET_FAMILY": "AF_INET", "PWD": "/work"}
+         "TORCHINDUCTOR_DISABLED_PASSES": "a,b", "MASTER_PORT": "29500", "NCCL_SOCKET_FAMILY": "AF_INET", "PWD": "/work",
+         # knobs whose names hold KEY (red team 40), and long words that are no key: GPU UUIDs, a commit, a path
+         "TORCH_COMPILE_CACHE_KEY_TAG": "run7", "TRITON_REDIS_KEY_FORMAT": "{cache_dir}_{key}", "NCCL_IB_PKEY": "0x8001",
+         "UCX_IB_PKEY": "0x8001", "TORCH_COMPILE_STICKY_PGO_KEY": "job42",
+         "NVIDIA_VISIBLE_DEVICES": "GPU-e3e2278b-63de-22da-0c81-8cb2488b203a,GPU-51873551-a40f-3cd1-a0bc-751926cd60be",
+         "A2A_COMMIT": "b58c7721b0d1e6f5a3c49e2b7d8a1f0c6e5d4b3a",
+         "TRITON_HOME": "/opt/Python312/lib/Python3Packages/Triton36Cache/ModulesABC"}
 
 
 def test_secrets_under_names_the_ranks_may_have_are_told_apart_from_what_they_need():
