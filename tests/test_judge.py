@@ -1308,7 +1308,7 @@ def test_a_fifo_as_the_test_file_gets_one_line(tmp_path, face):
     assert time.monotonic() - started < 60
 
 
-@pytest.mark.parametrize("sandbox", ["0", "1"])
+@pytest.mark.parametrize("sandbox", every_time(["0", "1"], "1"))
 def test_a_second_protocol_face_meets_the_first_only_where_they_share_the_network(bundle, tmp_path, sandbox):
     """Two protocol faces at once on the runner's fixed port (a parallel worker's own, tests/conftest.py). Without
     the sandbox the second says so in one line and exits 113 (it used to fail with EADDRINUSE after a 60 s
@@ -1943,7 +1943,7 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.parametrize("face", FACES)
+@pytest.mark.parametrize("face", every_time(FACES, "human"))
 def test_the_operators_secrets_reach_no_rank(tmp_path, face):
     """The operator's variables that are neither the GPU's, the compiler's, Python's, torch's nor the harness's, and
     those named as secrets even so: no rank sees them, in its environment or its process's first one; one passed
@@ -1979,7 +1979,7 @@ ctypes.CDLL(None).execve(argv[0], (ctypes.c_char_p * (len(argv) + 1))(*argv, Non
 """
 
 
-@pytest.mark.parametrize("face", FACES)
+@pytest.mark.parametrize("face", every_time(FACES, "protocol"))
 def test_environment_entries_no_shell_makes_reach_no_rank(tmp_path, face):
     """An entry with an empty name and one with no '=' in the judge's raw environment: no rank has either, in its
     environment or its process's first block, and the run passes (no 114)."""
@@ -2496,7 +2496,7 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.parametrize("face", FACES)
+@pytest.mark.parametrize("face", every_time(FACES, "protocol"))
 def test_a_rank_that_closes_its_connection_and_lives_on_is_named_so(tmp_path, face):
     """Rank 1 closes its result connection and stays alive: the case fails on its account, named for what it did
     (it was "rank process died (exit code None)"), within the 5 s the owner waits for an exit, under either birth."""
@@ -2507,7 +2507,7 @@ def test_a_rank_that_closes_its_connection_and_lives_on_is_named_so(tmp_path, fa
     assert time.monotonic() - started < 60, str(outcome)
 
 
-@pytest.mark.parametrize("face", FACES)
+@pytest.mark.parametrize("face", every_time(FACES, "protocol"))
 def test_a_spawned_worker_that_ignores_its_pools_end_is_killed_after_its_grace(tmp_path, face):
     """Under spawn (the protocol face's birth, and the human face's with A2A_RANK_BIRTH=spawn) a worker's own join
     with a timeout never timed out: its first act closes the pipe multiprocessing waits on. A worker that sleeps on
@@ -2519,7 +2519,7 @@ def test_a_spawned_worker_that_ignores_its_pools_end_is_killed_after_its_grace(t
     assert time.monotonic() - started < 120, str(outcome)
 
 
-@pytest.mark.parametrize("face", FACES)
+@pytest.mark.parametrize("face", every_time(FACES, "protocol"))
 def test_a_worker_whose_connection_refuses_the_next_job_fails_the_case_never_the_owner(tmp_path, face):
     """A rank shuts the reading side of its result connection after a right answer: the owner's next job send
     fails (EPIPE), which ended the run with 114, the harness's own code (red team 28). Now the case is void on the

@@ -13,9 +13,10 @@ MISSING = check_device.missing_tools()
 
 @pytest.mark.parametrize("args", [
     ("--shape", "64,6,256,8", "--world-size", "1", "--programs", "3", "--seed", "5"),
-    ("--shape", "64,6,512,32", "--world-size", "4", "--seed", "1234"),
+    pytest.param(("--shape", "64,6,512,32", "--world-size", "4", "--seed", "1234"), marks=pytest.mark.full),
     ("--shape", "6,2,256,8", "--world-size", "3", "--programs", "3", "--seed", "11"),
-    ("--shape", "8,2,256,16", "--world-size", "2", "--programs", "5", "--seed", "3"),
+    pytest.param(("--shape", "8,2,256,16", "--world-size", "2", "--programs", "5", "--seed", "3"),
+                 marks=pytest.mark.full),
 ], ids=["alone-three-programs", "four-ranks", "three-ranks-three-programs", "more-programs-than-some-ranks-tokens"])
 def test_ranks_of_v14_give_the_closed_form_under_the_interpreter(args):
     """Every output and every expert's row count right, no wait given up: a token's own-rank row is reduced by the
