@@ -1368,11 +1368,13 @@ def run_covers(uid: int, shm: Optional[str]) -> tuple:
 
 
 def check_rank_writable(env=None) -> None:
-    """The operator's RANK_WRITABLE folders hold nothing the judge's processes run or load from elsewhere (ValueError
-    for the first that does): no folder of PATH, LD_LIBRARY_PATH or sys.path but the harness's own, and no preloaded
-    library. NOTES: a rank writes there for the rest of the command, and the judge's next process (a pool's zygote,
-    a compiler, git) would run what it planted, as root (red team 39, from the code). The harness's own folder and
-    the working folder are left to the operator: the suite stages bundles below the folder its ranks may write."""
+    """The operator's RANK_WRITABLE folders hold nothing the judge's processes run, load or keep (ValueError for the
+    first that does): no folder of PATH, LD_LIBRARY_PATH or sys.path but the harness's own, no preloaded library, and
+    neither the machine's scratch folders (COVERED), the judge's temporary folder nor its cache. NOTES: a rank
+    writes there for the rest of the command, and the judge's next process (a pool's zygote, a compiler, git) would
+    run what it planted, as root (red team 39, from the code); /tmp writable put the host's /tmp back over the ranks'
+    own, hiding the staged bundle below it, and the honest v1 failed (red team 41). The harness's own folder and the
+    working folder are left to the operator: the suite stages bundles below the folder its ranks may write."""
     env = os.environ if env is None else env
     folders = {os.path.realpath(f) for f in env.get(RANK_WRITABLE, "").split(os.pathsep) if f}
     if not folders:
@@ -1381,12 +1383,13 @@ def check_rank_writable(env=None) -> None:
     preloads = [str(found) for found in map(_preload_file, _preload_entries(env.get("LD_PRELOAD", ""))) if found]
     run = [*(entry for entry in sys.path if entry and os.path.realpath(entry) not in own), *preloads,
            *(entry for name in ("PATH", "LD_LIBRARY_PATH") for entry in env.get(name, "").split(os.pathsep) if entry)]
+    kept = [*COVERED, tempfile.gettempdir(), str(RANK_CACHE)]
     for folder in sorted(folders):
-        for path in run:
+        for path, what in [*((path, "runs or loads") for path in run), *((path, "keeps") for path in kept)]:
             real = os.path.realpath(path)
             if real == folder or real.startswith(folder.rstrip(os.sep) + os.sep):
-                raise ValueError(f"{RANK_WRITABLE}={folder!r} holds {path!r}, which the judge runs or loads; a rank "
-                                 f"could replace what is there")
+                raise ValueError(f"{RANK_WRITABLE}={folder!r} holds {path!r}, which the judge {what}; a rank "
+                                 f"could replace or plant what is there")
 
 
 def _writable(uid: int, env: dict, shared: tuple) -> tuple:

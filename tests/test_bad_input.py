@@ -210,20 +210,22 @@ def test_the_operators_numeric_knobs_are_bad_input_before_any_work(variable, val
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-@pytest.mark.parametrize("variable", ["PATH", "PYTHONPATH", "LD_PRELOAD"])
+@pytest.mark.parametrize("variable", ["PATH", "PYTHONPATH", "LD_PRELOAD", "/tmp"])
 def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_path, variable):
     """Red team 39, from the code: an A2A_RANK_WRITABLE folder holding a folder of PATH or sys.path, or a preloaded
-    library, let a rank replace what the judge's next process runs as root. One line and 113, before any rank."""
+    library, let a rank replace what the judge's next process runs as root. Red team 41: /tmp writable failed the
+    honest v1 (112, its staged bundle out of the ranks' sight). One line and 113, before any rank."""
     writable = tmp_path / "writable"
     (writable / "bin").mkdir(parents=True)
     library = libm_copy(writable / "bin" / "libnothing.so")
-    held = {"PATH": f"{writable / 'bin'}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(writable / "bin"),
-            "LD_PRELOAD": str(library)}[variable]
+    held = {"PATH": {"PATH": f"{writable / 'bin'}{os.pathsep}{os.environ['PATH']}"},
+            "PYTHONPATH": {"PYTHONPATH": str(writable / "bin")}, "LD_PRELOAD": {"LD_PRELOAD": str(library)},
+            "/tmp": {}}[variable]
     result = subprocess.run([sys.executable, "eval.py", "test", "v1", "--cases", "tests:0"], cwd=ROOT,
                             capture_output=True, text=True, timeout=600,
-                            env={**os.environ, variable: held, "A2A_RANK_WRITABLE": str(writable)})
-    assert result.returncode == EXIT_BAD_INPUT and "which the judge runs or loads" in result.stderr, \
-        result.stderr[-2000:]
+                            env={**os.environ, **held, "A2A_RANK_WRITABLE": "/tmp" if variable == "/tmp" else
+                                 str(writable)})
+    assert result.returncode == EXIT_BAD_INPUT and "which the judge" in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
