@@ -119,7 +119,8 @@ SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS($|_|WORD|WD|PHRASE)|CRED|AUTH|COOKI
 # team 39: one holding a space), a credential in a query or a JSON key (red team 38: an Azure SAS's sig=, an S3
 # presigned X-Amz-Signature=; red team 39: pass=, api-key=), a connection string's key or password, a private key,
 # an Authorization header's value, and the token formats that say what they are (a whole word: a folder named
-# sk-... in a PATH is none).
+# sk-... in a PATH is none; red team 41: npm, Vault, Doppler, Atlassian, Twilio, Telegram, Discord and more, a
+# netrc line and curl's -u user:password).
 SECRET_VALUE = re.compile(
     r"://[^\s@]*@|://[^/@]*@|(^|[\s=])[^\s:/@]+:[^\s/@]+@[A-Za-z0-9.-]+"
     r"|[?&;#](sig|signature|x-(amz|goog)-[a-z-]*|[a-z_-]*token|[a-z_-]*key(id)?|secret|"
@@ -127,9 +128,12 @@ SECRET_VALUE = re.compile(
     r"|(AccountKey|SharedAccessSignature|password|pwd)=|PRIVATE KEY|\b(Bearer|Basic|Token)\s+[A-Za-z0-9+/=._~-]{8,}"
     r"|\bya29\.[A-Za-z0-9_-]{16,}|\bdapi[0-9a-f]{32}\b"
     r"|hooks\.slack\.com/services/|(^|[\s=\"':,;@])(ghp|gho|ghu|ghs|ghr|github_pat|glpat|hf|sk|npm|pypi|dckr_pat"
-    r"|[rsp]k_(live|test)|xox[abpr])[_-][A-Za-z0-9_-]{16,}($|[\s\"',;:@.])|\b(AKIA|ASIA)[0-9A-Z]{16}\b"
+    r"|[rsp]k_(live|test)|xox[abpr]|dop_v1|shp(at|ss|ca|pa)|lin_api|r8|gsk|pplx|glsa|secret)[_-][A-Za-z0-9_-]{16,}"
+    r"($|[\s\"',;:@.])|\b(AKIA|ASIA)[0-9A-Z]{16}\b"
     r"|\bAIza[0-9A-Za-z_-]{30,}|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.|\bSG\.[A-Za-z0-9_-]{16,}\."
-    r"|AGE-SECRET-KEY-", re.IGNORECASE)
+    r"|AGE-SECRET-KEY-|\bhvs\.[A-Za-z0-9_-]{20,}|\bdp\.[a-z]{2,5}\.[A-Za-z0-9._-]{16,}|\bATATT[A-Za-z0-9_=-]{20,}"
+    r"|\bSK[0-9a-f]{32}\b|\b[0-9]{8,10}:AA[A-Za-z0-9_-]{30,}|_authToken=|\bpassword\s+\S+|(^|\s)-u\s*[^\s:]+:\S+"
+    r"|\b[MN][A-Za-z0-9]{23,25}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,}", re.IGNORECASE)
 
 
 # Knobs whose names hold KEY but whose values are no secret (red team 40: an IB partition, a cache key's tag, a key's
@@ -209,6 +213,16 @@ def owned_tempdir(what: str):
     with tempfile.TemporaryDirectory(prefix=f"a2a-{what}-") as tmp:
         Path(tmp, TEMP_OWNER_MARK).write_text(_own_mark())
         yield Path(tmp)
+
+
+def write_owners_only(path: Path, data: bytes) -> None:
+    """`data` in `path`, a file only its owner reads (0600, however it was before; no link followed). NOTES: a
+    failed build's log, a rank's words with its round's inputs in them, lay at 0644 in the harness's folder, which
+    every later pool sees: the next entry of the round read them before its calls (red team 41)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        os.fchmod(fd, 0o600)
+        file.write(data)
 
 
 REMOVE_DEPTH = 64  # folders held open at once while a tree is removed; deeper ones are moved up first

@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own mod
 from boundary import (MPS_DEFAULT_PIPE, POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox,  # noqa: E402
                       become_subreaper, check_rank_writable, claim_run, descendants, die_with_parent,
                       enter_rank_sandbox, hide_result_channel, kill_tree, memory_cap_hit, owned_tempdir,
-                      pool_memory_bytes, prepare_rank_cache, release_uid)
+                      pool_memory_bytes, prepare_rank_cache, release_uid, write_owners_only)
 import births  # noqa: E402
 from births import (KILLED_WAIT_S, Forked, Nursery, PhaseSlot, Zygote, close_all_but, environ_with,  # noqa: E402
                     environment_with, join_within, owner_cpu, pinned_cpus, rank_birth, send_fds, stdin_from_null)
@@ -1445,7 +1445,7 @@ def write_build_log(text: str, entry: str = "") -> str:
                 f"cap ({BUILD_LOGS_PER_RUN} logs, {BUILD_LOG_BYTES_PER_RUN} bytes)")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(wire.lines_shown(data.decode("utf-8")).encode("utf-8"))
+        write_owners_only(path, wire.lines_shown(data.decode("utf-8")).encode("utf-8"))
     except OSError as exc:
         return f"not written: {exc.strerror}"
     _build_logs[path] = mine[path] = len(data)
@@ -1458,6 +1458,7 @@ def _remove_old_build_logs(folder: Path) -> None:
     logs = []
     for log in folder.glob("build-*.log"):
         with contextlib.suppress(OSError):
+            log.chmod(0o600)  # one an older harness wrote at 0644, in every pool's view
             logs.append((log.stat().st_mtime_ns, log))
     for _, log in sorted(logs, reverse=True)[BUILD_LOGS_KEPT:]:
         if log not in _build_logs:

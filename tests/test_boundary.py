@@ -1490,6 +1490,16 @@ SECRETS_39 = {
     "CUDA_W": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "TORCH_A_ARGS": "--key=Zk3q9XvB2mLr8TtYw1Pa5Hc7Ns0Ue4Dg",
     # a knob named like a secret keeps its value check
     "NCCL_IB_PKEY": "https://user:S3CR3T@host",
+    # red team 41: formats that say what they are, and credentials on a command line
+    "CUDA_A_DOPPLER": "dop_v1_" + "0123456789abcdef" * 4, "NCCL_A_NPMRC": "//registry.npmjs.org/:_authToken=npm01234",
+    "TORCH_A_VAULT": "hvs.CAESIJabcdefghijklmnopqrstuvwxyz0123456789",
+    "TRITON_A_TELEGRAM": "123456789:AAHfiqksKZ8WmR2zSjiQ7_v4TMAKdiHm9T0", "CUDA_A_SHOPIFY": "shpat_" + "0a1b2c3d" * 4,
+    "CUDA_A_ATLASSIAN": "ATATT3xFfGF0abcdefghijklmnopqrstuvwxyz", "CUDA_A_DOPPLER_ST": "dp.st.dev.abcdefghijklmnop1234",
+    "CUDA_A_LINEAR": "lin_api_abcdefghijklmnopqrstuvwx", "CUDA_A_NOTION": "secret_abcdefghijklmnopqrstuvwxyz0123",
+    "CUDA_A_REPLICATE": "r8_abcdefghijklmnopqrstuvwxyz", "CUDA_A_GROQ": "gsk_abcdefghijklmnopqrstuvwxyz",
+    "CUDA_A_PPLX": "pplx-abcdefghijklmnopqrstuvwxyz", "CUDA_A_TWILIO": "SK" + "0123456789abcdef" * 2,
+    "CUDA_A_DISCORD": "MTAxMjM0NTY3ODkwMTIzNDU2.GhIjKl.abcdefghijklmnopqrstuvwxyz0123",
+    "CUDA_A_CURL": "curl -u admin:hunter2 https://host", "CUDA_A_NETRC": "machine github.com login me password hunter2",
 }
 # What a GPU, a compiler, Python and the collectives read: none of it is a secret.
 PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bin", "NCCL_SOCKET_IFNAME": "eth0",

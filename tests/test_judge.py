@@ -19,6 +19,7 @@ import py_compile
 import re
 import shutil
 import signal
+import stat
 import statistics
 import subprocess
 import sys
@@ -2691,6 +2692,8 @@ def test_the_build_logs_a_rank_sends_are_cut_and_a_run_writes_few(tmp_path):
     assert written and len(written) <= core.BUILD_LOGS_PER_RUN, sizes
     assert max(sizes) <= 4 * core.BUILD_LOG_CHARS and sum(sizes) <= core.BUILD_LOG_BYTES_PER_RUN, sizes
     assert "not written: this run" in outcome.out, str(outcome)
+    # Red team 41: at 0644 a log, a rank's words with its round's inputs, was read by the round's next entry.
+    assert all(stat.S_IMODE(path.stat().st_mode) == 0o600 for path in written), [oct(p.stat().st_mode) for p in written]
 
 
 # A slow import (a stand-in for a long extension build), then the worker's own import time set to 10 ms (red team
