@@ -35,6 +35,8 @@ import math
 import random
 import secrets
 import statistics
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -279,6 +281,61 @@ def ratio_by_round(mine: dict, base: dict) -> Optional[iv.Interval]:
     """{round: figure} over {round: the floor's figure}, as an interval over the rounds both have; None without one."""
     ratios = [mine[r] / base[r] for r in mine if r in base]
     return iv.interval(ratios) if ratios else None
+
+
+HELD_TEXT_BYTES = 8 << 20  # what the ranks of one round may have held for its end; the rest is counted, not shown
+
+
+class _RoundGate:
+    """A stream (the run's stdout or stderr) that holds what is written until the round ends (release). NOTES: a
+    rank's words were shown the moment it wrote them, in a file the operator's output went to, which the round's
+    next entry could read before its calls: the round's inputs, written by the entry before it (red team 41 did it
+    with a build log). Only the run's own thread's lines pass the cap."""
+
+    def __init__(self, stream):
+        self.stream, self.held, self.held_bytes, self.dropped, self.lock = stream, [], 0, 0, threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            if threading.current_thread() is not threading.main_thread() and self.held_bytes >= HELD_TEXT_BYTES:
+                self.dropped += len(text)
+            else:
+                self.held.append(text)
+                self.held_bytes += len(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def release(self) -> None:
+        with self.lock:
+            text, self.held, self.held_bytes = "".join(self.held), [], 0
+            if self.dropped:
+                text += f"({self.dropped} characters of the ranks' text not shown: past a round's {HELD_TEXT_BYTES})\n"
+                self.dropped = 0
+        self.stream.write(text)
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def held_to_round_ends():
+    """The run's stdout and stderr held for each round's end (yields the release); what is held is shown on the
+    way out, however the run ends."""
+    gates = (_RoundGate(sys.stdout), _RoundGate(sys.stderr))
+    sys.stdout, sys.stderr = gates
+
+    def release() -> None:
+        for gate in gates:
+            gate.release()
+
+    try:
+        yield release
+    finally:
+        sys.stdout, sys.stderr = gates[0].stream, gates[1].stream
+        release()
 
 
 LATE_FACTOR = 3  # how far past its rounds' expected cost an entry's own time may go before it fails
@@ -585,7 +642,8 @@ class Clock:
         judged = [t for t in self.settings.targets if t.metric == RANKING]
         budget, first_s, spent_s = {}, {}, {}  # per entry: its rounds under the cap, its first round's s, its s since
         # protect_builds: what one entry keeps never pushes out another's build while the run lasts
-        with protect_builds(), sharing.shared_ranks(self.plan.placement) as env, self._nursing(env):
+        with (protect_builds(), held_to_round_ends() as round_ended, sharing.shared_ranks(self.plan.placement) as env,
+              self._nursing(env)):
             for round_index in range(self.settings.max_rounds):
                 active = [by_name[n] for n in names if n not in self.stopped and n not in self.failed]
                 if round_index >= self.settings.min_rounds:
@@ -616,6 +674,7 @@ class Clock:
                                           if name != "ready_s") + "; longest ready: "
                               + ", ".join(f"{name} {seconds:.1f}" for name, seconds in waits) + ")"
                               + (f", throttled visits so far {self.throttled}" if self.throttled else ""))
+                round_ended()
                 if rounds >= self.settings.min_rounds:
                     for entry in active:
                         if entry.name in self.failed:

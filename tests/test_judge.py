@@ -16,6 +16,7 @@ import dataclasses
 import math
 import os
 import py_compile
+import random
 import re
 import shutil
 import signal
@@ -1882,6 +1883,61 @@ def test_identical_entries_under_two_names_share_no_kept_build(tmp_path, capfd):
     assert run.rounds == 2 and not run.failed, (run.failed, err[-3000:])
     calls = re.findall(r"HOSTILE call_ns", err)
     assert calls and "HOSTILE hit" not in err, err[-3000:]
+
+
+# Two entries of one round, one writing a fingerprint of every input it is handed on stderr, the other looking for
+# them in the file the judge's output goes to, before each of its calls (red team 41 carried a round's inputs in a
+# build log; a rank's lines, shown the moment it wrote them, were another way).
+SPEAKS = '''
+import hashlib
+
+
+def custom_kernel(data):
+    _say("spoke", hashlib.sha256(data[1].x.cpu().numpy().tobytes()).hexdigest()[:16])
+    return _honest(data)
+'''
+LISTENS = '''
+import hashlib
+
+
+def custom_kernel(data):
+    said = open("@LOG@").read()
+    _say("heard", data[2], said.count("HOSTILE spoke"))
+    return _honest(data)
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
+                    reason="entries apart are the boundary's (root on Linux)")
+def test_an_entrys_words_are_shown_only_once_its_round_has_ended(tmp_path, monkeypatch):
+    """The judge's output in a file every rank can read, the speaker's pool first in the first round: there the
+    listener finds none of the speaker's lines; in the second round it finds the first round's."""
+    folder = reachable(tmp_path)
+    cases = folder / "cases.txt"
+    cases.write_text(SMALL_LINE.format(seed=FIRST_SEED) + "\n")
+    log = folder / "judge.log"
+    speaker, listener = folder / "speaker.py", folder / "listener.py"
+    speaker.write_text(hostile(SPEAKS))
+    listener.write_text(hostile(LISTENS, log=log))
+    def first_round(seed: int) -> list:  # the clock's own draw (Clock._round)
+        names = ["speaker", "listener"]
+        random.Random(random.Random(seed).randrange(2 ** 32)).shuffle(names)
+        return names
+
+    seed = next(seed for seed in range(100) if first_round(seed)[0] == "speaker")
+    plan = make_plan([str(speaker), str(listener)], str(cases), 2, "gloo", gpu_only="keep")
+    settings = clock.Settings(steps=2, warmup=1, min_rounds=2, max_rounds=2, time_cap_s=math.inf, targets=(),
+                              seed=seed)
+    entries = [clock.Entry(p.stem, "version", str(v)) for p, v in zip((speaker, listener), plan.versions)]
+    with open(log, "w") as judges_output:
+        os.chmod(log, 0o644)
+        monkeypatch.setattr(sys, "stderr", judges_output)
+        run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
+    text = log.read_text()
+    heard = [int(count) for count in re.findall(r"HOSTILE heard \d+ (\d+)", text)]
+    assert run.rounds == 2 and not run.failed and run.starts[0] == ["speaker", "listener"], (run.starts, text[-3000:])
+    first, second = heard[:len(heard) // 2], heard[len(heard) // 2:]
+    assert first and not any(first) and all(second), (heard, text[-3000:])
 
 
 # Reads a rival entry's source by its path (red team 35: the mount namespace made it read-only, not hidden).
