@@ -11,6 +11,7 @@ import ctypes
 import dataclasses
 import errno
 import fcntl
+import hashlib
 import math
 import os
 import re
@@ -122,7 +123,7 @@ SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS($|_|WORD|WD|PHRASE)|CRED|AUTH|COOKI
 # sk-... in a PATH is none; red team 41: npm, Vault, Doppler, Atlassian, Twilio, Telegram, Discord and more, a
 # netrc line and curl's -u user:password).
 SECRET_VALUE = re.compile(
-    r"://[^\s@]*@|://[^/@]*@|(^|[\s=])[^\s:/@]+:[^\s/@]+@[A-Za-z0-9.-]+"
+    r"://[^\s@]*@|://[^/@]*@|(^|[\s=])[^\s:/@]+:[^\s/@]+@[A-Za-z0-9-]+[.:]"
     r"|[?&;#](sig|signature|x-(amz|goog)-[a-z-]*|[a-z_-]*token|[a-z_-]*key(id)?|secret|"
     r"client_secret|pass|password|passwd|pwd|auth|code)=|[\"'][a-z_-]*(token|secret|password|passwd|key)[\"']\s*:"
     r"|(AccountKey|SharedAccessSignature|password|pwd)=|PRIVATE KEY|\b(Bearer|Basic|Token)\s+[A-Za-z0-9+/=._~-]{8,}"
@@ -130,7 +131,8 @@ SECRET_VALUE = re.compile(
     r"|hooks\.slack\.com/services/|(^|[\s=\"':,;@])(ghp|gho|ghu|ghs|ghr|github_pat|glpat|hf|sk|npm|pypi|dckr_pat"
     r"|[rsp]k_(live|test)|xox[abpr]|dop_v1|shp(at|ss|ca|pa)|lin_api|r8|gsk|pplx|glsa|secret)[_-][A-Za-z0-9_-]{16,}"
     r"($|[\s\"',;:@.])|\b(AKIA|ASIA)[0-9A-Z]{16}\b"
-    r"|\bAIza[0-9A-Za-z_-]{30,}|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.|\bSG\.[A-Za-z0-9_-]{16,}\."
+    r"|\bAIza[0-9A-Za-z_-]{30,}|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\."
+    r"|(?-i:\bSG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{32,})"
     r"|AGE-SECRET-KEY-|\bhvs\.[A-Za-z0-9_-]{20,}|\bdp\.[a-z]{2,5}\.[A-Za-z0-9._-]{16,}|\bATATT[A-Za-z0-9_=-]{20,}"
     r"|\bSK[0-9a-f]{32}\b|\b[0-9]{8,10}:AA[A-Za-z0-9_-]{30,}|_authToken=|\bpassword\s+\S+|(^|\s)-u\s*[^\s:]+:\S+"
     r"|\b[MN][A-Za-z0-9]{23,25}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,}", re.IGNORECASE)
@@ -140,23 +142,26 @@ SECRET_VALUE = re.compile(
 # format). Their values are still checked.
 KNOBS_NAMED_LIKE_SECRETS = frozenset({"TORCH_COMPILE_CACHE_KEY_TAG", "TORCH_COMPILE_STICKY_PGO_KEY",
                                       "TRITON_REDIS_KEY_FORMAT", "NCCL_IB_PKEY", "UCX_IB_PKEY"})
-# A bare key: a word of 32 or more base64 characters that mixes both cases and digits and is no path (red team 39: an
-# AWS secret access key has no prefix to tell it by). GPU UUIDs, hex hashes and paths are none.
+# A bare key: a word of 32 or more base64 characters (url-safe too) with letters of both cases beyond hex digits, and
+# a digit (red team 39: an AWS secret access key has no prefix to tell it by; red team 42: a url-safe one). GPU UUIDs,
+# hex hashes and the values of variables named for paths (a relative PYTHONPATH entry) are none.
 _WORD = re.compile(r"[^\s=:,;\"'()\[\]{}]+")
-_BARE_KEY = re.compile(r"[A-Za-z0-9+/]{32,}={0,2}")
+_BARE_KEY = re.compile(r"[A-Za-z0-9+/_-]{32,}={0,2}")
+_NAMED_FOR_PATHS = re.compile(r"(PATH|DIRS?|HOME|ROOT|PREFIX|FILE|EXE|LIB|LIBS)$", re.IGNORECASE)
 
 
 def _bare_key(value: str) -> bool:
     for word in _WORD.findall(value):
-        if (not word.startswith("/") and _BARE_KEY.fullmatch(word) and sum(c.isupper() for c in word) >= 2
-                and sum(c.islower() for c in word) >= 2 and any(c.isdigit() for c in word)):
+        if (not word.startswith("/") and _BARE_KEY.fullmatch(word) and any(c.isdigit() for c in word)
+                and sum(c in "ghijklmnopqrstuvwxyz" for c in word) >= 2
+                and sum(c in "GHIJKLMNOPQRSTUVWXYZ" for c in word) >= 2):
             return True
     return False
 
 
 def is_secret(name: str, value: str) -> bool:
     named = SECRET_NAME.search(name) and name.upper() not in KNOBS_NAMED_LIKE_SECRETS
-    return bool(named or SECRET_VALUE.search(value) or _bare_key(value))
+    return bool(named or SECRET_VALUE.search(value) or (not _NAMED_FOR_PATHS.search(name) and _bare_key(value)))
 
 
 # What a rank starts with of the operator's environment: what a GPU, a compiler, Python, torch and the collectives
@@ -196,7 +201,16 @@ def claim_run(inherit: bool = False) -> None:
     """First ends what earlier runs left behind (sweep_orphans), then marks this command as the owner of every
     process it will start, and drops from its environment every variable is_secret says is one (before it starts
     any). `inherit`: keep an owner already named (the protocol face under the human face, which ends it on its way
-    out)."""
+    out). A standard stream the command was started without (`2>&-`) is /dev/null from here on: Python leaves it
+    None, and the clock's ranks, forked from this process, died writing to it, which failed the honest v1 ("rank
+    process died", red team 42)."""
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "w" if fd else "r", closefd=False))
     sweep_orphans()
     reset_environment()
     if not (inherit and os.environ.get(RUN_OWNER)):
@@ -215,10 +229,23 @@ def owned_tempdir(what: str):
         yield Path(tmp)
 
 
-def write_owners_only(path: Path, data: bytes) -> None:
-    """`data` in `path`, a file only its owner reads (0600, however it was before; no link followed). NOTES: a
-    failed build's log, a rank's words with its round's inputs in them, lay at 0644 in the harness's folder, which
-    every later pool sees: the next entry of the round read them before its calls (red team 41)."""
+_NAME_KEY = secrets.token_bytes(16)  # this process's own: what names a file after a rank's words (owners_name)
+
+
+def owners_name(data: bytes) -> str:
+    """A name for `data` (the same within this process) that no rank can compute from what it wrote (red team 42:
+    a build log named by a plain hash of its text told the round's next entry 16 bits of an input by its name)."""
+    return hashlib.blake2b(data, key=_NAME_KEY, digest_size=8).hexdigest()
+
+
+def write_owners_only(path: Path, data: bytes, closed_folder: bool = False) -> None:
+    """`data` in `path`, a file only its owner reads (0600, however it was before; no link followed); with
+    `closed_folder`, in a folder only its owner lists (0700: its names and count are no channel). NOTES: a failed
+    build's log, a rank's words with its round's inputs in them, lay at 0644 in the harness's folder, which every
+    later pool sees: the next entry of the round read them before its calls (red team 41)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if closed_folder:
+        path.parent.chmod(0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as file:
         os.fchmod(fd, 0o600)
@@ -1384,7 +1411,8 @@ def run_covers(uid: int, shm: Optional[str]) -> tuple:
 def check_rank_writable(env=None) -> None:
     """The operator's RANK_WRITABLE folders hold nothing the judge's processes run, load or keep (ValueError for the
     first that does): no folder of PATH, LD_LIBRARY_PATH or sys.path but the harness's own, no preloaded library, and
-    neither the machine's scratch folders (COVERED), the judge's temporary folder nor its cache. NOTES: a rank
+    neither the machine's scratch folders (COVERED), the judge's temporary folder nor its cache; and none lies in a
+    folder of sys.path. NOTES: a rank
     writes there for the rest of the command, and the judge's next process (a pool's zygote, a compiler, git) would
     run what it planted, as root (red team 39, from the code); /tmp writable put the host's /tmp back over the ranks'
     own, hiding the staged bundle below it, and the honest v1 failed (red team 41). The harness's own folder and the
@@ -1400,10 +1428,19 @@ def check_rank_writable(env=None) -> None:
     kept = [*COVERED, tempfile.gettempdir(), str(RANK_CACHE)]
     for folder in sorted(folders):
         for path, what in [*((path, "runs or loads") for path in run), *((path, "keeps") for path in kept)]:
-            real = os.path.realpath(path)
-            if real == folder or real.startswith(folder.rstrip(os.sep) + os.sep):
+            if _at_or_below(os.path.realpath(path), folder):
                 raise ValueError(f"{RANK_WRITABLE}={folder!r} holds {path!r}, which the judge {what}; a rank "
                                  f"could replace or plant what is there")
+        # A folder below one the judge imports from is a package a rank may fill (red team 42: matplotlib/ below a
+        # PYTHONPATH entry, imported by the next command's judge as root).
+        for entry in sys.path:
+            if _at_or_below(folder, os.path.realpath(entry or os.getcwd())):
+                raise ValueError(f"{RANK_WRITABLE}={folder!r} lies in {entry or os.getcwd()!r}, which the judge "
+                                 f"imports from; a rank could plant a module there")
+
+
+def _at_or_below(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _writable(uid: int, env: dict, shared: tuple) -> tuple:

@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own mod
 from boundary import (MPS_DEFAULT_PIPE, POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox,  # noqa: E402
                       become_subreaper, check_rank_writable, claim_run, descendants, die_with_parent,
                       enter_rank_sandbox, hide_result_channel, kill_tree, memory_cap_hit, owned_tempdir,
-                      pool_memory_bytes, prepare_rank_cache, release_uid, write_owners_only)
+                      owners_name, pool_memory_bytes, prepare_rank_cache, release_uid, write_owners_only)
 import births  # noqa: E402
 from births import (KILLED_WAIT_S, Forked, Nursery, PhaseSlot, Zygote, close_all_but, environ_with,  # noqa: E402
                     environment_with, join_within, owner_cpu, pinned_cpus, rank_birth, send_fds, stdin_from_null)
@@ -944,7 +944,7 @@ def _worker_loop(conn, parent_pid: int, sandbox: Optional[RankSandbox] = None, b
     # KeyboardInterrupt would only add a traceback per rank.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stdin_from_null()
-    with contextlib.suppress(AttributeError, ValueError, OSError):  # no stderr to write to: no stack, still a rank
+    with contextlib.suppress(AttributeError, ValueError, OSError, RuntimeError):  # no stderr (`2>&-`): no stack
         faulthandler.register(STACK_SIGNAL, file=sys.__stderr__, all_threads=True)
     if os.getppid() not in (parent_pid, 0):  # the owner died before the line above took effect (0: born in the
         os._exit(1)  # ranks' PID namespace, whose parent is outside it)
@@ -1432,11 +1432,11 @@ _logs_of: dict = {}  # entry -> {path: bytes}, its share of them
 
 def write_build_log(text: str, entry: str = "") -> str:
     """A failed build's output (a rank's text: written as data, never run or shown raw), its last BUILD_LOG_CHARS
-    characters, in a file of the owner's named by its content, within `entry`'s caps; returns the path, or why it
-    was not written."""
+    characters, in a file of the owner's named by a keyed hash of its content, within `entry`'s caps; returns the
+    path, or why it was not written."""
     data = text[-BUILD_LOG_CHARS:].encode("utf-8", errors="replace")
-    folder = Path(os.environ.get(LOG_DIR_ENV) or HERE / "build" / "logs")
-    path = folder / f"build-{hashlib.sha256(data).hexdigest()[:16]}.log"
+    folder = Path(os.environ.get(LOG_DIR_ENV) or HERE / "build" / "logs")  # the default one only its owner lists
+    path = folder / f"build-{owners_name(data)}.log"
     mine = _logs_of.setdefault(entry, {})
     if path in mine:
         return str(path)
@@ -1444,8 +1444,7 @@ def write_build_log(text: str, entry: str = "") -> str:
         return (f"not written: this run wrote {len(mine)} logs of {sum(mine.values())} bytes for it, its "
                 f"cap ({BUILD_LOGS_PER_RUN} logs, {BUILD_LOG_BYTES_PER_RUN} bytes)")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        write_owners_only(path, wire.lines_shown(data.decode("utf-8")).encode("utf-8"))
+        write_owners_only(path, wire.lines_shown(data.decode("utf-8")).encode("utf-8"), not os.environ.get(LOG_DIR_ENV))
     except OSError as exc:
         return f"not written: {exc.strerror}"
     _build_logs[path] = mine[path] = len(data)

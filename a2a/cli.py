@@ -65,17 +65,44 @@ def add_options(parser, *names: str, **changes: dict) -> None:
         parser.add_argument(f"--{name}", **{**SHARED_OPTIONS[name], **changes.get(name.replace("-", "_"), {})})
 
 
+class Unbroken:
+    """A stream whose reader may go away (`| head`): once a write or flush finds the pipe broken, the descriptor is
+    /dev/null's and the command goes on to save what it ran (red team 42: 114, and nothing saved)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def _guarded(self, act):
+        try:
+            return act()
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+            return act()
+
+    def write(self, text: str) -> int:
+        return self._guarded(lambda: self.stream.write(text))
+
+    def flush(self) -> None:
+        self._guarded(self.stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def run_cli(entry, argv=None) -> int:
     """Runs a command's entry(argv): bad input becomes one line and exit 113 (argparse's usage errors exit 2);
     SIGTERM, SIGHUP or SIGINT end it (and, through the `finally`s below, every process it started) with 128 + the
     signal; an error in the harness itself exits 114 with one line saying where."""
     import traceback
 
-    core.claim_run()
+    core.claim_run()  # a closed stdout (`>&-`) is /dev/null from here on
     core.install_signal_handlers()
     # A submission's message may hold any character (a lone surrogate): printing it must not end the run.
-    if sys.stdout is not None:  # a closed stdout (`>&-`) prints nowhere
-        sys.stdout.reconfigure(errors="backslashreplace")
+    sys.stdout.reconfigure(errors="backslashreplace")
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = Unbroken(sys.stdout), Unbroken(sys.stderr)
     try:
         core.check_environment()
         return entry(argv)
@@ -94,6 +121,8 @@ def run_cli(entry, argv=None) -> int:
         print(f"{Path(sys.argv[0]).name}: internal error: {type(exc).__name__}: {exc} "
               f"(at {Path(where.filename).name}:{where.lineno})", file=sys.stderr)
         return core.EXIT_CRASH
+    finally:
+        sys.stdout, sys.stderr = streams
 
 
 def writable(out: Path) -> None:

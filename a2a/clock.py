@@ -323,18 +323,20 @@ class _RoundGate:
 @contextlib.contextmanager
 def held_to_round_ends():
     """The run's stdout and stderr held for each round's end (yields the release); what is held is shown on the
-    way out, however the run ends."""
-    gates = (_RoundGate(sys.stdout), _RoundGate(sys.stderr))
+    way out, however the run ends. A closed one (`>&-`: None) stays closed (red team 42: 114 at the first release)."""
+    streams = (sys.stdout, sys.stderr)
+    gates = [_RoundGate(stream) if stream is not None else None for stream in streams]
     sys.stdout, sys.stderr = gates
 
     def release() -> None:
         for gate in gates:
-            gate.release()
+            if gate is not None:
+                gate.release()
 
     try:
         yield release
     finally:
-        sys.stdout, sys.stderr = gates[0].stream, gates[1].stream
+        sys.stdout, sys.stderr = streams
         release()
 
 

@@ -118,6 +118,21 @@ def test_run_leaderboard_evaluates_the_file_it_is_given(tmp_path):
     assert "all pass" in result.stdout and "| no:" in result.stdout and "v1_torch_sort" not in result.stdout
 
 
+@pytest.mark.parametrize("redirect", ["2>&- | true", ">&-"], ids=["no-stderr-gone-reader", "no-stdout"])
+def test_a_closed_or_gone_output_fails_no_entry_and_loses_no_run(tmp_path, redirect):
+    """Red team 42: the clock started without a stderr failed the honest v1 ("rank process died": its ranks' fault
+    handler had no file), without a stdout it ended with 114 at the round's end, and with a reader that went away
+    (`| head`) with 114 at its first line; nothing was saved. Now v1 passes and the run is saved."""
+    out = tmp_path / "out"
+    command = (f"exec {sys.executable} run_leaderboard.py --versions v1 --cases benchmarks:0 --world-size 2 "
+               f"--backend gloo --min-rounds 2 --max-rounds 2 --no-anchors --no-problem-size --out {out}")
+    done = subprocess.run(["bash", "-c", f"set -o pipefail; {command} {redirect}"], cwd=ROOT, timeout=600,
+                          capture_output=True, text=True)
+    saved = [json.loads(path.read_text()) for path in out.glob("*/results.json")]
+    assert done.returncode == 0 and len(saved) == 1, (done.returncode, done.stderr[-2000:])
+    assert [row["status"] for row in saved[0]["rows"]] == ["pass"], saved[0]["rows"]
+
+
 @pytest.mark.parametrize("versions, message", [("", "names no version"), (",", "names no version"),
                                                ("v1,v99", "unknown version 'v99'")])
 def test_run_leaderboard_rejects_bad_version_lists(tmp_path, versions, message):
@@ -210,17 +225,18 @@ def test_the_operators_numeric_knobs_are_bad_input_before_any_work(variable, val
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-@pytest.mark.parametrize("variable", ["PATH", "PYTHONPATH", "LD_PRELOAD", "/tmp"])
+@pytest.mark.parametrize("variable", ["PATH", "PYTHONPATH", "LD_PRELOAD", "/tmp", "below PYTHONPATH"])
 def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_path, variable):
     """Red team 39, from the code: an A2A_RANK_WRITABLE folder holding a folder of PATH or sys.path, or a preloaded
     library, let a rank replace what the judge's next process runs as root. Red team 41: /tmp writable failed the
-    honest v1 (112, its staged bundle out of the ranks' sight). One line and 113, before any rank."""
+    honest v1 (112, its staged bundle out of the ranks' sight). Red team 42: a writable matplotlib/ below a
+    PYTHONPATH entry, which the next command's judge imported as root. One line and 113, before any rank."""
     writable = tmp_path / "writable"
     (writable / "bin").mkdir(parents=True)
     library = libm_copy(writable / "bin" / "libnothing.so")
     held = {"PATH": {"PATH": f"{writable / 'bin'}{os.pathsep}{os.environ['PATH']}"},
             "PYTHONPATH": {"PYTHONPATH": str(writable / "bin")}, "LD_PRELOAD": {"LD_PRELOAD": str(library)},
-            "/tmp": {}}[variable]
+            "/tmp": {}, "below PYTHONPATH": {"PYTHONPATH": str(tmp_path)}}[variable]
     result = subprocess.run([sys.executable, "eval.py", "test", "v1", "--cases", "tests:0"], cwd=ROOT,
                             capture_output=True, text=True, timeout=600,
                             env={**os.environ, **held, "A2A_RANK_WRITABLE": "/tmp" if variable == "/tmp" else

@@ -1500,6 +1500,9 @@ SECRETS_39 = {
     "CUDA_A_PPLX": "pplx-abcdefghijklmnopqrstuvwxyz", "CUDA_A_TWILIO": "SK" + "0123456789abcdef" * 2,
     "CUDA_A_DISCORD": "MTAxMjM0NTY3ODkwMTIzNDU2.GhIjKl.abcdefghijklmnopqrstuvwxyz0123",
     "CUDA_A_CURL": "curl -u admin:hunter2 https://host", "CUDA_A_NETRC": "machine github.com login me password hunter2",
+    # red team 42: a url-safe key (Fernet, secrets.token_urlsafe)
+    "CUDA_NOTE": "Zt3k9Qw_L2mN8xP4vR7sT1uY6aB0cD5eF-gH3jK9lM=",
+    "CUDA_A_SENDGRID_EXACT": "SG.abcdefghijklmnopqrstuv.abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG",
 }
 # What a GPU, a compiler, Python and the collectives read: none of it is a secret.
 PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bin", "NCCL_SOCKET_IFNAME": "eth0",
@@ -1514,10 +1517,29 @@ PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bi
          "UCX_IB_PKEY": "0x8001", "TORCH_COMPILE_STICKY_PGO_KEY": "job42",
          "NVIDIA_VISIBLE_DEVICES": "GPU-e3e2278b-63de-22da-0c81-8cb2488b203a,GPU-51873551-a40f-3cd1-a0bc-751926cd60be",
          "A2A_COMMIT": "b58c7721b0d1e6f5a3c49e2b7d8a1f0c6e5d4b3a",
-         "TRITON_HOME": "/opt/Python312/lib/Python3Packages/Triton36Cache/ModulesABC"}
+         "TRITON_HOME": "/opt/Python312/lib/Python3Packages/Triton36Cache/ModulesABC",
+         # red team 42: a locale list, a host named sg.*, a relative path of mixed case
+         "LANGUAGE": "sr_RS:sr@latin", "MASTER_ADDR": "sg.compute-cluster-node01.internal",
+         "PYTHONPATH_EXTRA": "x", "NCCL_TOPO_FILE": "ThirdParty/PyTorchExtensions2024/Src/TopologyXml9",
+         "CUDA_VISIBLE_DEVICES_MIG": "MIG-GPU-e3e2278b-63de-22da-0c81-8cb2488b203a/1/0"}
 
 
 def test_secrets_under_names_the_ranks_may_have_are_told_apart_from_what_they_need():
     missed = sorted(name for name, value in SECRETS_39.items() if not boundary.is_secret(name, value))
     taken = sorted(name for name, value in PLAIN.items() if boundary.is_secret(name, value))
     assert not missed and not taken, (missed, taken)
+
+
+def test_a_file_of_a_ranks_words_is_named_and_kept_where_no_rank_reads_it(tmp_path):
+    """Red team 41 read a build log at 0644; red team 42 read 16 bits of an input from a log's name, a plain hash of
+    the text its rank chose, in a folder every pool could list. The file is 0600, its folder 0700, and its name a
+    hash keyed by this process: stable here, no plain hash of the text."""
+    import hashlib
+
+    text = b"Error building extension 'x'\nword 48204"
+    path = tmp_path / "logs" / f"build-{boundary.owners_name(text)}.log"
+    boundary.write_owners_only(path, text, closed_folder=True)
+    assert path.read_bytes() == text and boundary.owners_name(text) == path.name[6:-4]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert boundary.owners_name(text) not in (hashlib.sha256(text).hexdigest(), hashlib.blake2b(text).hexdigest())
+    assert not hashlib.sha256(text).hexdigest().startswith(boundary.owners_name(text))
