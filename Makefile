@@ -45,9 +45,9 @@ check-device: setup
 # TEST_WORKERS=N runs its tests in N processes side by side (pytest-xdist; a module marked xdist_group runs in one of
 # them: the GPU tests, one process holding the GPUs, and the device-code tests, which share one run of the check; a
 # test marked `alone` runs while no other does but the device-code tests, and goes first, beside their low-priority
-# compiles: tests/conftest.py). The default, auto, is two workers on a machine of two cores or more
+# compiles: tests/conftest.py). The default, auto, is three workers on a machine of two cores or more
 # without a GPU and none elsewhere (tests/conftest.py, pytest_xdist_auto_num_workers, which says what it was measured
-# to gain and why not three). TEST_WORKERS=0 runs it in one.
+# to gain). TEST_WORKERS=0 runs it in one.
 # make test leaves out the tests marked `full` (tests/conftest.py, every_time): each attack on the judge and each
 # claim runs on every change on one face and mode, and on every other in `make test-full`.
 TEST_WORKERS ?= auto

@@ -47,14 +47,15 @@ def pytest_configure(config):
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    """Workers for `-n auto` (make test's default): two on a machine of two cores or more without a GPU, else none
-    (the tests run in the pytest process). On 2 cores the suite took 506 s in one process (one run) and 362-395 s
-    with two workers (four runs; runs minutes apart moved by up to a quarter); three failed a timing test under the
-    load (WORKLOG, "CI in 10 minutes"). With GPUs the CPU tests would run on them beside the GPU suite, whose timing
+    """Workers for `-n auto` (make test's default): three on a machine of two cores or more without a GPU, else none
+    (the tests run in the pytest process). Much of a test is waiting (deadlines, a rank's hang, a planted sleep): on
+    2 cores the suite of 2026-11-29 took 605-647 s with two workers, the cores 140% busy, and 481 s with three, 186%
+    busy, every test passing (WORKLOG, thirty-second session; three had failed a timing test on 2026-11-25, when
+    the suite was three times as long). With GPUs the CPU tests would run on them beside the GPU suite, whose timing
     claims want them to itself."""
     import eval as core
 
-    return 2 if len(os.sched_getaffinity(0)) >= 2 and not core.machine_gpus() else 0
+    return 3 if len(os.sched_getaffinity(0)) >= 2 and not core.machine_gpus() else 0
 
 
 def every_time(params, *chosen) -> list:

@@ -8,8 +8,8 @@ import eval as core
 from tests import conftest
 
 
-@pytest.mark.parametrize("cores, gpus, workers", [(2, 0, 2), (16, 0, 2), (1, 0, 0), (16, 1, 0), (2, 8, 0)])
-def test_auto_workers_are_two_on_a_cpu_machine_of_two_cores_and_none_beside_gpus(monkeypatch, cores, gpus, workers):
+@pytest.mark.parametrize("cores, gpus, workers", [(2, 0, 3), (16, 0, 3), (1, 0, 0), (16, 1, 0), (2, 8, 0)])
+def test_auto_workers_are_three_on_a_cpu_machine_of_two_cores_and_none_beside_gpus(monkeypatch, cores, gpus, workers):
     monkeypatch.setattr(conftest.os, "sched_getaffinity", lambda _pid: set(range(cores)))
     monkeypatch.setattr(core, "machine_gpus", lambda: gpus)
     assert conftest.pytest_xdist_auto_num_workers(None) == workers
