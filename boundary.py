@@ -1412,11 +1412,11 @@ def check_rank_writable(env=None) -> None:
     """The operator's RANK_WRITABLE folders hold nothing the judge's processes run, load or keep (ValueError for the
     first that does): no folder of PATH, LD_LIBRARY_PATH or sys.path but the harness's own, no preloaded library, and
     neither the machine's scratch folders (COVERED), the judge's temporary folder nor its cache; and none lies in a
-    folder of sys.path. NOTES: a rank
-    writes there for the rest of the command, and the judge's next process (a pool's zygote, a compiler, git) would
-    run what it planted, as root (red team 39, from the code); /tmp writable put the host's /tmp back over the ranks'
-    own, hiding the staged bundle below it, and the honest v1 failed (red team 41). The harness's own folder and the
-    working folder are left to the operator: the suite stages bundles below the folder its ranks may write."""
+    folder of sys.path. NOTES: a rank writes there for the rest of the command, and the judge's next process (a
+    pool's zygote, a compiler, git) would run what it planted, as root (red team 39, from the code; red team 42 filled
+    a package below a PYTHONPATH folder); /tmp writable put the host's /tmp back over the ranks' own, hiding the
+    staged bundle below it, and the honest v1 failed (red team 41). A folder that holds the harness's own folder or
+    the working folder is left to the operator: the suite stages bundles below the folder its ranks may write."""
     env = os.environ if env is None else env
     folders = {os.path.realpath(f) for f in env.get(RANK_WRITABLE, "").split(os.pathsep) if f}
     if not folders:
