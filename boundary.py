@@ -1428,19 +1428,15 @@ def check_rank_writable(env=None) -> None:
     kept = [*COVERED, tempfile.gettempdir(), str(RANK_CACHE)]
     for folder in sorted(folders):
         for path, what in [*((path, "runs or loads") for path in run), *((path, "keeps") for path in kept)]:
-            if _at_or_below(os.path.realpath(path), folder):
+            if Path(os.path.realpath(path)).is_relative_to(folder):
                 raise ValueError(f"{RANK_WRITABLE}={folder!r} holds {path!r}, which the judge {what}; a rank "
                                  f"could replace or plant what is there")
         # A folder below one the judge imports from is a package a rank may fill (red team 42: matplotlib/ below a
         # PYTHONPATH entry, imported by the next command's judge as root).
         for entry in sys.path:
-            if _at_or_below(folder, os.path.realpath(entry or os.getcwd())):
+            if Path(folder).is_relative_to(os.path.realpath(entry or os.getcwd())):
                 raise ValueError(f"{RANK_WRITABLE}={folder!r} lies in {entry or os.getcwd()!r}, which the judge "
                                  f"imports from; a rank could plant a module there")
-
-
-def _at_or_below(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _writable(uid: int, env: dict, shared: tuple) -> tuple:

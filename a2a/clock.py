@@ -323,15 +323,14 @@ class _RoundGate:
 @contextlib.contextmanager
 def held_to_round_ends():
     """The run's stdout and stderr held for each round's end (yields the release); what is held is shown on the
-    way out, however the run ends. A closed one (`>&-`: None) stays closed (red team 42: 114 at the first release)."""
+    way out, however the run ends. (A command started without one has /dev/null there: boundary.claim_run.)"""
     streams = (sys.stdout, sys.stderr)
-    gates = [_RoundGate(stream) if stream is not None else None for stream in streams]
+    gates = [_RoundGate(stream) for stream in streams]
     sys.stdout, sys.stderr = gates
 
     def release() -> None:
         for gate in gates:
-            if gate is not None:
-                gate.release()
+            gate.release()
 
     try:
         yield release
