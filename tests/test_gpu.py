@@ -753,9 +753,12 @@ def _processes_named(prefix: str) -> list:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _peer_never_comes(module, rank, world_size, spec):
+def _peer_never_comes(module, rank, world_size, spec, host_group):
     """Rank 1 skips a call: rank 0's call must give up after the spin timeout instead of hanging, and say what it
-    waited for (its report thread prints to stderr, caught here)."""
+    waited for (its report thread prints to stderr, caught here). Around that call the ranks meet in `host_group`
+    (gloo): an NCCL barrier's kernel of rank 1, spinning on a GPU the ranks share, held an SM that rank 0's grid
+    needs resident, so rank 0 waited out the timeout on its own row count too, and named rank 0 (2026-11-29, v4,
+    one H200)."""
     import io
 
     import torch.distributed as dist
@@ -765,7 +768,7 @@ def _peer_never_comes(module, rank, world_size, spec):
     data = generate_input(**spec, rank=rank, world_size=world_size)
     module.custom_kernel(data)
     _sync(rank)
-    dist.barrier()
+    dist.barrier(group=host_group)
     if rank == 0:
         said = io.StringIO()
         with contextlib.redirect_stderr(said):
@@ -774,9 +777,9 @@ def _peer_never_comes(module, rank, world_size, spec):
             _sync(rank)
             elapsed = time.monotonic() - started
             time.sleep(0.5)  # the report thread polls every 20 ms
-        dist.barrier()
+        dist.barrier(group=host_group)
         return elapsed, said.getvalue()
-    dist.barrier()  # held here until rank 0 has given up: no call of rank 1's can answer rank 0's
+    dist.barrier(group=host_group)  # held here, on the host, until rank 0 has given up
     return 0.0, ""
 
 
@@ -851,6 +854,7 @@ def _every_trace_then_give_up(rank, world_size) -> dict:
     os.environ["A2A_SPIN_TIMEOUT_S"] = str(SPIN_TIMEOUT_S)
     found = {version: {"trace": None, "free_running": None, "give_up": None} for version in P2P_VERSIONS}
     timed = {}
+    host_group = dist.new_group(backend="gloo")
     for version in P2P_VERSIONS:
         with _ends_the_group(version, rank):
             timed[version] = _load(version, f"{version}_timed")
@@ -860,7 +864,7 @@ def _every_trace_then_give_up(rank, world_size) -> dict:
             found[version]["trace"] = _trace_build_matches(timed[version], rank, world_size, version, TRACE_SPEC)
             if version == P2P_VERSIONS[-1]:
                 found[version]["free_running"] = _free_running(timed[version], rank, world_size, FREE_RUNNING_SPEC)
-            found[version]["give_up"] = _peer_never_comes(timed[version], rank, world_size, GIVE_UP_SPEC)
+            found[version]["give_up"] = _peer_never_comes(timed[version], rank, world_size, GIVE_UP_SPEC, host_group)
     return found
 
 
