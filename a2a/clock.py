@@ -283,23 +283,37 @@ def ratio_by_round(mine: dict, base: dict) -> Optional[iv.Interval]:
     return iv.interval(ratios) if ratios else None
 
 
-HELD_TEXT_BYTES = 8 << 20  # what the ranks of one round may have held for its end; the rest is counted, not shown
+HELD_TEXT_BYTES = 64 << 20  # what the ranks of one round may have held for its end, together
+HELD_WRITER_BYTES = 1 << 20  # and each rank's stream alone (wire.RANK_TEXT_BUDGET's size); the rest is counted
 
 
 class _RoundGate:
     """A stream (the run's stdout or stderr) that holds what is written until the round ends (release). NOTES: a
     rank's words were shown the moment it wrote them, in a file the operator's output went to, which the round's
     next entry could read before its calls: the round's inputs, written by the entry before it (red team 41 did it
-    with a build log). Only the run's own thread's lines pass the cap."""
+    with a build log). Only the run's own thread's lines pass the caps, and each writer (the thread of one rank's
+    stream) has its own: one entry's eight ranks filled a shared cap and the next entry's lines went unseen (red team
+    43). Where a writer's text is first cut off, a note says how much of it was not shown."""
 
     def __init__(self, stream):
-        self.stream, self.held, self.held_bytes, self.dropped, self.lock = stream, [], 0, 0, threading.Lock()
+        self.stream, self.held, self.held_bytes, self.lock = stream, [], 0, threading.Lock()
+        self.taken: dict = {}  # writer -> characters held
+        self.cut: dict = {}  # writer -> [its name, characters not shown], its place in `held`
 
     def write(self, text: str) -> int:
         with self.lock:
-            if threading.current_thread() is not threading.main_thread() and self.held_bytes >= HELD_TEXT_BYTES:
-                self.dropped += len(text)
+            writer = threading.current_thread()
+            if writer is threading.main_thread():
+                self.held.append(text)
+                self.held_bytes += len(text)
+            elif writer in self.cut or self.taken.get(writer, 0) + len(text) > HELD_WRITER_BYTES \
+                    or self.held_bytes + len(text) > HELD_TEXT_BYTES:
+                if writer not in self.cut:
+                    self.cut[writer] = [writer.name, 0]
+                    self.held.append(self.cut[writer])
+                self.cut[writer][1] += len(text)
             else:
+                self.taken[writer] = self.taken.get(writer, 0) + len(text)
                 self.held.append(text)
                 self.held_bytes += len(text)
         return len(text)
@@ -309,10 +323,10 @@ class _RoundGate:
 
     def release(self) -> None:
         with self.lock:
-            text, self.held, self.held_bytes = "".join(self.held), [], 0
-            if self.dropped:
-                text += f"({self.dropped} characters of the ranks' text not shown: past a round's {HELD_TEXT_BYTES})\n"
-                self.dropped = 0
+            text = "".join(part if isinstance(part, str) else
+                           f"({part[1]} characters of {part[0]} not shown from here to the round's end: past "
+                           f"{HELD_WRITER_BYTES} a writer, {HELD_TEXT_BYTES} a round)\n" for part in self.held)
+            self.held, self.held_bytes, self.taken, self.cut = [], 0, {}, {}
         self.stream.write(text)
         self.stream.flush()
 

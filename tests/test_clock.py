@@ -639,3 +639,36 @@ def test_a_message_cut_short_fails_its_entry_alone_at_the_rounds_limit(tmp_path,
     run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
     assert "watchdog" in run.failed.get("cut", "") and "v1" not in run.failed, run.failed
     assert {name for (name, _), rounds in run.samples.items() if rounds} == {"v1"}, run.samples
+
+
+def test_one_entrys_flood_leaves_the_next_entrys_lines_shown(monkeypatch):
+    """Red team 43: one entry's eight ranks filled a round's shared cap of held text, and the next entry's lines in
+    that round were only counted. Each writer (a rank stream's thread) has its own cap: the flood is cut where it
+    passes its own, with a note there, and a later writer's line is shown whole."""
+    import io
+
+    monkeypatch.setattr(clock, "HELD_WRITER_BYTES", 1000)
+    monkeypatch.setattr(clock, "HELD_TEXT_BYTES", 8000)
+    shown = io.StringIO()
+    gate = clock._RoundGate(shown)
+
+    def writes(lines):
+        for line in lines:
+            gate.write(line)
+
+    floods = [threading.Thread(target=writes, args=([f"flood {i} " + "x" * 90 + "\n"] * 100,), name=f"flood {i}")
+              for i in range(8)]
+    for thread in floods:
+        thread.start()
+        thread.join()
+    later = threading.Thread(target=writes, args=(["MARKER of the next entry\n"],), name="marker")
+    later.start()
+    later.join()
+    gate.write("the run's own line\n")
+    assert shown.getvalue() == ""  # nothing before the round's end
+    gate.release()
+    text = shown.getvalue()
+    assert "MARKER of the next entry\n" in text and "the run's own line\n" in text, text[-500:]
+    assert all(f"characters of flood {i} not shown" in text for i in range(8)), text[-2000:]
+    assert len(text) < 8 * 1000 + 2000
+
