@@ -6,6 +6,7 @@ nothing of the harness and no torch. What it holds and what it does not: docs/ju
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import dataclasses
@@ -24,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+from env_secrets import is_secret
 
 HERE = Path(__file__).resolve().parent
 
@@ -109,61 +112,6 @@ def _gone(*mark) -> bool:
     return _start_time(int(mark[0])) != mark[1]
 
 
-# Variables whose names say they hold a secret of the operator's (a token, a key, a password): no process the judge
-# starts gets them, a rank least of all (red team 35: RT35_OPERATOR_TOKEN, exported by the operator, was in every
-# rank's environment). PWD alone is the shell's working folder.
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS($|_|WORD|WD|PHRASE)|CRED|AUTH|COOKIE|PRIVATE|SIGNING"
-                         r"|(^|_)[A-Z]*KEY[A-Z0-9]*($|_)|API_?KEY|ACCESS_?KEY|CONNECTION_?STRING|^AWS_|^SSH_AUTH_SOCK$"
-                         r"|(^|_)(PW|PSK|TOK)($|_)|_PWD($|_)|^PWD_|JWT|BEARER|HMAC|SESSION_?ID", re.IGNORECASE)
-# ... and values that carry one whatever their name: anything before an '@' in a URL (red team 37:
-# redis://:password@host; red team 38: a bare token, https://ghp_...@github.com, and a password holding '/'; red
-# team 39: one holding a space), a credential in a query or a JSON key (red team 38: an Azure SAS's sig=, an S3
-# presigned X-Amz-Signature=; red team 39: pass=, api-key=), a connection string's key or password, a private key,
-# an Authorization header's value, and the token formats that say what they are (a whole word: a folder named
-# sk-... in a PATH is none; red team 41: npm, Vault, Doppler, Atlassian, Twilio, Telegram, Discord and more, a
-# netrc line and curl's -u user:password).
-SECRET_VALUE = re.compile(
-    r"://[^\s@]*@|://[^/@]*@|(^|[\s=])[^\s:/@]+:[^\s/@]+@[A-Za-z0-9-]+[.:]"
-    r"|[?&;#](sig|signature|x-(amz|goog)-[a-z-]*|[a-z_-]*token|[a-z_-]*key(id)?|secret|"
-    r"client_secret|pass|password|passwd|pwd|auth|code)=|[\"'][a-z_-]*(token|secret|password|passwd|key)[\"']\s*:"
-    r"|(AccountKey|SharedAccessSignature|password|pwd)=|PRIVATE KEY|\b(Bearer|Basic|Token)\s+[A-Za-z0-9+/=._~-]{8,}"
-    r"|\bya29\.[A-Za-z0-9_-]{16,}|\bdapi[0-9a-f]{32}\b"
-    r"|hooks\.slack\.com/services/|(^|[\s=\"':,;@])(ghp|gho|ghu|ghs|ghr|github_pat|glpat|hf|sk|npm|pypi|dckr_pat"
-    r"|[rsp]k_(live|test)|xox[abpr]|dop_v1|shp(at|ss|ca|pa)|lin_api|r8|gsk|pplx|glsa|secret)[_-][A-Za-z0-9_-]{16,}"
-    r"($|[\s\"',;:@.])|\b(AKIA|ASIA)[0-9A-Z]{16}\b"
-    r"|\bAIza[0-9A-Za-z_-]{30,}|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\."
-    r"|(?-i:\bSG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{32,})"
-    r"|AGE-SECRET-KEY-|\bhvs\.[A-Za-z0-9_-]{20,}|\bdp\.[a-z]{2,5}\.[A-Za-z0-9._-]{16,}|\bATATT[A-Za-z0-9_=-]{20,}"
-    r"|\bSK[0-9a-f]{32}\b|\b[0-9]{8,10}:AA[A-Za-z0-9_-]{30,}|_authToken=|\bpassword\s+\S+|(^|\s)-u\s*[^\s:]+:\S+"
-    r"|\b[MN][A-Za-z0-9]{23,25}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,}", re.IGNORECASE)
-
-
-# Knobs whose names hold KEY but whose values are no secret (red team 40: an IB partition, a cache key's tag, a key's
-# format). Their values are still checked.
-KNOBS_NAMED_LIKE_SECRETS = frozenset({"TORCH_COMPILE_CACHE_KEY_TAG", "TORCH_COMPILE_STICKY_PGO_KEY",
-                                      "TRITON_REDIS_KEY_FORMAT", "NCCL_IB_PKEY", "UCX_IB_PKEY"})
-# A bare key: a word of 32 or more base64 characters (url-safe too) with letters of both cases beyond hex digits, and
-# a digit (red team 39: an AWS secret access key has no prefix to tell it by; red team 42: a url-safe one). GPU UUIDs,
-# hex hashes and the values of variables named for paths (a relative PYTHONPATH entry) are none.
-_WORD = re.compile(r"[^\s=:,;\"'()\[\]{}]+")
-_BARE_KEY = re.compile(r"[A-Za-z0-9+/_-]{32,}={0,2}")
-_NAMED_FOR_PATHS = re.compile(r"(PATH|DIRS?|HOME|ROOT|PREFIX|FILE|EXE|LIB|LIBS)$", re.IGNORECASE)
-
-
-def _bare_key(value: str) -> bool:
-    for word in _WORD.findall(value):
-        if (not word.startswith("/") and _BARE_KEY.fullmatch(word) and any(c.isdigit() for c in word)
-                and sum(c in "ghijklmnopqrstuvwxyz" for c in word) >= 2
-                and sum(c in "GHIJKLMNOPQRSTUVWXYZ" for c in word) >= 2):
-            return True
-    return False
-
-
-def is_secret(name: str, value: str) -> bool:
-    named = SECRET_NAME.search(name) and name.upper() not in KNOBS_NAMED_LIKE_SECRETS
-    return bool(named or SECRET_VALUE.search(value) or (not _NAMED_FOR_PATHS.search(name) and _bare_key(value)))
-
-
 # What a rank starts with of the operator's environment: what a GPU, a compiler, Python, torch and the collectives
 # read, and the harness's own A2A_* (a secret under an innocent name, FOO=..., reached every rank before). More names
 # pass with RANK_ENV, comma-separated, itself never passed; a secret (is_secret) never passes. NOTES: families whose
@@ -238,18 +186,65 @@ def owners_name(data: bytes) -> str:
     return hashlib.blake2b(data, key=_NAME_KEY, digest_size=8).hexdigest()
 
 
+def _owners_folder(folder: Path, closed: bool) -> int:
+    """A descriptor of `folder` (made where missing) that is this process's alone: a folder, not a link, of its own
+    uid that no one else may write (PermissionError otherwise); with `closed`, made 0700. NOTES: the judge wrote its
+    logs, and chmodded its old ones, in a folder a rank could fill with links (red team 43: root made a rival's
+    staged file 0600 and the honest v1 failed); every operation here goes through this descriptor, naming no link."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        os.close(fd)
+        raise PermissionError(errno.EPERM, "a folder others own or may write", str(folder))
+    if closed:
+        os.fchmod(fd, 0o700)
+    return fd
+
+
 def write_owners_only(path: Path, data: bytes, closed_folder: bool = False) -> None:
-    """`data` in `path`, a file only its owner reads (0600, however it was before; no link followed); with
-    `closed_folder`, in a folder only its owner lists (0700: its names and count are no channel). NOTES: a failed
-    build's log, a rank's words with its round's inputs in them, lay at 0644 in the harness's folder, which every
-    later pool sees: the next entry of the round read them before its calls (red team 41)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if closed_folder:
-        path.parent.chmod(0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as file:
-        os.fchmod(fd, 0o600)
-        file.write(data)
+    """`data` in `path`, a file only its owner reads (0600, however it was before; no link followed), in a folder
+    of the owner's alone (_owners_folder); with `closed_folder`, one only its owner lists (0700: its names and count
+    are no channel). NOTES: a failed build's log, a rank's words with its round's inputs in them, lay at 0644 in
+    the harness's folder, which every later pool sees: the next entry of the round read them before its calls (red
+    team 41)."""
+    folder = _owners_folder(path.parent, closed_folder)
+    try:
+        fd = os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=folder)
+        with os.fdopen(fd, "wb") as file:
+            os.fchmod(fd, 0o600)
+            file.write(data)
+    finally:
+        os.close(folder)
+
+
+def keep_newest(folder: Path, prefix: str, count: int, spared: set) -> None:
+    """Of the plain files in `folder` (the owner's alone: _owners_folder) named `prefix`..., all but the `count`
+    newest go, never one named in `spared`; those kept are made 0600 (an older harness wrote them at 0644). Links
+    and anything else are left as they are, unfollowed."""
+    try:
+        fd = _owners_folder(folder, False)
+    except OSError:
+        return
+    try:
+        found = []
+        for entry in os.scandir(fd):
+            with contextlib.suppress(OSError):
+                info = entry.stat(follow_symlinks=False)
+                if entry.name.startswith(prefix) and stat.S_ISREG(info.st_mode):
+                    found.append((info.st_mtime_ns, entry.name, info.st_mode))
+        found.sort(reverse=True)
+        for index, (_, name, mode) in enumerate(found):
+            with contextlib.suppress(OSError):
+                if index >= count and name not in spared:
+                    os.unlink(name, dir_fd=fd)
+                elif mode & 0o077:
+                    file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    os.fchmod(file, 0o600)
+                    os.close(file)
+    finally:
+        os.close(fd)
 
 
 REMOVE_DEPTH = 64  # folders held open at once while a tree is removed; deeper ones are moved up first
@@ -1408,35 +1403,85 @@ def run_covers(uid: int, shm: Optional[str]) -> tuple:
     return (("/tmp", str(base / "tmp")), ("/var/tmp", str(base / "var-tmp")), *((("/dev/shm", shm),) if shm else ()))
 
 
-def check_rank_writable(env=None) -> None:
-    """The operator's RANK_WRITABLE folders hold nothing the judge's processes run, load or keep (ValueError for the
-    first that does): no folder of PATH, LD_LIBRARY_PATH or sys.path but the harness's own, no preloaded library, and
-    neither the machine's scratch folders (COVERED), the judge's temporary folder nor its cache; and none lies in a
-    folder of sys.path. NOTES: a rank writes there for the rest of the command, and the judge's next process (a
-    pool's zygote, a compiler, git) would run what it planted, as root (red team 39, from the code; red team 42 filled
-    a package below a PYTHONPATH folder); /tmp writable put the host's /tmp back over the ranks' own, hiding the
-    staged bundle below it, and the honest v1 failed (red team 41). A folder that holds the harness's own folder or
-    the working folder is left to the operator: the suite stages bundles below the folder its ranks may write."""
+def rank_writable_folders(env=None) -> set:
+    """The operator's RANK_WRITABLE folders, each as its real path."""
     env = os.environ if env is None else env
-    folders = {os.path.realpath(f) for f in env.get(RANK_WRITABLE, "").split(os.pathsep) if f}
+    return {os.path.realpath(f) for f in env.get(RANK_WRITABLE, "").split(os.pathsep) if f}
+
+
+def _imported_from(env) -> list:
+    """Where the judge's Python finds code: sys.path (a missing entry, such as the user site, counts: the next
+    process puts it there once it exists), the bytecode prefix and the extension and Triton caches it loads from."""
+    import site
+
+    user_site = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
+    prefix = [sys.pycache_prefix or env.get("PYTHONPYCACHEPREFIX") or ""]
+    caches = [str(judge_cache(name) or "") for name in CACHE_FOLDERS]
+    return [entry or os.getcwd() for entry in sys.path] + [p for p in [*user_site, *prefix, *caches] if p]
+
+
+def check_rank_writable(env=None) -> None:
+    """The operator's RANK_WRITABLE folders hold nothing the judge's processes run, load, write or keep (ValueError
+    for the first that does): no folder of PATH, LD_LIBRARY_PATH or sys.path but the harness's own, no preloaded
+    library, no bytecode prefix, user site or build cache of the judge's, neither the machine's scratch folders
+    (COVERED), the judge's temporary folder, its cache, its build logs' folder nor root's home; and none lies in a
+    folder the judge imports or loads from. NOTES: a rank writes there for the rest of the command, and the judge's
+    next process (a pool's zygote, a compiler, git) would run what it planted, as root (red team 39, from the code;
+    red team 42 filled a package below a PYTHONPATH folder; red team 43 a .pyc below PYTHONPYCACHEPREFIX, which
+    run_leaderboard.py ran as root); the judge's chmod of its old logs followed a rank's links there (red team 43);
+    /tmp writable put the host's /tmp back over the ranks' own, hiding the staged bundle below it, and the honest v1
+    failed (red team 41). A folder that holds the harness's own folder or the working folder is left to the
+    operator: the suite stages bundles below the folder its ranks may write."""
+    env = os.environ if env is None else env
+    folders = rank_writable_folders(env)
     if not folders:
         return
     own = {os.path.realpath(HERE), os.path.realpath(os.getcwd())}
     preloads = [str(found) for found in map(_preload_file, _preload_entries(env.get("LD_PRELOAD", ""))) if found]
-    run = [*(entry for entry in sys.path if entry and os.path.realpath(entry) not in own), *preloads,
+    imported = [entry for entry in _imported_from(env) if os.path.realpath(entry) not in own]
+    run = [*imported, *preloads,
            *(entry for name in ("PATH", "LD_LIBRARY_PATH") for entry in env.get(name, "").split(os.pathsep) if entry)]
-    kept = [*COVERED, tempfile.gettempdir(), str(RANK_CACHE)]
+    kept = [*COVERED, tempfile.gettempdir(), str(RANK_CACHE), env.get("A2A_LOG_DIR") or "", os.path.expanduser("~")]
     for folder in sorted(folders):
-        for path, what in [*((path, "runs or loads") for path in run), *((path, "keeps") for path in kept)]:
+        for path, what in [*((path, "runs or loads") for path in run), *((path, "keeps") for path in kept if path)]:
             if Path(os.path.realpath(path)).is_relative_to(folder):
                 raise ValueError(f"{RANK_WRITABLE}={folder!r} holds {path!r}, which the judge {what}; a rank "
                                  f"could replace or plant what is there")
         # A folder below one the judge imports from is a package a rank may fill (red team 42: matplotlib/ below a
         # PYTHONPATH entry, imported by the next command's judge as root).
-        for entry in sys.path:
-            if Path(folder).is_relative_to(os.path.realpath(entry or os.getcwd())):
-                raise ValueError(f"{RANK_WRITABLE}={folder!r} lies in {entry or os.getcwd()!r}, which the judge "
-                                 f"imports from; a rank could plant a module there")
+        for entry in _imported_from(env):
+            if Path(folder).is_relative_to(os.path.realpath(entry)):
+                raise ValueError(f"{RANK_WRITABLE}={folder!r} lies in {entry!r}, which the judge imports or loads "
+                                 f"from; a rank could plant code there")
+
+
+def check_judges_folder(path: Path, what: str) -> None:
+    """`path`, a folder the judge will save in (a run's results), made now where it lies in a RANK_WRITABLE folder,
+    so that no rank makes it first (removed on the way out if the command leaves it empty), and refused (ValueError)
+    where a rank could move the run's folder or put its own in its place: from the writable folder down to `path`
+    each must be this process's or root's (the writable one the operator's) and, where others may write it, sticky
+    (they cannot move what is not theirs). NOTES: red team 43's rank made --out first, in its run, and the saved run
+    was the rank's (a forged results.csv, a row lost, table.md a link root wrote through)."""
+    real = Path(os.path.realpath(path))
+    top = next((Path(f) for f in sorted(rank_writable_folders()) if real.is_relative_to(f)), None)
+    if top is None:
+        return
+    made = [folder for folder in [*reversed(real.parents), real] if folder.is_relative_to(top) and not folder.exists()]
+    real.mkdir(mode=0o755, parents=True, exist_ok=True)
+    atexit.register(_remove_if_empty, made, os.getpid())
+    for folder in [top, *reversed(real.parents[:len(real.parents) - len(top.parents) - 1]), real][real == top:]:
+        info = os.lstat(folder)
+        owner = folder == top or info.st_uid in (os.geteuid(), 0)
+        if not (stat.S_ISDIR(info.st_mode) and owner and (not info.st_mode & 0o022 or info.st_mode & stat.S_ISVTX)):
+            raise ValueError(f"{what} {path}: {folder} lies in {RANK_WRITABLE}={str(top)!r}, and ranks could put a "
+                             f"folder of their own in its place")
+
+
+def _remove_if_empty(folders: list, pid: int) -> None:
+    """The folders check_judges_folder made, each if empty, by the process that made them (not a child forked)."""
+    for folder in reversed(folders if os.getpid() == pid else []):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def _writable(uid: int, env: dict, shared: tuple) -> tuple:

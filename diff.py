@@ -39,6 +39,7 @@ def main(argv=None) -> int:
     if not 0 < args.alpha < 1:
         raise core.UserError(f"--alpha must be between 0 and 1, not {args.alpha}")
     plan = planning.make_plan([args.a, args.b], args.cases, args.world_size, args.backend, gpu_only="keep")
+    cli.one_entry_per_writable(plan.versions)
     path_a, path_b = plan.versions
     diffs = diffing.code_diff_within(path_a, path_b)
     if diffs is None:

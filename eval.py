@@ -57,8 +57,9 @@ from typing import Any, Callable, NamedTuple, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own modules, wherever it is run from
 from boundary import (MPS_DEFAULT_PIPE, POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox,  # noqa: E402
                       become_subreaper, check_rank_writable, claim_run, descendants, die_with_parent,
-                      enter_rank_sandbox, hide_result_channel, kill_tree, memory_cap_hit, owned_tempdir,
-                      owners_name, pool_memory_bytes, prepare_rank_cache, release_uid, write_owners_only)
+                      enter_rank_sandbox, hide_result_channel, keep_newest, kill_tree, memory_cap_hit,
+                      owned_tempdir, owners_name, pool_memory_bytes, prepare_rank_cache, release_uid,
+                      write_owners_only)
 import births  # noqa: E402
 from births import (KILLED_WAIT_S, Forked, Nursery, PhaseSlot, Zygote, close_all_but, environ_with,  # noqa: E402
                     environment_with, join_within, owner_cpu, pinned_cpus, rank_birth, send_fds, stdin_from_null)
@@ -1448,21 +1449,8 @@ def write_build_log(text: str, entry: str = "") -> str:
     except OSError as exc:
         return f"not written: {exc.strerror}"
     _build_logs[path] = mine[path] = len(data)
-    _remove_old_build_logs(folder)
+    keep_newest(folder, "build-", BUILD_LOGS_KEPT, {p.name for p in _build_logs if p.parent == folder})
     return str(path)
-
-
-def _remove_old_build_logs(folder: Path) -> None:
-    """All but the BUILD_LOGS_KEPT newest logs in `folder`, never one this run wrote."""
-    logs = []
-    for log in folder.glob("build-*.log"):
-        with contextlib.suppress(OSError):
-            log.chmod(0o600)  # one an older harness wrote at 0644, in every pool's view
-            logs.append((log.stat().st_mtime_ns, log))
-    for _, log in sorted(logs, reverse=True)[BUILD_LOGS_KEPT:]:
-        if log not in _build_logs:
-            with contextlib.suppress(OSError):
-                log.unlink()
 
 
 def rank_failures(results: list[RankResult], entry: str = "") -> str:

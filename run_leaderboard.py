@@ -661,6 +661,7 @@ def main(argv=None) -> int:
         raise core.UserError(f"--stability needs at least 2 runs, not {args.stability}")
     plan = planning.make_plan(versions, args.cases, args.world_size, args.backend, timeout_s=args.timeout,
                               gpu_only="skip", distinct=True)
+    cli.one_entry_per_writable(plan.versions)
     cli.writable(args.out)
     from a2a import sol
 

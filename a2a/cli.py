@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+import boundary
 import eval as core
 import wire
 from a2a import plan as planning
@@ -137,6 +138,21 @@ def writable(out: Path) -> None:
         tempfile.TemporaryDirectory(dir=existing).cleanup()
     except OSError as exc:
         raise UserError(f"--out {out}: {existing} cannot be written ({exc.strerror})") from None
+    try:
+        boundary.check_judges_folder(out, "--out")
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def one_entry_per_writable(versions: list) -> None:
+    """Submissions timed side by side get no RANK_WRITABLE folder: every pool's ranks may write there, so the entry
+    timed first would leave the round's inputs and answers for the next (red team 43: 23 calls of 23 answered from
+    its files, four times faster than the honest code)."""
+    folders = boundary.rank_writable_folders()
+    if folders and len(versions) > 1:
+        raise UserError(f"{boundary.RANK_WRITABLE} ({', '.join(sorted(folders))}) would be written by the ranks of "
+                        f"each of the {len(versions)} submissions: a channel between them; unset it, or time one "
+                        f"submission at a time")
 
 
 def save_run(out: Path, meta: dict, write: Callable[[Path], None]) -> Path:

@@ -1503,6 +1503,9 @@ SECRETS_39 = {
     # red team 42: a url-safe key (Fernet, secrets.token_urlsafe)
     "CUDA_NOTE": "Zt3k9Qw_L2mN8xP4vR7sT1uY6aB0cD5eF-gH3jK9lM=",
     "CUDA_A_SENDGRID_EXACT": "SG.abcdefghijklmnopqrstuv.abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG",
+    # red team 43: a Discord webhook, docker's config, mysql's password flag
+    "CUDA_A_WEBHOOK": "https://discord.com/api/webhooks/123456789012345678/abcdefghijklmnop",
+    "CUDA_A_DOCKER": '{"auths": {"registry.io": {"auth": "dXNlcjpodW50ZXIy"}}}', "CUDA_A_MYSQL": "mysql -uroot -phunter2 db",
 }
 # What a GPU, a compiler, Python and the collectives read: none of it is a secret.
 PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bin", "NCCL_SOCKET_IFNAME": "eth0",
@@ -1521,7 +1524,8 @@ PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bi
          # red team 42: a locale list, a host named sg.*, a relative path of mixed case
          "LANGUAGE": "sr_RS:sr@latin", "MASTER_ADDR": "sg.compute-cluster-node01.internal",
          "PYTHONPATH_EXTRA": "x", "NCCL_TOPO_FILE": "ThirdParty/PyTorchExtensions2024/Src/TopologyXml9",
-         "CUDA_VISIBLE_DEVICES_MIG": "MIG-GPU-e3e2278b-63de-22da-0c81-8cb2488b203a/1/0"}
+         "CUDA_VISIBLE_DEVICES_MIG": "MIG-GPU-e3e2278b-63de-22da-0c81-8cb2488b203a/1/0",
+         "CFLAGS": "-pthread -pipe -O2", "CXX": "g++ -pthread"}
 
 
 def test_secrets_under_names_the_ranks_may_have_are_told_apart_from_what_they_need():
@@ -1543,3 +1547,39 @@ def test_a_file_of_a_ranks_words_is_named_and_kept_where_no_rank_reads_it(tmp_pa
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert boundary.owners_name(text) not in (hashlib.sha256(text).hexdigest(), hashlib.blake2b(text).hexdigest())
     assert not hashlib.sha256(text).hexdigest().startswith(boundary.owners_name(text))
+
+
+def test_the_judges_logs_follow_no_link_and_go_only_into_a_folder_of_its_own(tmp_path):
+    """Red team 43: in a folder a rank could write, root wrote its log through the rank's link to the folder and
+    chmodded to 0600 the files its links named (a rival's staged submission: the honest v1 failed). A folder that is
+    a link, one another uid owns or one others may write is refused; a link among the logs is neither followed nor
+    removed, and the plain logs past the count go, the spared one kept."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("a file of root's")
+    victim.chmod(0o644)
+    mine = tmp_path / "logs"
+    mine.mkdir(mode=0o700)
+    (mine / "build-link.log").symlink_to(victim)
+    for age, name in enumerate(["build-new.log", "build-old.log", "build-spared.log"]):
+        (mine / name).write_text(name)
+        (mine / name).chmod(0o644)
+        os.utime(mine / name, ns=(10 ** 18 - age * 10 ** 9,) * 2)
+    boundary.keep_newest(mine, "build-", 1, {"build-spared.log"})
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o644 and (mine / "build-link.log").is_symlink()
+    assert sorted(p.name for p in mine.iterdir()) == ["build-link.log", "build-new.log", "build-spared.log"]
+    assert stat.S_IMODE((mine / "build-new.log").stat().st_mode) == 0o600
+    linked = tmp_path / "linked"
+    linked.symlink_to(mine)
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o1777)
+    for folder in (linked, open_to_all):
+        with pytest.raises(OSError):
+            boundary.write_owners_only(folder / "build-x.log", b"words")
+        assert not (folder / "build-x.log").exists()
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(OSError):
+            boundary.write_owners_only(theirs / "build-x.log", b"words")

@@ -172,10 +172,11 @@ def _diff(tmp_path, a: str, b: str):
     return json.loads((folder / "timing.json").read_text()), folder
 
 
-def test_a_version_against_itself_shows_no_difference(tmp_path):
+def test_a_version_against_itself_shows_no_difference(tmp_path, monkeypatch):
     """The verdicts hold a family-wise error rate of 5% per run (a2a/diffing.py), so one run in 20 may show a
     difference by chance (seen once in about 45 runs on this CPU, 2026-11-24); a second run decides, and two false
     verdicts in a row come once in 400 runs."""
+    monkeypatch.delenv("A2A_RANK_WRITABLE")  # the two sides of a diff share no writable folder
     for attempt in range(2):
         (tmp_path / str(attempt)).mkdir()
         timing, folder = _diff(tmp_path / str(attempt), "v1", "v1")
@@ -189,10 +190,11 @@ def test_a_version_against_itself_shows_no_difference(tmp_path):
 PLANTED_DELAY_S = 0.2
 
 
-def test_a_planted_delay_shows_as_slower_on_every_shape(tmp_path):
+def test_a_planted_delay_shows_as_slower_on_every_shape(tmp_path, monkeypatch):
     """With 4 rounds and a Bonferroni interval, one round in which A stalled decides: a 30 ms delay hid behind one
     stall of a loaded CI machine (A's mean call 6.3 ms against ~3 ms, "no difference", 2026-11-27). The delay must
     dwarf such stalls, so that a stalled round still reads B several times slower; a sleep costs no CPU."""
+    monkeypatch.delenv("A2A_RANK_WRITABLE")  # the two sides of a diff share no writable folder
     delayed = tmp_path / "v1_delayed.py"
     delayed.write_text(V1.read_text().replace("    cfg, rank_data, rank, world_size = data\n",
                                               f"    cfg, rank_data, rank, world_size = data\n    time.sleep({PLANTED_DELAY_S})\n", 1)

@@ -161,7 +161,7 @@ def test_failing_rank_error_comes_first_and_whole(tmp_path):
     assert report[0] == "rank 1 - ValueError: planted failure on rank 1: " + "x" * 600 + " end (at submission.py:3)"
 
 
-def test_a_failed_build_names_the_compilers_error_and_keeps_the_whole_log(tmp_path):
+def test_a_failed_build_names_the_compilers_error_and_keeps_the_whole_log(tmp_path, tmp_path_factory):
     """A submission whose extension does not build: its case names the compiler's own error line (not the command
     lines ninja prints first, which filled the cell, cut off, on one GPU image) and the file the owner wrote the
     whole build output to, with what a terminal would act on escaped (red team 31: a screen clear and a forged
@@ -180,15 +180,16 @@ def test_a_failed_build_names_the_compilers_error_and_keeps_the_whole_log(tmp_pa
     output += "\n\x1b[2J\x1b[Hcheck: pass\n"
     submission = tmp_path / "does_not_build.py"
     submission.write_text(f"raise RuntimeError({output!r})\n\n\ndef custom_kernel(data):\n    return data[1].x\n")
+    logs = tmp_path_factory.mktemp("logs")  # the judge's alone: not in the folder its ranks may write
     result = run_eval("test", str(submission), "--world-size", "2", "--cases", "tests:0", timeout=120,
-                      env={"A2A_LOG_DIR": str(tmp_path / "logs")})
+                      env={"A2A_LOG_DIR": str(logs)})
     assert result.returncode == 112, result.stdout + result.stderr
     cell = next(line for line in result.stdout.splitlines() if "Error building extension" in line)
     assert "Error building extension 'a2a_test_bad_build': main.cpp:1:" in cell, cell
     line = result.stdout.split("case 0 failed", 1)[1].splitlines()[1]
     assert re.search(r"error: .*undeclared_name", line) and "-MMD" not in line, line
     log = Path(re.search(r"full build log: (\S+\.log)", line).group(1))
-    assert log.parent == tmp_path / "logs" and log.read_text() == output.replace("\x1b", "\\x1b")
+    assert log.parent == logs and log.read_text() == output.replace("\x1b", "\\x1b")
 
 
 def test_crashing_rank_is_named_with_its_signal(tmp_path):

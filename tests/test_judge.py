@@ -2644,9 +2644,10 @@ def _clock_beside_v1(path: str, out: Path, cases: str, exit_code: int) -> dict:
     return {row["version"]: row for row in rows if row["seed"] == rows[0]["seed"]}
 
 
-def test_a_mistyped_result_costs_the_clock_no_other_entrys_results(tmp_path):
+def test_a_mistyped_result_costs_the_clock_no_other_entrys_results(tmp_path, monkeypatch):
     """The clock with v1 and an entry whose result is mistyped (red team 13: run_leaderboard.py exited 114 and saved
     nothing, v1's results lost): the entry fails, v1's row is saved, the run exits 112."""
+    monkeypatch.delenv("A2A_RANK_WRITABLE")  # two submissions of a clock run share no writable folder
     path = _submission(reachable(tmp_path), hostile(MISTYPED_RESULT, mode="value"), "mistyped.py")
     rows = _clock_beside_v1(path, tmp_path / "out", "tests:0", EXIT_CHECK_FAILED)
     assert rows["v1_torch_sort"]["status"] == "pass" and rows["v1_torch_sort"]["mean_us"], rows
@@ -2732,13 +2733,13 @@ def custom_kernel(data):
 '''
 
 
-def test_the_build_logs_a_rank_sends_are_cut_and_a_run_writes_few(tmp_path):
+def test_the_build_logs_a_rank_sends_are_cut_and_a_run_writes_few(tmp_path, tmp_path_factory):
     """Five cases of two ranks each sending a distinct 1 MiB build log: each log the owner writes is cut to its last
     BUILD_LOG_CHARS characters, and the run writes at most BUILD_LOGS_PER_RUN files and BUILD_LOG_BYTES_PER_RUN
     bytes; the cases fail (112), naming the log or why none was written."""
     import eval as core
 
-    logs = tmp_path / "logs"
+    logs = tmp_path_factory.mktemp("logs")  # the judge's alone: not in the folder its ranks may write
     outcome = run_face("human", "test", tmp_path / "run", hostile(BUILD_LOG_FLOOD), cases=5,
                        env={"A2A_LOG_DIR": str(logs)})
     assert len(outcome.said("flooding")) >= 10, str(outcome)
@@ -2816,15 +2817,17 @@ def test_past_the_cap_over_every_run_the_oldest_build_logs_go(tmp_path, monkeypa
     never deleted)."""
     import eval as core
 
-    monkeypatch.setenv("A2A_LOG_DIR", str(tmp_path))
+    logs = tmp_path / "logs"  # the judge's alone (one others may write gets no log)
+    logs.mkdir()
+    monkeypatch.setenv("A2A_LOG_DIR", str(logs))
     monkeypatch.setattr(core, "_build_logs", {})
     monkeypatch.setattr(core, "_logs_of", {})
-    old = [tmp_path / f"build-{n:016x}.log" for n in range(core.BUILD_LOGS_KEPT + 8)]
+    old = [logs / f"build-{n:016x}.log" for n in range(core.BUILD_LOGS_KEPT + 8)]
     for age, log in enumerate(old):
         log.write_text("an earlier run's log")
         os.utime(log, ns=(10**18 - age * 10**9,) * 2)  # old[0] the newest
     written = Path(core.write_build_log("this run's failed build"))
-    kept = sorted(tmp_path.glob("build-*.log"))
+    kept = sorted(logs.glob("build-*.log"))
     assert written in kept and len(kept) == core.BUILD_LOGS_KEPT, len(kept)
     assert set(kept) == {written, *old[:core.BUILD_LOGS_KEPT - 1]}
 
@@ -2834,7 +2837,7 @@ def test_one_entry_spends_only_its_own_share_of_the_build_logs(tmp_path, monkeyp
     first left a later entry's honest build failure without its log. Each entry has its own caps."""
     import eval as core
 
-    monkeypatch.setenv("A2A_LOG_DIR", str(tmp_path))
+    monkeypatch.setenv("A2A_LOG_DIR", str(tmp_path / "logs"))
     monkeypatch.setattr(core, "_build_logs", {})
     monkeypatch.setattr(core, "_logs_of", {})
     for n in range(core.BUILD_LOGS_PER_RUN + 2):
@@ -2996,9 +2999,10 @@ def custom_kernel(data):
 '''
 
 
-def test_a_call_figure_under_a_nanosecond_is_no_figure_and_costs_the_clock_nothing(tmp_path):
+def test_a_call_figure_under_a_nanosecond_is_no_figure_and_costs_the_clock_nothing(tmp_path, monkeypatch):
     """The clock with v1 and an entry whose rank says its calls took 1e-318 ns: the run ends 0 with both entries'
     rows saved; the entry's call time is void, its owner's step timed."""
+    monkeypatch.delenv("A2A_RANK_WRITABLE")  # two submissions of a clock run share no writable folder
     path = _submission(reachable(tmp_path), hostile(TINY_CALL_FIGURE, call="1e-318"), "tiny_call.py")
     rows = _clock_beside_v1(path, tmp_path / "out", "tests:0,1", 0)
     assert rows["v1_torch_sort"]["device_mean_us"] and float(rows[path]["mean_us"]) > 0, rows  # call, owner's step
