@@ -6,7 +6,6 @@ nothing of the harness and no torch. What it holds and what it does not: docs/ju
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import dataclasses
@@ -1401,87 +1400,6 @@ def run_covers(uid: int, shm: Optional[str]) -> tuple:
     machine's."""
     base = run_folder(uid)
     return (("/tmp", str(base / "tmp")), ("/var/tmp", str(base / "var-tmp")), *((("/dev/shm", shm),) if shm else ()))
-
-
-def rank_writable_folders(env=None) -> set:
-    """The operator's RANK_WRITABLE folders, each as its real path."""
-    env = os.environ if env is None else env
-    return {os.path.realpath(f) for f in env.get(RANK_WRITABLE, "").split(os.pathsep) if f}
-
-
-def _imported_from(env) -> list:
-    """Where the judge's Python finds code: sys.path (a missing entry, such as the user site, counts: the next
-    process puts it there once it exists), the bytecode prefix and the extension and Triton caches it loads from."""
-    import site
-
-    user_site = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
-    prefix = [sys.pycache_prefix or env.get("PYTHONPYCACHEPREFIX") or ""]
-    caches = [str(judge_cache(name) or "") for name in CACHE_FOLDERS]
-    return [entry or os.getcwd() for entry in sys.path] + [p for p in [*user_site, *prefix, *caches] if p]
-
-
-def check_rank_writable(env=None) -> None:
-    """The operator's RANK_WRITABLE folders hold nothing the judge's processes run, load, write or keep (ValueError
-    for the first that does): no folder of PATH, LD_LIBRARY_PATH or sys.path but the harness's own, no preloaded
-    library, no bytecode prefix, user site or build cache of the judge's, neither the machine's scratch folders
-    (COVERED), the judge's temporary folder, its cache, its build logs' folder nor root's home; and none lies in a
-    folder the judge imports or loads from. NOTES: a rank writes there for the rest of the command, and the judge's
-    next process (a pool's zygote, a compiler, git) would run what it planted, as root (red team 39, from the code;
-    red team 42 filled a package below a PYTHONPATH folder; red team 43 a .pyc below PYTHONPYCACHEPREFIX, which
-    run_leaderboard.py ran as root); the judge's chmod of its old logs followed a rank's links there (red team 43);
-    /tmp writable put the host's /tmp back over the ranks' own, hiding the staged bundle below it, and the honest v1
-    failed (red team 41). A folder that holds the harness's own folder or the working folder is left to the
-    operator: the suite stages bundles below the folder its ranks may write."""
-    env = os.environ if env is None else env
-    folders = rank_writable_folders(env)
-    if not folders:
-        return
-    own = {os.path.realpath(HERE), os.path.realpath(os.getcwd())}
-    preloads = [str(found) for found in map(_preload_file, _preload_entries(env.get("LD_PRELOAD", ""))) if found]
-    imported = [entry for entry in _imported_from(env) if os.path.realpath(entry) not in own]
-    run = [*imported, *preloads,
-           *(entry for name in ("PATH", "LD_LIBRARY_PATH") for entry in env.get(name, "").split(os.pathsep) if entry)]
-    kept = [*COVERED, tempfile.gettempdir(), str(RANK_CACHE), env.get("A2A_LOG_DIR") or "", os.path.expanduser("~")]
-    for folder in sorted(folders):
-        for path, what in [*((path, "runs or loads") for path in run), *((path, "keeps") for path in kept if path)]:
-            if Path(os.path.realpath(path)).is_relative_to(folder):
-                raise ValueError(f"{RANK_WRITABLE}={folder!r} holds {path!r}, which the judge {what}; a rank "
-                                 f"could replace or plant what is there")
-        # A folder below one the judge imports from is a package a rank may fill (red team 42: matplotlib/ below a
-        # PYTHONPATH entry, imported by the next command's judge as root).
-        for entry in _imported_from(env):
-            if Path(folder).is_relative_to(os.path.realpath(entry)):
-                raise ValueError(f"{RANK_WRITABLE}={folder!r} lies in {entry!r}, which the judge imports or loads "
-                                 f"from; a rank could plant code there")
-
-
-def check_judges_folder(path: Path, what: str) -> None:
-    """`path`, a folder the judge will save in (a run's results), made now where it lies in a RANK_WRITABLE folder,
-    so that no rank makes it first (removed on the way out if the command leaves it empty), and refused (ValueError)
-    where a rank could move the run's folder or put its own in its place: from the writable folder down to `path`
-    each must be this process's or root's (the writable one the operator's) and, where others may write it, sticky
-    (they cannot move what is not theirs). NOTES: red team 43's rank made --out first, in its run, and the saved run
-    was the rank's (a forged results.csv, a row lost, table.md a link root wrote through)."""
-    real = Path(os.path.realpath(path))
-    top = next((Path(f) for f in sorted(rank_writable_folders()) if real.is_relative_to(f)), None)
-    if top is None:
-        return
-    made = [folder for folder in [*reversed(real.parents), real] if folder.is_relative_to(top) and not folder.exists()]
-    real.mkdir(mode=0o755, parents=True, exist_ok=True)
-    atexit.register(_remove_if_empty, made, os.getpid())
-    for folder in [top, *reversed(real.parents[:len(real.parents) - len(top.parents) - 1]), real][real == top:]:
-        info = os.lstat(folder)
-        owner = folder == top or info.st_uid in (os.geteuid(), 0)
-        if not (stat.S_ISDIR(info.st_mode) and owner and (not info.st_mode & 0o022 or info.st_mode & stat.S_ISVTX)):
-            raise ValueError(f"{what} {path}: {folder} lies in {RANK_WRITABLE}={str(top)!r}, and ranks could put a "
-                             f"folder of their own in its place")
-
-
-def _remove_if_empty(folders: list, pid: int) -> None:
-    """The folders check_judges_folder made, each if empty, by the process that made them (not a child forked)."""
-    for folder in reversed(folders if os.getpid() == pid else []):
-        with contextlib.suppress(OSError):
-            folder.rmdir()
 
 
 def _writable(uid: int, env: dict, shared: tuple) -> tuple:

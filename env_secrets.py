@@ -18,14 +18,17 @@ SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS($|_|WORD|WD|PHRASE)|CRED|AUTH|COOKI
 # presigned X-Amz-Signature=; red team 39: pass=, api-key=), a connection string's key or password, a private key,
 # an Authorization header's value, and the token formats that say what they are (a whole word: a folder named
 # sk-... in a PATH is none; red team 41: npm, Vault, Doppler, Atlassian, Twilio, Telegram, Discord and more, a
-# netrc line and curl's -u user:password; red team 43: a Discord webhook, docker's "auth" and mysql's -p<password>).
+# netrc line and curl's -u user:password; red team 43: a Discord webhook, docker's "auth" and mysql's -p<password>; red team 44: the
+# password options of sshpass, redis-cli, openssl, smbclient and ldap*, and Postman's keys).
 SECRET_VALUE = re.compile(
     r"://[^\s@]*@|://[^/@]*@|(^|[\s=])[^\s:/@]+:[^\s/@]+@[A-Za-z0-9-]+[.:]"
     r"|[?&;#](sig|signature|x-(amz|goog)-[a-z-]*|[a-z_-]*token|[a-z_-]*key(id)?|secret|"
     r"client_secret|pass|password|passwd|pwd|auth|code)=|[\"'][a-z_-]*(token|secret|password|passwd|key|auth)[\"']\s*:"
     r"|(AccountKey|SharedAccessSignature|password|pwd)=|PRIVATE KEY|\b(Bearer|Basic|Token)\s+[A-Za-z0-9+/=._~-]{8,}"
     r"|\bya29\.[A-Za-z0-9_-]{16,}|\bdapi[0-9a-f]{32}\b"
-    r"|hooks\.slack\.com/services/|discord(app)?\.com/api/webhooks/|\b(mysql|mysqldump|mysqladmin|mariadb)\b.*\s-p\S"
+    r"|hooks\.slack\.com/services/|discord(app)?\.com/api/webhooks/|(^|[\s;|&])(mysql|mysqldump|mysqladmin|mariadb)\s(.*\s)?-p\S"
+    r"|\bsshpass\s+-p\s*\S|\bredis-cli\s(.*\s)?-a\s*\S|-pass(in|out)\s+pass:\S|\bsmbclient\s(.*\s)?-U\s*\S+%\S"
+    r"|\bldap[a-z]*\s(.*\s)?-w\s*\S|\bPMAK-[A-Za-z0-9-]{20,}"
     r"|(^|[\s=\"':,;@])(ghp|gho|ghu|ghs|ghr|github_pat|glpat|hf|sk|npm|pypi|dckr_pat"
     r"|[rsp]k_(live|test)|xox[abpr]|dop_v1|shp(at|ss|ca|pa)|lin_api|r8|gsk|pplx|glsa|secret)[_-][A-Za-z0-9_-]{16,}"
     r"($|[\s\"',;:@.])|\b(AKIA|ASIA)[0-9A-Z]{16}\b"

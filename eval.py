@@ -56,11 +56,12 @@ from typing import Any, Callable, NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own modules, wherever it is run from
 from boundary import (MPS_DEFAULT_PIPE, POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox,  # noqa: E402
-                      become_subreaper, check_rank_writable, claim_run, descendants, die_with_parent,
+                      become_subreaper, claim_run, descendants, die_with_parent,
                       enter_rank_sandbox, hide_result_channel, keep_newest, kill_tree, memory_cap_hit,
                       owned_tempdir, owners_name, pool_memory_bytes, prepare_rank_cache, release_uid,
                       write_owners_only)
 import births  # noqa: E402
+import rank_writable  # noqa: E402
 from births import (KILLED_WAIT_S, Forked, Nursery, PhaseSlot, Zygote, close_all_but, environ_with,  # noqa: E402
                     environment_with, join_within, owner_cpu, pinned_cpus, rank_birth, send_fds, stdin_from_null)
 import judge  # noqa: E402
@@ -1193,7 +1194,7 @@ def start_nursery(env: dict) -> Nursery:
 def check_environment() -> None:
     """The variables a run reads only once its pools start, checked before any work: a bad one is bad input."""
     try:
-        for check in (rank_birth, pool_memory_bytes, pinned_cpus, owner_cpu, judge.check_knobs, check_rank_writable):
+        for check in (rank_birth, pool_memory_bytes, pinned_cpus, owner_cpu, judge.check_knobs, rank_writable.check):
             check()
     except ValueError as error:
         raise UserError(str(error)) from None

@@ -16,6 +16,7 @@ from typing import Callable
 
 import boundary
 import eval as core
+import rank_writable
 import wire
 from a2a import plan as planning
 from a2a.launch import SubmissionFailed
@@ -139,7 +140,7 @@ def writable(out: Path) -> None:
     except OSError as exc:
         raise UserError(f"--out {out}: {existing} cannot be written ({exc.strerror})") from None
     try:
-        boundary.check_judges_folder(out, "--out")
+        rank_writable.check_judges_folder(out, "--out")
     except ValueError as exc:
         raise UserError(str(exc)) from None
 
@@ -148,7 +149,7 @@ def one_entry_per_writable(versions: list) -> None:
     """Submissions timed side by side get no RANK_WRITABLE folder: every pool's ranks may write there, so the entry
     timed first would leave the round's inputs and answers for the next (red team 43: 23 calls of 23 answered from
     its files, four times faster than the honest code)."""
-    folders = boundary.rank_writable_folders()
+    folders = rank_writable.folders()
     if folders and len(versions) > 1:
         raise UserError(f"{boundary.RANK_WRITABLE} ({', '.join(sorted(folders))}) would be written by the ranks of "
                         f"each of the {len(versions)} submissions: a channel between them; unset it, or time one "

@@ -226,14 +226,17 @@ def test_the_operators_numeric_knobs_are_bad_input_before_any_work(variable, val
 
 
 @pytest.mark.parametrize("variable", ["PATH", "PYTHONPATH", "LD_PRELOAD", "/tmp", "below PYTHONPATH",
-                                      "PYTHONPYCACHEPREFIX", "A2A_LOG_DIR", "HOME"])
+                                      "PYTHONPYCACHEPREFIX", "A2A_LOG_DIR", "HOME", "XDG_CONFIG_HOME",
+                                      "MPLCONFIGDIR", "XDG_CACHE_HOME", "CFLAGS"])
 def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_path, variable):
     """Red team 39, from the code: an A2A_RANK_WRITABLE folder holding a folder of PATH or sys.path, or a preloaded
     library, let a rank replace what the judge's next process runs as root. Red team 41: /tmp writable failed the
     honest v1 (112, its staged bundle out of the ranks' sight). Red team 42: a writable matplotlib/ below a
     PYTHONPATH entry, which the next command's judge imported as root. Red team 43: a .pyc below the bytecode
     prefix, run as root by the next judge; the judge's chmod of its old build logs following a rank's links there.
-    One line and 113, before any rank."""
+    Red team 44: git's config below XDG_CONFIG_HOME (root's `git status` ran its fsmonitor command) and matplotlib's
+    font cache below MPLCONFIGDIR or XDG_CACHE_HOME (root wrote it through a rank's link): every path the judge's
+    environment names counts, a header folder among them. One line and 113, before any rank."""
     writable = tmp_path / "writable"
     (writable / "bin").mkdir(parents=True)
     library = libm_copy(writable / "bin" / "libnothing.so")
@@ -241,7 +244,9 @@ def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_
             "PYTHONPATH": {"PYTHONPATH": str(writable / "bin")}, "LD_PRELOAD": {"LD_PRELOAD": str(library)},
             "/tmp": {}, "below PYTHONPATH": {"PYTHONPATH": str(tmp_path)},
             "PYTHONPYCACHEPREFIX": {"PYTHONPYCACHEPREFIX": str(tmp_path)},
-            "A2A_LOG_DIR": {"A2A_LOG_DIR": str(writable / "logs")}, "HOME": {"HOME": str(writable / "home")}}[variable]
+            "A2A_LOG_DIR": {"A2A_LOG_DIR": str(writable / "logs")}, "HOME": {"HOME": str(writable / "home")},
+            **{name: {name: str(writable / "config")} for name in ("XDG_CONFIG_HOME", "MPLCONFIGDIR", "XDG_CACHE_HOME")},
+            "CFLAGS": {"CFLAGS": f"-O2 -I{writable / 'include'}"}}[variable]
     result = subprocess.run([sys.executable, "eval.py", "test", "v1", "--cases", "tests:0"], cwd=ROOT,
                             capture_output=True, text=True, timeout=600,
                             env={**os.environ, **held, "A2A_RANK_WRITABLE": "/tmp" if variable == "/tmp" else
@@ -250,7 +255,7 @@ def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-@pytest.mark.parametrize("command", ["out", "out made by another", "two submissions", "diff"])
+@pytest.mark.parametrize("command", ["out", "out made by another", "out through a link", "two submissions", "diff"])
 def test_a_rank_writable_folder_the_judge_saves_in_or_two_entries_share_is_bad_input(tmp_path, command):
     """Red team 43: --out below an A2A_RANK_WRITABLE folder let a rank put its own folder where the judge saved the
     run (a forged results.csv); and one writable folder for two submissions of a clock run let the one timed first
@@ -265,15 +270,22 @@ def test_a_rank_writable_folder_the_judge_saves_in_or_two_entries_share_is_bad_i
     if command == "out made by another":
         out.mkdir()
         os.chown(out, 65534, 65534)
+    if command == "out through a link":  # red team 44: a link a rank left, pointing out of the folder for now
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        (writable / "out").symlink_to(elsewhere)
+        out = writable / "out" / "results"
     copy = tmp_path / "v1_copy.py"  # a second submission that runs on a CPU too
     copy.write_text((ROOT / "submissions" / "all2all" / "v1_torch_sort.py").read_text())
     args = {"out": ["run_leaderboard.py", "--versions", "v1"], "out made by another": [
-        "run_leaderboard.py", "--versions", "v1"], "two submissions": [
+        "run_leaderboard.py", "--versions", "v1"], "out through a link": ["run_leaderboard.py", "--versions", "v1"],
+        "two submissions": [
         "run_leaderboard.py", "--versions", f"v1,{copy}"], "diff": ["diff.py", "v1", str(copy)]}[command]
     result = subprocess.run([sys.executable, *args, "--backend", "gloo", "--world-size", "2", "--cases",
                              "benchmarks:0", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
                             timeout=600, env={**os.environ, "A2A_RANK_WRITABLE": str(writable)})
-    said = "a channel between them" if command in ("two submissions", "diff") else "a folder of their own"
+    said = {"two submissions": "a channel between them", "diff": "a channel between them",
+            "out through a link": "leads through a link"}.get(command, "a folder of its own")
     assert result.returncode == EXIT_BAD_INPUT and said in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not out.exists() or command.startswith("out") and not any(out.iterdir())

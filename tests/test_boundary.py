@@ -1506,6 +1506,10 @@ SECRETS_39 = {
     # red team 43: a Discord webhook, docker's config, mysql's password flag
     "CUDA_A_WEBHOOK": "https://discord.com/api/webhooks/123456789012345678/abcdefghijklmnop",
     "CUDA_A_DOCKER": '{"auths": {"registry.io": {"auth": "dXNlcjpodW50ZXIy"}}}', "CUDA_A_MYSQL": "mysql -uroot -phunter2 db",
+    # red team 44: other clients' password options, Postman's keys
+    "TORCH_A_SSH": "sshpass -p hunter2 ssh build@host", "TORCH_A_REDIS": "redis-cli -h cache -a hunter2secret",
+    "TORCH_A_SMB": "smbclient //srv/share -U admin%hunter2", "TORCH_A_OPENSSL": "openssl rsa -passin pass:hunter2",
+    "TORCH_A_LDAP": "ldapsearch -x -w hunter2 -b dc=x", "TORCH_A_PMAK": "PMAK-0123456789abcdef01234567-0123456789abcdef",
 }
 # What a GPU, a compiler, Python and the collectives read: none of it is a secret.
 PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bin", "NCCL_SOCKET_IFNAME": "eth0",
@@ -1525,7 +1529,7 @@ PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bi
          "LANGUAGE": "sr_RS:sr@latin", "MASTER_ADDR": "sg.compute-cluster-node01.internal",
          "PYTHONPATH_EXTRA": "x", "NCCL_TOPO_FILE": "ThirdParty/PyTorchExtensions2024/Src/TopologyXml9",
          "CUDA_VISIBLE_DEVICES_MIG": "MIG-GPU-e3e2278b-63de-22da-0c81-8cb2488b203a/1/0",
-         "CFLAGS": "-pthread -pipe -O2", "CXX": "g++ -pthread"}
+         "CFLAGS": "-pthread -pipe -O2", "CXX": "g++ -pthread", "CPPFLAGS": "-O2 -I/usr/include/mysql -pthread -pie"}
 
 
 def test_secrets_under_names_the_ranks_may_have_are_told_apart_from_what_they_need():
@@ -1583,3 +1587,43 @@ def test_the_judges_logs_follow_no_link_and_go_only_into_a_folder_of_its_own(tmp
         os.chown(theirs, 65534, 65534)
         with pytest.raises(OSError):
             boundary.write_owners_only(theirs / "build-x.log", b"words")
+
+
+def test_a_rank_writable_folder_is_known_by_its_inode_and_its_owner_above_is_no_rank(tmp_path, monkeypatch):
+    """Red team 44: the same folder under a second name (a bind mount) passed the check of --out and of the bytecode
+    prefix, which compared path strings; and --out equal to the writable folder was refused when a folder above it
+    was another user's. The folder is known by device and inode, and only the folders from it down are judged."""
+    import rank_writable
+
+    above = tmp_path / "alice"
+    writable = above / "scratch"
+    writable.mkdir(parents=True)
+    writable.chmod(0o1777)
+    if os.geteuid() == 0:
+        os.chown(above, 65534, 65534)
+    monkeypatch.setenv("A2A_RANK_WRITABLE", str(writable))
+    rank_writable.check_judges_folder(writable, "--out")  # sticky: no rank can move what the judge makes there
+    second = tmp_path / "second"
+    second.mkdir()
+    bound = os.geteuid() == 0 and subprocess.run(["mount", "--bind", str(writable), str(second)],
+                                                 capture_output=True).returncode == 0
+    if not bound:
+        second.rmdir()
+        second.symlink_to(writable)  # a second name all the same
+    try:
+        (writable / "pyc").mkdir()
+        ids = rank_writable._ids(rank_writable.folders())
+        assert rank_writable.reach(second / "pyc", ids)[1] == str(writable)
+        monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(second / "pyc"))
+        with pytest.raises(ValueError, match="PYTHONPYCACHEPREFIX"):
+            rank_writable.check()
+        taken = writable / "results"  # a rank's folder where the judge would save, reached by the second name
+        taken.mkdir()
+        taken.chmod(0o777)
+        if os.geteuid() == 0:
+            os.chown(taken, 65534, 65534)
+        with pytest.raises(ValueError, match="a folder of its own"):
+            rank_writable.check_judges_folder(second / "results", "--out")
+    finally:
+        if bound:
+            subprocess.run(["umount", str(second)], check=True)
