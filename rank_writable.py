@@ -21,10 +21,11 @@ from typing import Optional
 from boundary import (CACHE_FOLDERS, COVERED, HERE, RANK_CACHE, RANK_WRITABLE, _preload_entries, _preload_file,
                       judge_cache)
 
-# The judge's own knobs that name a folder it writes or reads; every other A2A_* is read by ranks alone.
-JUDGES_FOLDER_KNOBS = ("A2A_LOG_DIR", "A2A_RANK_CACHE")
 SHELLS_OWN = ("PWD", "OLDPWD", "_")  # the shell's bookkeeping, which nothing the judge runs reads
+RANKS_OWN = "A2A_TEST_"  # the suite's words to its ranks (where to leave their marks), read by no judge process
 _ABSOLUTE = re.compile(r"/[^\s:,;'\"=]*")  # every absolute path in a value (a list, a flag's -I/x, a URL's tail)
+# Where the tools root runs keep their settings and caches when no variable says (git, matplotlib, Triton, CUDA).
+HOME_DEFAULTS = (".config", ".cache", ".local", ".gitconfig", ".triton", ".nv", ".matplotlib")
 
 
 def folders(env=None) -> list:
@@ -53,18 +54,25 @@ def _holder(path: Path, ids: dict) -> Optional[str]:
 
 
 def reach(path, ids: dict) -> tuple:
-    """(where `path` leads, followed part by part as the kernel will; the folder of `ids` it lies in, or None; the
-    folder of `ids` a link on the way lies in, or None)."""
-    current, through = Path("/"), None
-    for part in Path(os.path.join(os.getcwd(), os.fspath(path))).parts[1:]:
+    """(where `path` leads, followed part by part and link by link as the kernel will; the folder of `ids` it lies
+    in, or None; the folder of `ids` a link on the way lies in, or None: red team 45 hid its links behind one of the
+    operator's, which had been resolved whole)."""
+    current, through, hops = Path("/"), None, 0
+    parts = list(Path(os.path.join(os.getcwd(), os.fspath(path))).parts[1:])
+    while parts:
+        part = parts.pop(0)
         if part == "..":
             current = current.parent
         elif part != ".":
             step = current / part
-            if step.is_symlink():
+            if step.is_symlink() and hops < 40:
+                hops += 1
                 through = through or _holder(current, ids)
-                step = Path(os.path.realpath(step))
-            current = step
+                target = Path(os.readlink(step))
+                current = Path("/") if target.is_absolute() else current
+                parts = list(target.parts[1:] if target.is_absolute() else target.parts) + parts
+            else:
+                current = step
     return current, _holder(current, ids), through
 
 
@@ -85,12 +93,22 @@ def _used_by_the_judge(env) -> list:
     runs read their settings and caches: git, matplotlib, compilers), but the harness's own folder and the working
     folder (a staged bundle and its run lie below the suite's writable folder)."""
     own = {os.path.realpath(HERE), os.path.realpath(os.getcwd())}
-    named = [(path, f"reads or writes through {name}") for name, value in sorted(env.items())
-             if name not in SHELLS_OWN and name != RANK_WRITABLE
-             and (not name.startswith("A2A_") or name in JUDGES_FOLDER_KNOBS) for path in _ABSOLUTE.findall(value)]
-    kept = [*COVERED, tempfile.gettempdir(), str(RANK_CACHE), os.path.expanduser("~")]
+    named = [(path, f"may read or write as {name} names it") for name, value in sorted(env.items())
+             if name not in SHELLS_OWN and name != RANK_WRITABLE and not name.startswith(RANKS_OWN)
+             for path in _named_paths(value)]
+    home = os.path.expanduser("~")
+    kept = [*COVERED, tempfile.gettempdir(), str(RANK_CACHE), home, *(os.path.join(home, d) for d in HOME_DEFAULTS)]
     return [(path, what) for path, what in [*((p, "runs or loads") for p in _loaded(env)), *named,
                                             *((p, "keeps") for p in kept)] if os.path.realpath(path) not in own]
+
+
+def _named_paths(value: str) -> list:
+    """The paths a variable's value may name: every absolute one in it, and each entry of a list as a whole (a
+    path with a space in it; one relative to the working folder where it has a '/', but in a staged bundle run in
+    its own folder). Red team 45: the space cut a path short, and a relative one was read from /."""
+    bundle = os.path.realpath(os.getcwd()) == os.path.realpath(HERE)  # relative ones lie in the bundle, exempt
+    entries = [entry for entry in value.split(os.pathsep) if entry.startswith("/") or "/" in entry and not bundle]
+    return [*_ABSOLUTE.findall(value), *(os.path.join(os.getcwd(), entry) for entry in entries)]
 
 
 def check(env=None) -> None:
@@ -105,6 +123,11 @@ def check(env=None) -> None:
     ids = _ids(folders(env))
     if not ids:
         return
+    if os.path.realpath(os.getcwd()) != os.path.realpath(HERE) and (found := reach(os.getcwd(), ids)[1]):
+        # a staged bundle runs in its own folder, below the suite's writable one; a judge started there reads a
+        # rank's ./matplotlibrc (red team 45: 114 in that command and every later one)
+        raise ValueError(f"the working folder lies in {RANK_WRITABLE} folder {found!r}; a rank could plant there "
+                         f"what the judge reads")
     for path, what in _used_by_the_judge(env):
         _, lies_in, through = reach(path, ids)
         if found := lies_in or through:

@@ -227,7 +227,8 @@ def test_the_operators_numeric_knobs_are_bad_input_before_any_work(variable, val
 
 @pytest.mark.parametrize("variable", ["PATH", "PYTHONPATH", "LD_PRELOAD", "/tmp", "below PYTHONPATH",
                                       "PYTHONPYCACHEPREFIX", "A2A_LOG_DIR", "HOME", "XDG_CONFIG_HOME",
-                                      "MPLCONFIGDIR", "XDG_CACHE_HOME", "CFLAGS"])
+                                      "MPLCONFIGDIR", "XDG_CACHE_HOME", "CFLAGS", "a space", "relative",
+                                      "A2A_NCCL_LIB", "a home's link"])
 def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_path, variable):
     """Red team 39, from the code: an A2A_RANK_WRITABLE folder holding a folder of PATH or sys.path, or a preloaded
     library, let a rank replace what the judge's next process runs as root. Red team 41: /tmp writable failed the
@@ -246,7 +247,16 @@ def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_
             "PYTHONPYCACHEPREFIX": {"PYTHONPYCACHEPREFIX": str(tmp_path)},
             "A2A_LOG_DIR": {"A2A_LOG_DIR": str(writable / "logs")}, "HOME": {"HOME": str(writable / "home")},
             **{name: {name: str(writable / "config")} for name in ("XDG_CONFIG_HOME", "MPLCONFIGDIR", "XDG_CACHE_HOME")},
-            "CFLAGS": {"CFLAGS": f"-O2 -I{writable / 'include'}"}}[variable]
+            "CFLAGS": {"CFLAGS": f"-O2 -I{writable / 'include'}"},
+            # red team 45: a path with a space, one relative to the working folder, the harness's own NCCL knob, and
+            # root's ~/.config a link into the folder (no variable names it)
+            "a space": {"MPLCONFIGDIR": str(writable / "my scratch" / "mpl")},
+            "relative": {"MPLCONFIGDIR": os.path.relpath(writable / "mpl", ROOT)},
+            "A2A_NCCL_LIB": {"A2A_NCCL_LIB": str(writable / "libnccl.so.2")},
+            "a home's link": {"HOME": str(tmp_path / "home")}}[variable]
+    if variable == "a home's link":
+        (tmp_path / "home").mkdir()
+        (tmp_path / "home" / ".config").symlink_to(writable)
     result = subprocess.run([sys.executable, "eval.py", "test", "v1", "--cases", "tests:0"], cwd=ROOT,
                             capture_output=True, text=True, timeout=600,
                             env={**os.environ, **held, "A2A_RANK_WRITABLE": "/tmp" if variable == "/tmp" else

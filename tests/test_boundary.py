@@ -1627,3 +1627,19 @@ def test_a_rank_writable_folder_is_known_by_its_inode_and_its_owner_above_is_no_
     finally:
         if bound:
             subprocess.run(["umount", str(second)], check=True)
+
+
+def test_a_link_of_a_ranks_behind_one_of_the_operators_is_seen(tmp_path):
+    """Red team 45: the operator's link outside the writable folder led to a rank's link inside it, which pointed
+    out of it for now; resolving the operator's link whole never saw the rank's, so --out through it was accepted and
+    the rank re-pointed it. Links are followed one at a time."""
+    import rank_writable
+
+    writable, elsewhere = tmp_path / "writable", tmp_path / "elsewhere"
+    writable.mkdir()
+    elsewhere.mkdir()
+    (writable / "l").symlink_to(elsewhere)  # the rank's
+    (tmp_path / "operators").symlink_to(writable / "l")  # the operator's, outside the folder
+    ids = rank_writable._ids([writable])
+    where, lies_in, through = rank_writable.reach(tmp_path / "operators" / "results", ids)
+    assert where == elsewhere / "results" and lies_in is None and through == str(writable)
