@@ -87,27 +87,27 @@ def _loaded(env) -> list:
                 env.get("LD_PRELOAD", ""))) if found)] if p]
 
 
-def _used_by_the_judge(env) -> list:
+def _used_by_the_judge(env, ids: dict) -> list:
     """(path, what the judge does with it): its Python's import folders, preloads and caches, the scratch and
     temporary folders, root's home, and every absolute path a variable of its environment names (where the tools it
     runs read their settings and caches: git, matplotlib, compilers), but the harness's own folder and the working
     folder (a staged bundle and its run lie below the suite's writable folder)."""
     own = {os.path.realpath(HERE), os.path.realpath(os.getcwd())}
+    relative = reach(os.getcwd(), ids)[1] is None  # in a writable folder only a staged bundle runs: its own files
     named = [(path, f"may read or write as {name} names it") for name, value in sorted(env.items())
              if name not in SHELLS_OWN and name != RANK_WRITABLE and not name.startswith(RANKS_OWN)
-             for path in _named_paths(value)]
+             for path in _named_paths(value, relative)]
     home = os.path.expanduser("~")
     kept = [*COVERED, tempfile.gettempdir(), str(RANK_CACHE), home, *(os.path.join(home, d) for d in HOME_DEFAULTS)]
     return [(path, what) for path, what in [*((p, "runs or loads") for p in _loaded(env)), *named,
                                             *((p, "keeps") for p in kept)] if os.path.realpath(path) not in own]
 
 
-def _named_paths(value: str) -> list:
+def _named_paths(value: str, relative: bool) -> list:
     """The paths a variable's value may name: every absolute one in it, and each entry of a list as a whole (a
-    path with a space in it; one relative to the working folder where it has a '/', but in a staged bundle run in
-    its own folder). Red team 45: the space cut a path short, and a relative one was read from /."""
-    bundle = os.path.realpath(os.getcwd()) == os.path.realpath(HERE)  # relative ones lie in the bundle, exempt
-    entries = [entry for entry in value.split(os.pathsep) if entry.startswith("/") or "/" in entry and not bundle]
+    path with a space in it; with `relative`, one relative to the working folder where it has a '/'). Red team
+    45: the space cut a path short, and a relative one was read from /."""
+    entries = [entry for entry in value.split(os.pathsep) if entry.startswith("/") or "/" in entry and relative]
     return [*_ABSOLUTE.findall(value), *(os.path.join(os.getcwd(), entry) for entry in entries)]
 
 
@@ -128,7 +128,7 @@ def check(env=None) -> None:
         # rank's ./matplotlibrc (red team 45: 114 in that command and every later one)
         raise ValueError(f"the working folder lies in {RANK_WRITABLE} folder {found!r}; a rank could plant there "
                          f"what the judge reads")
-    for path, what in _used_by_the_judge(env):
+    for path, what in _used_by_the_judge(env, ids):
         _, lies_in, through = reach(path, ids)
         if found := lies_in or through:
             raise ValueError(f"{RANK_WRITABLE} folder {found!r} holds {path!r}, which the judge {what}; a rank "
