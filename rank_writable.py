@@ -87,13 +87,13 @@ def _loaded(env) -> list:
                 env.get("LD_PRELOAD", ""))) if found)] if p]
 
 
-def _used_by_the_judge(env, ids: dict) -> list:
+def _used_by_the_judge(env, relative: bool) -> list:
     """(path, what the judge does with it): its Python's import folders, preloads and caches, the scratch and
     temporary folders, root's home, and every absolute path a variable of its environment names (where the tools it
     runs read their settings and caches: git, matplotlib, compilers), but the harness's own folder and the working
-    folder (a staged bundle and its run lie below the suite's writable folder)."""
+    folder (a staged bundle and its run lie below the suite's writable folder). `relative`: whether values'
+    relative paths count (not in a staged bundle, where they are its own files)."""
     own = {os.path.realpath(HERE), os.path.realpath(os.getcwd())}
-    relative = reach(os.getcwd(), ids)[1] is None  # in a writable folder only a staged bundle runs: its own files
     named = [(path, f"may read or write as {name} names it") for name, value in sorted(env.items())
              if name not in SHELLS_OWN and name != RANK_WRITABLE and not name.startswith(RANKS_OWN)
              for path in _named_paths(value, relative)]
@@ -123,12 +123,13 @@ def check(env=None) -> None:
     ids = _ids(folders(env))
     if not ids:
         return
-    if os.path.realpath(os.getcwd()) != os.path.realpath(HERE) and (found := reach(os.getcwd(), ids)[1]):
+    found = reach(os.getcwd(), ids)[1]  # where only a staged bundle may run, in its own folder
+    if found and os.path.realpath(os.getcwd()) != os.path.realpath(HERE):
         # a staged bundle runs in its own folder, below the suite's writable one; a judge started there reads a
         # rank's ./matplotlibrc (red team 45: 114 in that command and every later one)
         raise ValueError(f"the working folder lies in {RANK_WRITABLE} folder {found!r}; a rank could plant there "
                          f"what the judge reads")
-    for path, what in _used_by_the_judge(env, ids):
+    for path, what in _used_by_the_judge(env, relative=found is None):
         _, lies_in, through = reach(path, ids)
         if found := lies_in or through:
             raise ValueError(f"{RANK_WRITABLE} folder {found!r} holds {path!r}, which the judge {what}; a rank "

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-import boundary
 import eval as core
 import rank_writable
 import wire
@@ -151,7 +150,7 @@ def one_entry_per_writable(versions: list) -> None:
     its files, four times faster than the honest code)."""
     folders = rank_writable.folders()
     if folders and len(versions) > 1:
-        raise UserError(f"{boundary.RANK_WRITABLE} ({', '.join(sorted(folders))}) would be written by the ranks of "
+        raise UserError(f"{rank_writable.RANK_WRITABLE} ({', '.join(sorted(folders))}) would be written by the ranks of "
                         f"each of the {len(versions)} submissions: a channel between them; unset it, or time one "
                         f"submission at a time")
 
