@@ -43,6 +43,50 @@ def _ids(paths) -> dict:
     return found
 
 
+def _mounts() -> list:
+    """(mount id, its parent's id, file system 'major:minor', the folder of it mounted, mount point) of each mount
+    this process sees."""
+    def unescape(field: str) -> str:
+        return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
+
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    return [(f[0], f[1], f[2], Path(unescape(f[3])), Path(unescape(f[4]))) for f in map(str.split, lines)]
+
+
+def _other_names(named: list) -> dict:
+    """{mount point: folder} of each mount that shows `folder` of `named`, or a folder below it, at a path outside
+    it: a bind mount of a folder below a writable one is the writable one's, though its inode is another's (red
+    team 45 left it open)."""
+    mounts, found = _mounts(), {}
+    for folder in map(Path, named):
+        points = [m for m in mounts if m[4] == folder or m[4] in folder.parents]
+        deepest = [m for m in points if len(m[4].parts) == max((len(p[4].parts) for p in points), default=0)]
+        covered = {m[1] for m in deepest}  # a mount over another at the same point names it as its parent
+        top = [m for m in deepest if m[0] not in covered]
+        if not top:
+            continue
+        _, _, device, root, point = top[-1]
+        inside = root / folder.relative_to(point)  # the folder's place within its file system
+        for _, _, other_device, other_root, other_point in mounts:
+            if other_device == device and (other_root == inside or inside in other_root.parents) and not (
+                    other_point == folder or folder in other_point.parents):
+                found[str(other_point)] = str(folder)
+    return found
+
+
+def writable_ids(env=None) -> dict:
+    """(device, inode) -> the writable folder, of each writable folder and each other name a mount gives it or a
+    folder below it."""
+    named = folders(env)
+    ids = _ids(named)
+    for point, folder in _other_names(named).items():
+        ids.update(dict.fromkeys(_ids([point]), folder))
+    return ids
+
+
 def _holder(path: Path, ids: dict) -> Optional[str]:
     """The folder of `ids` that `path` or the nearest of its parents that exist is, or None."""
     for step in (path, *path.parents):
@@ -120,7 +164,7 @@ def check(env=None) -> None:
     MPLCONFIGDIR or XDG_CACHE_HOME, written by root through a rank's link onto a file of root's (44); /tmp writable
     hid the staged bundle from the ranks (41)."""
     env = os.environ if env is None else env
-    ids = _ids(folders(env))
+    ids = writable_ids(env)
     if not ids:
         return
     found = reach(os.getcwd(), ids)[1]  # where only a staged bundle may run, in its own folder
@@ -149,7 +193,7 @@ def check_judges_folder(path: Path, what: str) -> None:
     operator's) and, where others may write it, sticky (they cannot move what is not theirs). NOTES: red team 43's
     rank made --out first and the saved run was its own (a forged results.csv); red team 44 did it through a link
     chain it could re-point and through a bind mount of the folder."""
-    ids = _ids(folders())
+    ids = writable_ids()
     real, top, through = reach(path, ids)
     if through:
         raise ValueError(f"{what} {path} leads through a link in {RANK_WRITABLE} folder {through!r}, which a rank "

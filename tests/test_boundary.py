@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -1627,6 +1628,34 @@ def test_a_rank_writable_folder_is_known_by_its_inode_and_its_owner_above_is_no_
     finally:
         if bound:
             subprocess.run(["umount", str(second)], check=True)
+
+
+def test_a_folder_below_a_rank_writable_one_mounted_elsewhere_counts_as_in_it(tmp_path):
+    """Red team 45 left open: a folder below the writable one, bind-mounted at another path, has an inode of its own,
+    so a variable naming the mount passed the check, and root would have read what a rank planted there. A mount that
+    shows the writable folder or a part of it elsewhere is the writable folder's. The mount is made in a mount
+    namespace of the probe's own, so none outlives it."""
+    writable, elsewhere = tmp_path / "writable", tmp_path / "elsewhere"
+    (writable / "mpl").mkdir(parents=True)
+    elsewhere.mkdir()
+    probe = textwrap.dedent(f"""
+        import ctypes, os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import rank_writable
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.unshare(0x00020000) == 0 and libc.mount(None, b"/", None, 0x4000 | 0x40000, None) == 0
+        env = {{"A2A_RANK_WRITABLE": {str(writable)!r}, "MPLCONFIGDIR": {str(elsewhere)!r}}}
+        rank_writable.check(env)  # nothing mounted yet: another folder
+        assert libc.mount({str(writable / "mpl").encode()!r}, {str(elsewhere).encode()!r}, None, 0x1000, None) == 0
+        try:
+            rank_writable.check(env)
+        except ValueError as error:
+            print(error)
+    """)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert f"folder {str(writable)!r} holds {str(elsewhere)!r}, which the judge may read or write as MPLCONFIGDIR" \
+        in result.stdout
 
 
 def test_a_link_of_a_ranks_behind_one_of_the_operators_is_seen(tmp_path):
