@@ -19,7 +19,8 @@ SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS($|_|WORD|WD|PHRASE)|CRED|AUTH|COOKI
 # an Authorization header's value, and the token formats that say what they are (a whole word: a folder named
 # sk-... in a PATH is none; red team 41: npm, Vault, Doppler, Atlassian, Twilio, Telegram, Discord and more, a
 # netrc line and curl's -u user:password; red team 43: a Discord webhook, docker's "auth" and mysql's -p<password>; red team 44: the
-# password options of sshpass, redis-cli, openssl, smbclient and ldap*, and Postman's keys).
+# password options of sshpass, redis-cli, openssl, smbclient and ldap*, and Postman's keys; a config's line, YAML's
+# `password: x` or TOML's `token = "x"`, red team 45 left open).
 SECRET_VALUE = re.compile(
     r"://[^\s@]*@|://[^/@]*@|(^|[\s=])[^\s:/@]+:[^\s/@]+@[A-Za-z0-9-]+[.:]"
     r"|[?&;#](sig|signature|x-(amz|goog)-[a-z-]*|[a-z_-]*token|[a-z_-]*key(id)?|secret|"
@@ -36,7 +37,9 @@ SECRET_VALUE = re.compile(
     r"|(?-i:\bSG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{32,})"
     r"|AGE-SECRET-KEY-|\bhvs\.[A-Za-z0-9_-]{20,}|\bdp\.[a-z]{2,5}\.[A-Za-z0-9._-]{16,}|\bATATT[A-Za-z0-9_=-]{20,}"
     r"|\bSK[0-9a-f]{32}\b|\b[0-9]{8,10}:AA[A-Za-z0-9_-]{30,}|_authToken=|\bpassword\s+\S+|(^|\s)-u\s*[^\s:]+:\S+"
-    r"|\b[MN][A-Za-z0-9]{23,25}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,}", re.IGNORECASE)
+    r"|\b[MN][A-Za-z0-9]{23,25}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,}"
+    r"|(^|[\s{,;])[\"']?(password|passwd|secret|token|api[_-]?key|secret[_-]?key|access[_-]?key|client[_-]?secret"
+    r"|auth[_-]?token)[\"']?(:\s+|\s*=\s*)\S", re.IGNORECASE)
 
 
 # Knobs whose names hold KEY but whose values are no secret (red team 40: an IB partition, a cache key's tag, a key's

@@ -1511,6 +1511,9 @@ SECRETS_39 = {
     "TORCH_A_SSH": "sshpass -p hunter2 ssh build@host", "TORCH_A_REDIS": "redis-cli -h cache -a hunter2secret",
     "TORCH_A_SMB": "smbclient //srv/share -U admin%hunter2", "TORCH_A_OPENSSL": "openssl rsa -passin pass:hunter2",
     "TORCH_A_LDAP": "ldapsearch -x -w hunter2 -b dc=x", "TORCH_A_PMAK": "PMAK-0123456789abcdef01234567-0123456789abcdef",
+    # left open by red team 45: a config file's line in a variable
+    "TORCH_A_YAML": "user: me\npassword: hunter2", "TORCH_A_TOML": 'token = "hunter2"',
+    "TORCH_A_INI": "[db]\napi_key=hunter2",
 }
 # What a GPU, a compiler, Python and the collectives read: none of it is a secret.
 PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bin", "NCCL_SOCKET_IFNAME": "eth0",
@@ -1530,7 +1533,9 @@ PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bi
          "LANGUAGE": "sr_RS:sr@latin", "MASTER_ADDR": "sg.compute-cluster-node01.internal",
          "PYTHONPATH_EXTRA": "x", "NCCL_TOPO_FILE": "ThirdParty/PyTorchExtensions2024/Src/TopologyXml9",
          "CUDA_VISIBLE_DEVICES_MIG": "MIG-GPU-e3e2278b-63de-22da-0c81-8cb2488b203a/1/0",
-         "CFLAGS": "-pthread -pipe -O2", "CXX": "g++ -pthread", "CPPFLAGS": "-O2 -I/usr/include/mysql -pthread -pie"}
+         "CFLAGS": "-pthread -pipe -O2", "CXX": "g++ -pthread", "CPPFLAGS": "-O2 -I/usr/include/mysql -pthread -pie",
+         # words that a config's secret line begins with, in a path list or a knob
+         "LD_LIBRARY_PATH_2": "/opt/token:/usr/lib:/srv/secret:/x", "TORCH_LOGS": "+dynamo,recompiles,token"}
 
 
 def test_secrets_under_names_the_ranks_may_have_are_told_apart_from_what_they_need():
