@@ -8,10 +8,12 @@ import re
 
 # Variables whose names say they hold a secret of the operator's (a token, a key, a password): no process the judge
 # starts gets them, a rank least of all (red team 35: RT35_OPERATOR_TOKEN, exported by the operator, was in every
-# rank's environment). PWD alone is the shell's working folder.
+# rank's environment). PWD alone is the shell's working folder. Red team 46: a personal access token (GITHUB_PAT)
+# and a TOTP seed; NCCL_PAT_* are the knobs of NCCL's PAT algorithm.
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS($|_|WORD|WD|PHRASE)|CRED|AUTH|COOKIE|PRIVATE|SIGNING"
                          r"|(^|_)[A-Z]*KEY[A-Z0-9]*($|_)|API_?KEY|ACCESS_?KEY|CONNECTION_?STRING|^AWS_|^SSH_AUTH_SOCK$"
-                         r"|(^|_)(PW|PSK|TOK)($|_)|_PWD($|_)|^PWD_|JWT|BEARER|HMAC|SESSION_?ID", re.IGNORECASE)
+                         r"|(^|_)(PW|PSK|TOK|OTP|TOTP|MFA)($|_)|(^|(?<!NCCL)_)PAT($|_)|OTP_?SEED"
+                         r"|_PWD($|_)|^PWD_|JWT|BEARER|HMAC|SESSION_?ID", re.IGNORECASE)
 # ... and values that carry one whatever their name: anything before an '@' in a URL (red team 37:
 # redis://:password@host; red team 38: a bare token, https://ghp_...@github.com, and a password holding '/'; red
 # team 39: one holding a space), a credential in a query or a JSON key (red team 38: an Azure SAS's sig=, an S3

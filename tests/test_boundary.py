@@ -1514,6 +1514,8 @@ SECRETS_39 = {
     # left open by red team 45: a config file's line in a variable
     "TORCH_A_YAML": "user: me\npassword: hunter2", "TORCH_A_TOML": 'token = "hunter2"',
     "TORCH_A_INI": "[db]\napi_key=hunter2",
+    # red team 46: a personal access token and a one-time password's seed, under their usual names
+    "AZURE_DEVOPS_EXT_PAT": "k5n2q7wzr4", "GITHUB_PAT": "0123456789abcdef", "TOTP_SEED": "JBSWY3DPEHPK3PXP",
 }
 # What a GPU, a compiler, Python and the collectives read: none of it is a secret.
 PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bin", "NCCL_SOCKET_IFNAME": "eth0",
@@ -1535,7 +1537,8 @@ PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bi
          "CUDA_VISIBLE_DEVICES_MIG": "MIG-GPU-e3e2278b-63de-22da-0c81-8cb2488b203a/1/0",
          "CFLAGS": "-pthread -pipe -O2", "CXX": "g++ -pthread", "CPPFLAGS": "-O2 -I/usr/include/mysql -pthread -pie",
          # words that a config's secret line begins with, in a path list or a knob
-         "LD_LIBRARY_PATH_2": "/opt/token:/usr/lib:/srv/secret:/x", "TORCH_LOGS": "+dynamo,recompiles,token"}
+         "LD_LIBRARY_PATH_2": "/opt/token:/usr/lib:/srv/secret:/x", "TORCH_LOGS": "+dynamo,recompiles,token",
+         "NCCL_PAT_ENABLE": "1"}
 
 
 def test_secrets_under_names_the_ranks_may_have_are_told_apart_from_what_they_need():
