@@ -24,8 +24,11 @@ from boundary import (CACHE_FOLDERS, COVERED, HERE, RANK_CACHE, RANK_WRITABLE, _
 SHELLS_OWN = ("PWD", "OLDPWD", "_")  # the shell's bookkeeping, which nothing the judge runs reads
 RANKS_OWN = "A2A_TEST_"  # the suite's words to its ranks (where to leave their marks), read by no judge process
 _ABSOLUTE = re.compile(r"/[^\s:,;'\"=]*")  # every absolute path in a value (a list, a flag's -I/x, a URL's tail)
-# Where the tools root runs keep their settings and caches when no variable says (git, matplotlib, Triton, CUDA).
-HOME_DEFAULTS = (".config", ".cache", ".local", ".gitconfig", ".triton", ".nv", ".matplotlib")
+# The folders of root's home whose entries tools read by their own names when no variable says (XDG's defaults):
+# their entries are followed too, as are the home's own. Red team 46 went past a list of names (fontconfig's
+# ~/.fonts.conf.d, pip's ~/.pip): every entry there is one a tool may read.
+HOME_FOLDERS = (".config", ".cache", ".local", ".local/share", ".local/state")
+HOME_ENTRIES_CHECKED = 10_000  # a home of more entries than this at those two levels is followed this far
 
 
 def folders(env=None) -> list:
@@ -109,10 +112,13 @@ def reach(path, ids: dict) -> tuple:
             current = current.parent
         elif part != ".":
             step = current / part
-            if step.is_symlink() and hops < 40:
+            try:  # a part no process can look at (too long a name, no search right) leads nowhere further
+                target = Path(os.readlink(step)) if hops < 40 and stat.S_ISLNK(os.lstat(step).st_mode) else None
+            except OSError:
+                target = None
+            if target is not None:
                 hops += 1
                 through = through or _holder(current, ids)
-                target = Path(os.readlink(step))
                 current = Path("/") if target.is_absolute() else current
                 parts = list(target.parts[1:] if target.is_absolute() else target.parts) + parts
             else:
@@ -131,50 +137,77 @@ def _loaded(env) -> list:
                 env.get("LD_PRELOAD", ""))) if found)] if p]
 
 
-def _used_by_the_judge(env, relative: bool) -> list:
+def _used_by_the_judge(env) -> list:
     """(path, what the judge does with it): its Python's import folders, preloads and caches, the scratch and
-    temporary folders, root's home, and every absolute path a variable of its environment names (where the tools it
-    runs read their settings and caches: git, matplotlib, compilers), but the harness's own folder and the working
-    folder (a staged bundle and its run lie below the suite's writable folder). `relative`: whether values'
-    relative paths count (not in a staged bundle, where they are its own files)."""
-    own = {os.path.realpath(HERE), os.path.realpath(os.getcwd())}
+    temporary folders, root's home and what tools read there by name, and every path a variable of its environment
+    names (where the tools it runs read their settings and caches: git, matplotlib, compilers)."""
     named = [(path, f"may read or write as {name} names it") for name, value in sorted(env.items())
              if name not in SHELLS_OWN and name != RANK_WRITABLE and not name.startswith(RANKS_OWN)
-             for path in _named_paths(value, relative)]
-    home = os.path.expanduser("~")
-    kept = [*COVERED, tempfile.gettempdir(), str(RANK_CACHE), home, *(os.path.join(home, d) for d in HOME_DEFAULTS)]
-    return [(path, what) for path, what in [*((p, "runs or loads") for p in _loaded(env)), *named,
-                                            *((p, "keeps") for p in kept)] if os.path.realpath(path) not in own]
+             for path in _named_paths(value, env)]
+    home = env.get("HOME") or os.path.expanduser("~")
+    kept = [*COVERED, tempfile.gettempdir(), str(RANK_CACHE), home, *_home_entries(home)]
+    return [*((p, "runs or loads") for p in _loaded(env)), *named, *((p, "keeps") for p in kept)]
 
 
-def _named_paths(value: str, relative: bool) -> list:
-    """The paths a variable's value may name: every absolute one in it, and each entry of a list as a whole (a
-    path with a space in it; with `relative`, one relative to the working folder where it has a '/'). Red team
-    45: the space cut a path short, and a relative one was read from /."""
-    entries = [entry for entry in value.split(os.pathsep) if entry.startswith("/") or "/" in entry and relative]
-    return [*_ABSOLUTE.findall(value), *(os.path.join(os.getcwd(), entry) for entry in entries)]
+def _home_entries(home: str) -> list:
+    """Every dot-entry of root's home (a folder of the operator's, `~/scratch`, may be the writable one) and every
+    entry of its HOME_FOLDERS, links and missing targets included (where a tool would make its folder), at most
+    HOME_ENTRIES_CHECKED."""
+    found = []
+    for folder in ("", *HOME_FOLDERS):
+        with contextlib.suppress(OSError), os.scandir(os.path.join(home, folder)) as entries:
+            found += [os.path.join(home, folder, entry.name) for entry in entries
+                      if folder or entry.name.startswith(".")]
+    return [*(os.path.join(home, folder) for folder in HOME_FOLDERS), *found[:HOME_ENTRIES_CHECKED]]
+
+
+def _expanded(value: str, env) -> str:
+    """`value` as a shell, git or Python would take it: `$NAME`, `${NAME}` and a leading `~` or `~user` expanded (red
+    team 46: git's include.path `~/W/x` was read as `/W/x`)."""
+    home = env.get("HOME") or os.path.expanduser("~")
+    value = re.sub(r"\$(\w+)|\$\{(\w+)\}", lambda m: env.get(m[1] or m[2], m[0]), value)
+    return re.sub(r"(^|[\s:,;'\"=])~([\w.-]*)(?=/|$|[\s:,;'\"])",
+                  lambda m: m[1] + (os.path.expanduser("~" + m[2]) if m[2] else home), value)
+
+
+def _named_paths(value: str, env) -> list:
+    """The paths a variable's value may name, as given and expanded: every absolute one in it, and each entry of a
+    list as a whole (a path with a space in it), a relative one from the working folder (red team 45: the space
+    cut a path short, and a relative one was read from /; red team 46: `../lib` from a staged bundle)."""
+    found = []
+    for text in {value, _expanded(value, env)}:
+        found += [*_ABSOLUTE.findall(text), *(os.path.join(os.getcwd(), entry) for entry in text.split(os.pathsep)
+                                              if entry and entry != "." and not entry.startswith("/"))]
+    return found
 
 
 def check(env=None) -> None:
     """Nothing the judge runs, loads, reads its settings from, writes or keeps lies in (or leads through a link in)
     a RANK_WRITABLE folder, and no such folder lies in one the judge imports or loads from (ValueError for the
-    first). NOTES: a rank writes there for the rest of the command, and the judge's next process would run or read
-    what it planted, as root: a package below PYTHONPATH (red team 42), a .pyc below PYTHONPYCACHEPREFIX (43), git's
-    config below XDG_CONFIG_HOME, whose fsmonitor command root's `git status` ran, and matplotlib's font cache below
-    MPLCONFIGDIR or XDG_CACHE_HOME, written by root through a rank's link onto a file of root's (44); /tmp writable
-    hid the staged bundle from the ranks (41)."""
+    first); a judge started in one is a staged bundle in its own folder, which no rank can write, nor any folder
+    from the writable one down to it. NOTES: a rank writes there for the rest of the command, and the judge's next
+    process would run or read what it planted, as root: a package below PYTHONPATH (red team 42), a .pyc below
+    PYTHONPYCACHEPREFIX (43), git's config below XDG_CONFIG_HOME, whose fsmonitor command root's `git status` ran,
+    and matplotlib's font cache below MPLCONFIGDIR or XDG_CACHE_HOME, written by root through a rank's link onto a
+    file of root's (44); /tmp writable hid the staged bundle from the ranks (41); fontconfig's ~/.fonts.conf.d, a
+    rank's library by `LD_LIBRARY_PATH=../lib` from a bundle, and a bundle staged into a rank's folder (46)."""
     env = os.environ if env is None else env
     ids = writable_ids(env)
     if not ids:
         return
-    found = reach(os.getcwd(), ids)[1]  # where only a staged bundle may run, in its own folder
-    if found and os.path.realpath(os.getcwd()) != os.path.realpath(HERE):
-        # a staged bundle runs in its own folder, below the suite's writable one; a judge started there reads a
-        # rank's ./matplotlibrc (red team 45: 114 in that command and every later one)
-        raise ValueError(f"the working folder lies in {RANK_WRITABLE} folder {found!r}; a rank could plant there "
-                         f"what the judge reads")
-    for path, what in _used_by_the_judge(env, relative=found is None):
-        _, lies_in, through = reach(path, ids)
+    here = Path(os.path.realpath(HERE))
+    staged = reach(os.getcwd(), ids)[1]
+    if staged:
+        # a judge started in a writable folder reads a rank's ./matplotlibrc (red team 45: 114 in that command and
+        # every later one), unless it is a staged bundle no rank can write
+        if os.path.realpath(os.getcwd()) != str(here):
+            raise ValueError(f"the working folder lies in {RANK_WRITABLE} folder {staged!r}; a rank could plant "
+                             f"there what the judge reads")
+        _judges_chain(here, ids, staged, "the staged bundle", closed=True)
+    for path, what in _used_by_the_judge(env):
+        real, lies_in, through = reach(path, ids)
+        if staged and not through and (real == here or here in real.parents):
+            continue  # the staged bundle's own files
         if found := lies_in or through:
             raise ValueError(f"{RANK_WRITABLE} folder {found!r} holds {path!r}, which the judge {what}; a rank "
                              f"could plant there what the judge runs or reads")
@@ -186,13 +219,12 @@ def check(env=None) -> None:
 
 
 def check_judges_folder(path: Path, what: str) -> None:
-    """`path`, a folder the judge will save in (a run's results): where it lies in a RANK_WRITABLE folder, made now,
-    so that no rank makes it first (removed on the way out if the command leaves it empty), and refused (ValueError)
-    where a rank could move the run's folder or put its own in its place: no link on the way lies in a writable
-    folder, and from the writable folder down to `path` each is root's or this process's (the writable one the
-    operator's) and, where others may write it, sticky (they cannot move what is not theirs). NOTES: red team 43's
-    rank made --out first and the saved run was its own (a forged results.csv); red team 44 did it through a link
-    chain it could re-point and through a bind mount of the folder."""
+    """`path`, a folder the judge will save in (a run's results, a staged bundle): where it lies in a RANK_WRITABLE
+    folder, made now, so that no rank makes it first (removed on the way out if the command leaves it empty), and
+    refused (ValueError) where a rank could move the folder or put its own in its place (_judges_chain). NOTES: red
+    team 43's rank made --out first and the saved run was its own (a forged results.csv); red team 44 did it through
+    a link chain it could re-point and through a bind mount of the folder; red team 46 had `stage` write a bundle
+    into a rank's folder, whose eval.py the rank then swapped."""
     ids = writable_ids()
     real, top, through = reach(path, ids)
     if through:
@@ -201,16 +233,27 @@ def check_judges_folder(path: Path, what: str) -> None:
     if top is None:
         return
     made = [folder for folder in [*reversed(real.parents), real] if not folder.exists()]
-    real.mkdir(mode=0o755, parents=True, exist_ok=True)
+    try:
+        real.mkdir(mode=0o755, parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"{what} {path} cannot be made: {error.strerror}") from None
     atexit.register(_remove_if_empty, made, os.getpid())
+    _judges_chain(real, ids, top, f"{what} {path}")
+
+
+def _judges_chain(real: Path, ids: dict, top: str, what: str, closed: bool = False) -> None:
+    """Each folder from the writable one `top` down to `real` is root's or this process's (the writable one the
+    operator's) and, where others may write it, sticky, so that they cannot move what is not theirs; `closed`:
+    `real` itself no other may write at all (ValueError)."""
     chain = [real]
     while not _ids([chain[-1]]).keys() & ids.keys() and chain[-1] != chain[-1].parent:
         chain.append(chain[-1].parent)
     for folder in chain:
         info = os.lstat(folder)
         owner = folder == chain[-1] or info.st_uid in (os.geteuid(), 0)
-        if not (stat.S_ISDIR(info.st_mode) and owner and (not info.st_mode & 0o022 or info.st_mode & stat.S_ISVTX)):
-            raise ValueError(f"{what} {path}: {folder}, in {RANK_WRITABLE} folder {top!r}, is one a rank could "
+        shared = info.st_mode & 0o022 and (closed and folder == real or not info.st_mode & stat.S_ISVTX)
+        if not (stat.S_ISDIR(info.st_mode) and owner and not shared):
+            raise ValueError(f"{what}: {folder}, in {RANK_WRITABLE} folder {top!r}, is one a rank could write or "
                              f"replace with a folder of its own")
 
 

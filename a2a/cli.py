@@ -138,8 +138,13 @@ def writable(out: Path) -> None:
         tempfile.TemporaryDirectory(dir=existing).cleanup()
     except OSError as exc:
         raise UserError(f"--out {out}: {existing} cannot be written ({exc.strerror})") from None
+    judges_folder(out, "--out")
+
+
+def judges_folder(path: Path, what: str) -> None:
+    """`path`, where the judge will write, one no rank can make first or move (rank_writable.check_judges_folder)."""
     try:
-        rank_writable.check_judges_folder(out, "--out")
+        rank_writable.check_judges_folder(path, what)
     except ValueError as exc:
         raise UserError(str(exc)) from None
 

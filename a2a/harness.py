@@ -320,6 +320,7 @@ def _main(argv: list[str]) -> int:
         if ignored:
             raise UserError(f"stage writes the bundle only; {', '.join(ignored)} would be ignored (pass them to a run)")
         path = checked_version(args.version)
+        cli.judges_folder(Path(args.dir), "the stage folder")  # red team 46: a rank's folder, or its link, in W
         folder = stage(path, Path(args.dir), args.task)
         print(f"staged {path.stem} into {folder}: " + ", ".join(sorted(p.name for p in folder.iterdir())))
         return 0

@@ -81,7 +81,7 @@ def human_face_cases(tmp: Path):
         (("test", "v1", "--task", _file(tmp, "incomplete.yml", "files: []\ntests: []\n")), "must be a non-empty list"),
         (("stage", "v1"), "usage"),
         (("stage", "v1", str(full)), "is not an empty folder"),
-        (("stage", "v1", str(Path(a_file) / "bundle")), "cannot write the bundle"),
+        (("stage", "v1", str(Path(a_file) / "bundle")), "cannot be made: Not a directory"),
         (("stage", "v1", str(tmp / "staged"), "--seed", "5", "--world-size", "3"),
          "--world-size, --seed would be ignored"),
         (("trace", "v2", "--out", a_file), "is not a folder"),
@@ -228,7 +228,8 @@ def test_the_operators_numeric_knobs_are_bad_input_before_any_work(variable, val
 @pytest.mark.parametrize("variable", ["PATH", "PYTHONPATH", "LD_PRELOAD", "/tmp", "below PYTHONPATH",
                                       "PYTHONPYCACHEPREFIX", "A2A_LOG_DIR", "HOME", "XDG_CONFIG_HOME",
                                       "MPLCONFIGDIR", "XDG_CACHE_HOME", "CFLAGS", "a space", "relative",
-                                      "A2A_NCCL_LIB", "a home's link"])
+                                      "A2A_NCCL_LIB", "a home's link", "a tilde", "a shell variable",
+                                      "fontconfig's link", "a link below ~/.config", "a bare relative name"])
 def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_path, variable):
     """Red team 39, from the code: an A2A_RANK_WRITABLE folder holding a folder of PATH or sys.path, or a preloaded
     library, let a rank replace what the judge's next process runs as root. Red team 41: /tmp writable failed the
@@ -253,11 +254,24 @@ def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_
             "a space": {"MPLCONFIGDIR": str(writable / "my scratch" / "mpl")},
             "relative": {"MPLCONFIGDIR": os.path.relpath(writable / "mpl", ROOT)},
             "A2A_NCCL_LIB": {"A2A_NCCL_LIB": str(writable / "libnccl.so.2")},
-            "a home's link": {"HOME": str(tmp_path / "home")}}[variable]
+            "a home's link": {"HOME": str(tmp_path / "home")},
+            # red team 46: git's `~` and a shell's `$HOME` expanded into the folder, fontconfig's and pip's files in
+            # root's home, a link among ~/.config's entries, and a relative name without a '/'
+            "a tilde": {"HOME": str(tmp_path / "home"), "GIT_CONFIG_PARAMETERS": "'include.path'='~/../writable/g'"},
+            "a shell variable": {"HOME": str(tmp_path / "home"), "GIT_EDITOR": "$HOME/../writable/editor"},
+            "fontconfig's link": {"HOME": str(tmp_path / "home")},
+            "a link below ~/.config": {"HOME": str(tmp_path / "home")},
+            "a bare relative name": {"MPLCONFIGDIR": "writable"}}[variable]  # from tmp_path
+    (tmp_path / "home" / ".config").mkdir(parents=True)
     if variable == "a home's link":
-        (tmp_path / "home").mkdir()
+        (tmp_path / "home" / ".config").rmdir()
         (tmp_path / "home" / ".config").symlink_to(writable)
-    result = subprocess.run([sys.executable, "eval.py", "test", "v1", "--cases", "tests:0"], cwd=ROOT,
+    if variable == "fontconfig's link":  # dangling until a rank makes the folder
+        (tmp_path / "home" / ".fonts.conf.d").symlink_to(writable / "fontconf")
+    if variable == "a link below ~/.config":
+        (tmp_path / "home" / ".config" / "pip").symlink_to(writable / "pip")
+    result = subprocess.run([sys.executable, str(ROOT / "eval.py"), "test", "v1", "--cases", "tests:0"],
+                            cwd=tmp_path if variable == "a bare relative name" else ROOT,
                             capture_output=True, text=True, timeout=600,
                             env={**os.environ, **held, "A2A_RANK_WRITABLE": "/tmp" if variable == "/tmp" else
                                  str(writable)})
@@ -265,7 +279,8 @@ def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-@pytest.mark.parametrize("command", ["out", "out made by another", "out through a link", "two submissions", "diff"])
+@pytest.mark.parametrize("command", ["out", "out made by another", "out through a link", "two submissions", "diff",
+                                     "the runner's face"])
 def test_a_rank_writable_folder_the_judge_saves_in_or_two_entries_share_is_bad_input(tmp_path, command):
     """Red team 43: --out below an A2A_RANK_WRITABLE folder let a rank put its own folder where the judge saved the
     run (a forged results.csv); and one writable folder for two submissions of a clock run let the one timed first
@@ -290,15 +305,65 @@ def test_a_rank_writable_folder_the_judge_saves_in_or_two_entries_share_is_bad_i
     args = {"out": ["run_leaderboard.py", "--versions", "v1"], "out made by another": [
         "run_leaderboard.py", "--versions", "v1"], "out through a link": ["run_leaderboard.py", "--versions", "v1"],
         "two submissions": [
-        "run_leaderboard.py", "--versions", f"v1,{copy}"], "diff": ["diff.py", "v1", str(copy)]}[command]
-    result = subprocess.run([sys.executable, *args, "--backend", "gloo", "--world-size", "2", "--cases",
-                             "benchmarks:0", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                            timeout=600, env={**os.environ, "A2A_RANK_WRITABLE": str(writable)})
+        "run_leaderboard.py", "--versions", f"v1,{copy}"], "diff": ["diff.py", "v1", str(copy)],
+        "the runner's face": ["-m", "tools.runner_face", "--versions", f"v1,{copy}"]}[command]  # red team 46
+    options = ["--backend", "gloo", "--cases", "benchmarks:0"] if command != "the runner's face" else []
+    result = subprocess.run([sys.executable, *args, *options, "--world-size", "2", "--out", str(out)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "A2A_RANK_WRITABLE": str(writable)})
     said = {"two submissions": "a channel between them", "diff": "a channel between them",
+            "the runner's face": "a channel between them",
             "out through a link": "leads through a link"}.get(command, "a folder of its own")
     assert result.returncode == EXIT_BAD_INPUT and said in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not out.exists() or command.startswith("out") and not any(out.iterdir())
+
+
+@pytest.mark.parametrize("case", ["a rank's folder", "a rank's link", "../lib from the bundle"])
+def test_a_bundle_in_a_rank_writable_folder_is_the_judges_alone(tmp_path, case):
+    """Red team 46: `stage` wrote a bundle into a folder a rank had made in the writable folder (the rank then
+    swapped its eval.py, which root ran), or through a rank's link into a folder of root's; and a staged bundle run
+    in the writable folder with `LD_LIBRARY_PATH=../lib` loaded a rank's libm into root's judge, its relative paths
+    taken as the bundle's own. One line and 113, before anything is written or any rank runs."""
+    writable, elsewhere = tmp_path / "writable", tmp_path / "elsewhere"
+    writable.mkdir(mode=0o1777)
+    writable.chmod(0o1777)
+    elsewhere.mkdir()
+    bundle = writable / "bundle"
+    env = {**os.environ, "A2A_RANK_WRITABLE": str(writable)}
+    if case == "a rank's folder":
+        bundle.mkdir(mode=0o777)
+        bundle.chmod(0o777)
+        if os.geteuid() == 0:
+            os.chown(bundle, 65534, 65534)
+    if case == "a rank's link":
+        bundle.symlink_to(elsewhere)
+    if case == "../lib from the bundle":
+        staged = subprocess.run([sys.executable, "eval.py", "stage", "v1", str(bundle)], cwd=ROOT,
+                                capture_output=True, text=True, timeout=600, env=env)
+        assert staged.returncode == 0, staged.stderr
+        result = subprocess.run([sys.executable, "eval.py", "test", "tests.txt"], cwd=bundle, capture_output=True,
+                                text=True, timeout=600, env={**env, "LD_LIBRARY_PATH": "../lib", "POPCORN_FD": "1",
+                                                             "POPCORN_GPUS": "8", "A2A_BACKEND": "gloo"})
+        said = "as LD_LIBRARY_PATH names it"
+    else:
+        result = subprocess.run([sys.executable, "eval.py", "stage", "v1", str(bundle)], cwd=ROOT,
+                                capture_output=True, text=True, timeout=600, env=env)
+        said = "leads through a link" if case == "a rank's link" else "a folder of its own"
+    assert result.returncode == EXIT_BAD_INPUT and said in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not any(elsewhere.iterdir())
+    assert case != "a rank's folder" or not any(bundle.iterdir())
+
+
+def test_a_path_no_process_can_look_at_is_followed_no_further(tmp_path, monkeypatch):
+    """Red team 46: a variable naming a path with a part over 255 bytes ended every command with 114 once a writable
+    folder was set (the lookup's ENAMETOOLONG). Such a part leads nowhere, for root's tools too."""
+    import rank_writable
+
+    writable = tmp_path / "writable"
+    writable.mkdir()
+    rank_writable.check({"A2A_RANK_WRITABLE": str(writable), "HOME": str(tmp_path), "X": "/" + "a" * 300 + "/b"})
 
 
 def test_a_gpu_session_folder_of_an_earlier_session_is_moved_aside_not_packed(tmp_path):

@@ -44,6 +44,7 @@ def test_each_version_s_rows_are_saved_as_it_finishes(stand_in_runner, tmp_path,
     """A run cut short (the device call's limit) keeps every version that finished before the cut."""
     import pandas as pd
 
+    monkeypatch.delenv("A2A_RANK_WRITABLE")  # two versions share no writable folder
     real_plan = planning.make_plan
     monkeypatch.setattr(runner_face.planning, "machine_gpus", lambda: 2)
     monkeypatch.setattr(runner_face.planning, "make_plan", lambda versions, selector, world_size, backend:

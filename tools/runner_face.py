@@ -116,10 +116,11 @@ def main(argv=None) -> int:
     modes = args.modes.split(",")
     if not modes or any(mode not in MODES for mode in modes):
         raise core.UserError(f"--modes {args.modes}: expected a comma-separated list of {', '.join(MODES)}")
-    commit = checked_runner(args.runner)
-    cli.writable(args.out)
     versions = [planning.resolve_version(v) for v in args.versions.split(",")] if args.versions else \
         planning.list_versions()
+    cli.one_entry_per_writable(versions)  # red team 46: one seed for every version, so one's answers for the next
+    commit = checked_runner(args.runner)
+    cli.writable(args.out)
     gpus = planning.machine_gpus()
     world_size = args.world_size or min(gpus, 8)
     if gpus < max(world_size, 1):
