@@ -1223,11 +1223,13 @@ class RankPool:
     `submission`, `reference`, `utils` and `task` the workers import (a staged version). `rerun_main` False: no job
     comes from the owner's main script, which the workers then skip (_main_not_rerun). `build_key`: what keys the
     builds the ranks keep between pools (boundary.Sandbox); by default the hash of the submission they import.
-    `hide`: files the ranks read as empty (a clock run's other entries)."""
+    `hide`: files the ranks read as empty (a clock run's other entries). `reach`: other paths they read (a tool's
+    submissions)."""
 
     def __init__(self, size: int, backend: str, master_port: Optional[int] = None, rank_prefix: bool = False,
                  env: Optional[dict] = None, bundle: Optional[Path] = None, rerun_main: bool = True, hide: tuple = (),
-                 build_key: Optional[str] = None, birth: Optional[str] = None, nursery: Optional[Nursery] = None):
+                 build_key: Optional[str] = None, birth: Optional[str] = None, nursery: Optional[Nursery] = None,
+                 reach: tuple = ()):
         self.context = multiprocessing.get_context("spawn")
         self.birth = birth or rank_birth()
         self.zygote: Optional[Zygote] = None
@@ -1239,7 +1241,7 @@ class RankPool:
         self.nccl_version = self.env.get("A2A_NCCL_VERSION", os.environ.get("A2A_NCCL_VERSION"))
         self.master_port = master_port
         self.sandbox = Sandbox(enabled=os.environ.get("A2A_SANDBOX", "1") != "0",
-                               reach=(self.bundle,) if self.bundle else (), env=self.env, hide=hide,
+                               reach=(*((self.bundle,) if self.bundle else ()), *reach), env=self.env, hide=hide,
                                build_key=build_key or Sandbox.source_key(Path(self.bundle or ".") / "submission.py"))
         self.guards = self.sandbox.guards
         self.workers: list = []

@@ -23,25 +23,26 @@ class SubmissionFailed(Exception):
 
 
 def submission_launch(world_size: int, fn: Callable, *args: Any, backend: Optional[str] = None,
-                      timeout_s: float = 300.0) -> list:
+                      timeout_s: float = 300.0, reach: tuple = ()) -> list:
     """parallel_launch for a tool whose ranks import a submission: what they return is the submission's data, and a
     rank's failure is the submission's (SubmissionFailed)."""
     try:
-        return parallel_launch(world_size, fn, *args, backend=backend, timeout_s=timeout_s)
+        return parallel_launch(world_size, fn, *args, backend=backend, timeout_s=timeout_s, reach=reach)
     except LaunchError as error:
         raise SubmissionFailed(f"the submission's ranks failed: {error}") from None
 
 
 def parallel_launch(world_size: int, fn: Callable, *args: Any, backend: Optional[str] = None,
-                    timeout_s: float = 300.0) -> list:
+                    timeout_s: float = 300.0, reach: tuple = ()) -> list:
     """Calls fn(rank, world_size, *args) on every rank (fn and args must be picklable) and returns the per-rank
-    results. NCCL wherever there is a GPU (ranks share GPUs when they outnumber them), else gloo. Raises
+    results. `reach`: files the ranks read (the submissions they import), in their view wherever they lie (/tmp is
+    the ranks' own). NCCL wherever there is a GPU (ranks share GPUs when they outnumber them), else gloo. Raises
     LaunchError naming the ranks that failed or did not finish in timeout_s (the failing rank's own error first);
     no process outlives the call."""
     gpus = core.machine_gpus()
     backend = backend or ("nccl" if gpus else "gloo")
     with sharing.shared_ranks(sharing.placement(world_size, gpus, backend)) as env:
-        pool = core.RankPool(world_size, backend, rank_prefix=True, env=env)
+        pool = core.RankPool(world_size, backend, rank_prefix=True, env=env, reach=tuple(map(str, reach)))
         try:
             case = core.TestCase(args={"world_size": world_size}, spec=getattr(fn, "__name__", "fn"))
             results = pool.run("call", case, timeout_s, {"fn": fn, "args": args})

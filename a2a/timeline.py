@@ -554,7 +554,7 @@ def trace_version(plan, iterations: int, out: Path) -> list:
     print(f"tracing {path.stem} on {len(plan.cases)} case(s): {iterations} clean and {JSON_ITERATIONS} profiled "
           "calls each")
     per_case = checked_ranks(submission_launch(plan.world_size, _trace_rank, str(path), plan.case_args, iterations,
-                                               backend="nccl", timeout_s=900),
+                                               backend="nccl", timeout_s=900, reach=(path,)),
                              plan.world_size, len(plan.case_args), iterations)
     folders = []
     for index, args in enumerate(plan.case_args):

@@ -179,6 +179,12 @@ def shared_folder(path: Path) -> Path:
     return path
 
 
+def saved_in(folder: Path) -> list:
+    """What a command saved in `folder`, a test's tmp_path: its entries less the ranks' `marks` folder, which the
+    suite makes there for every test (_reachable_tmp_path)."""
+    return [path for path in folder.iterdir() if path.name != "marks"]
+
+
 def reachable(folder: Path) -> Path:
     """`folder` (one of pytest's temporary folders), writable by the ranks' uid, with every folder above it
     searchable (pytest makes them private to this user)."""
@@ -258,11 +264,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _reachable_tmp_path(request, monkeypatch):
-    """A test's tmp_path is readable by the ranks and the one place besides their run folders they may write (their
-    marks; boundary.RANK_WRITABLE): every other mount is read-only to them."""
+    """A test's tmp_path is readable by the ranks, and its `marks` folder the one place besides their run folders
+    they may write (boundary.RANK_WRITABLE): every other mount is read-only to them, and the judge keeps nothing of
+    its own there (its bundles, runs and logs lie beside it)."""
     if "tmp_path" in request.fixturenames:
-        reachable(request.getfixturevalue("tmp_path"))
-        monkeypatch.setenv("A2A_RANK_WRITABLE", str(request.getfixturevalue("tmp_path")))
+        tmp_path = reachable(request.getfixturevalue("tmp_path"))
+        monkeypatch.setenv("A2A_RANK_WRITABLE", str(shared_folder(tmp_path / "marks")))
     yield
 
 

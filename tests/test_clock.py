@@ -471,7 +471,7 @@ def test_the_next_entrys_pool_is_born_before_a_visit_and_runs_none_of_its_code(t
     yet imported; after the round, it was."""
     from tests.conftest import v1_kernel_source
 
-    mark = tmp_path / "imported"
+    mark = tmp_path / "marks" / "imported"
     marking = tmp_path / "marking.py"
     marking.write_text(v1_kernel_source("custom_kernel") + f"\nopen({str(mark)!r}, 'a').write('imported\\n')\n")
     plan = make_plan(["v1", str(marking)], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
@@ -507,7 +507,7 @@ def test_a_pools_ranks_are_pinned_where_asked_before_their_import(tmp_path, monk
     from tests.conftest import v1_kernel_source
 
     cpus = sorted(os.sched_getaffinity(0))
-    mark = tmp_path / "affinity"
+    mark = tmp_path / "marks" / "affinity"
     marking = tmp_path / "marking.py"
     marking.write_text(v1_kernel_source("custom_kernel") + "\nimport os\n"
                        f"open({str(mark)!r}, 'a').write(str(sorted(os.sched_getaffinity(0))) + '\\n')\n")

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from eval import EXIT_BAD_INPUT
-from tests.conftest import ROOT, wait_until_gone
+from tests.conftest import ROOT, saved_in, wait_until_gone
 
 
 def _run(tmp_path, *args, env=None):
@@ -19,7 +19,7 @@ def test_every_cpu_is_measured_and_the_run_leaves_nothing_running(tmp_path, proc
                   env={"A2A_TEST_TOKEN": process_token})
     assert result.returncode == 0, result.stderr[-2000:]
     assert not wait_until_gone(process_token, 20), "a spinner or a fresh process outlived the run"
-    (folder,) = tmp_path.iterdir()
+    (folder,) = saved_in(tmp_path)
     found = json.loads((folder / "cpu_speed.json").read_text())
     cpus = sorted(os.sched_getaffinity(0))
     assert found["cpus"] == cpus and all(len(found["by_cpu"][str(c)]) == 2 for c in cpus)
@@ -36,4 +36,4 @@ def test_bad_settings_are_refused_before_any_work(tmp_path):
     for option in ("--passes", "--iterations", "--repeats"):
         result = _run(tmp_path, option, "0")
         assert result.returncode == EXIT_BAD_INPUT and f"{option} must be at least 1" in result.stderr, result.stderr
-        assert len(result.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+        assert len(result.stderr.strip().splitlines()) == 1 and not saved_in(tmp_path)

@@ -24,7 +24,7 @@ from a2a.plan import keep_rows_home, list_versions, load_version, make_plan, pre
 from a2a.rows import parse_popcorn
 from a2a.launch import parallel_launch
 from tests.conftest import (ROOT, gpu_count, hanging_human_face, hanging_submission, profile_column, reachable,
-                            requires_gpu, run_bundle, run_eval, v1_kernel_source, wait_until_gone)
+                            requires_gpu, run_bundle, run_eval, saved_in, v1_kernel_source, wait_until_gone)
 
 # One process runs this file (pytest-xdist's loadgroup keeps the group on one worker): its setup, the MPS daemon and
 # the side-by-side runs below are the module's own.
@@ -642,7 +642,7 @@ def test_the_runners_own_evaluator_and_ours_pass_the_same_bundle(tmp_path):
                            str(ranks), "--modes", "test", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    (folder,) = tmp_path.iterdir()
+    (folder,) = saved_in(tmp_path)
     rows = (folder / "results.csv").read_text().splitlines()[1:]
     assert len(rows) == 9 and all(row.count(",pass,") == 2 for row in rows), rows
 

@@ -1915,7 +1915,7 @@ def test_an_entrys_words_are_shown_only_once_its_round_has_ended(tmp_path, monke
     folder = reachable(tmp_path)
     cases = folder / "cases.txt"
     cases.write_text(SMALL_LINE.format(seed=FIRST_SEED) + "\n")
-    log = folder / "judge.log"
+    log = folder / "marks" / "judge.log"  # in the ranks' sight: the folder they may write
     speaker, listener = folder / "speaker.py", folder / "listener.py"
     speaker.write_text(hostile(SPEAKS))
     listener.write_text(hostile(LISTENS, log=log))

@@ -15,7 +15,7 @@ from a2a import cli, clock, plots
 from a2a import plan as planning
 from a2a import intervals as iv
 from a2a.rows import geomean
-from tests.conftest import ROOT
+from tests.conftest import ROOT, saved_in
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -36,7 +36,7 @@ def test_leaderboard_saves_results_with_metadata_and_intervals(tmp_path, capsys)
     assert "skipped v2_p2p: it builds GPU code" in result.stdout
     assert ("skipped the anchors, the floors (empty submission, handshake) and the SOL-here model: they time GPUs "
             "(this run is gloo, world size 2)") in result.stdout
-    (folder,) = tmp_path.iterdir()
+    (folder,) = saved_in(tmp_path)
     frame = pd.read_csv(folder / "results.csv")
     assert {"version", "kind", "mean_us", "low_us", "high_us", "device_mean_us", "device_low_us", "device_high_us",
             "rounds", "stopped", "sol_mi300x_us", "device", "world_size", "date", "commit"} <= set(frame.columns)

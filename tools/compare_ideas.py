@@ -142,7 +142,7 @@ def main(argv=None) -> int:
         return 0
     sets = [tuple(n.strip() for n in group.split(",") if n.strip()) for group in args.sets.split(";") if group.strip()]
     rows = parallel_launch(plan.world_size, _compare_rank, str(scratch), str(baseline), sets, plan.case_args,
-                           args.iterations, args.block, backend="nccl", timeout_s=1500)[0]
+                           args.iterations, args.block, backend="nccl", timeout_s=1500, reach=(scratch, baseline))[0]
     meta = {**plan.meta_for(f"ideas-{scratch.stem}"), "scratch": scratch.stem, "baseline": baseline.stem,
             "iterations": args.iterations, "block": args.block}
     frame = pd.DataFrame(rows)

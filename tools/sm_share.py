@@ -80,7 +80,8 @@ def sweep(plan: planning.RunPlan, percents: list, repeats: int, spin_timeout_s: 
             started = time.monotonic()
             try:
                 found = parallel_launch(plan.world_size, _share_rank, [str(p) for p in plan.versions],
-                                        plan.case_args, repeats, backend="nccl", timeout_s=1200)[0]
+                                        plan.case_args, repeats, backend="nccl", timeout_s=1200,
+                                        reach=tuple(plan.versions))[0]
                 rows += [{"percent": percent, **row} for row in found]
             except LaunchError as error:
                 rows.append({"percent": percent, "version": "(the group)", "calls": 0, "wrong": None,

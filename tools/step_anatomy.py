@@ -118,7 +118,7 @@ def main(argv=None) -> int:
         raise core.UserError(f"--iterations must be at least 1, not {args.iterations}")
     plan = planning.make_plan(args.version, args.cases, args.world_size, args.backend)
     results = submission_launch(plan.world_size, _anatomy_rank, str(plan.version), plan.case_args, args.iterations,
-                                backend=plan.backend, timeout_s=900)[0]
+                                backend=plan.backend, timeout_s=900, reach=(plan.version,))[0]
     if not isinstance(results, list) or len(results) != len(plan.case_args):
         raise SubmissionFailed(f"rank 0 returned no anatomy of each of the {len(plan.case_args)} shapes")
     meta = plan.meta_for(f"anatomy-{plan.version.stem}")

@@ -158,7 +158,7 @@ def main(argv=None) -> int:
         print("skipped: the launch-shape sweep needs GPUs")
         return 0
     rows = parallel_launch(plan.world_size, _sweep_rank, str(plan.version), plan.case_args, args.iterations,
-                           backend="nccl", timeout_s=1200)[0]
+                           backend="nccl", timeout_s=1200, reach=(plan.version,))[0]
     meta = {**plan.meta_for(f"sweep-{plan.version.stem}"), "version": plan.version.stem,
             "iterations": args.iterations, "multiprocessors": torch.cuda.get_device_properties(0).multi_processor_count}
     frame = pd.DataFrame(rows)

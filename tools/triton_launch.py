@@ -132,7 +132,7 @@ def main(argv: list[str]) -> int:
         return 0
     plan = planning.make_plan(args.version, args.cases, args.world_size, "nccl")
     rows = parallel_launch(args.world_size, _cost_rank, str(plan.version), plan.cases[0].args, args.calls,
-                           args.rounds, backend="nccl")
+                           args.rounds, backend="nccl", reach=(plan.version,))
     print(f"host µs per call, {plan.version.stem}, {plan.cases[0].spec}, world size {args.world_size}, "
           f"{args.calls} calls x {args.rounds} rounds, median round, slowest rank")
     for name in rows[0]:
