@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from boundary import (CACHE_FOLDERS, COVERED, HERE, RANK_CACHE, RANK_WRITABLE, _preload_entries, _preload_file,
+from boundary import (CACHE_FOLDERS, COVERED, RANK_CACHE, RANK_WRITABLE, _preload_entries, _preload_file,
                       judge_cache)
 
 SHELLS_OWN = ("PWD", "OLDPWD", "_")  # the shell's bookkeeping, which nothing the judge runs reads
@@ -184,30 +184,22 @@ def _named_paths(value: str, env) -> list:
 def check(env=None) -> None:
     """Nothing the judge runs, loads, reads its settings from, writes or keeps lies in (or leads through a link in)
     a RANK_WRITABLE folder, and no such folder lies in one the judge imports or loads from (ValueError for the
-    first); a judge started in one is a staged bundle in its own folder, which no rank can write, nor any folder
-    from the writable one down to it. NOTES: a rank writes there for the rest of the command, and the judge's next
+    first), nor is the working folder. NOTES: a rank writes there for the rest of the command, and the judge's next
     process would run or read what it planted, as root: a package below PYTHONPATH (red team 42), a .pyc below
     PYTHONPYCACHEPREFIX (43), git's config below XDG_CONFIG_HOME, whose fsmonitor command root's `git status` ran,
     and matplotlib's font cache below MPLCONFIGDIR or XDG_CACHE_HOME, written by root through a rank's link onto a
     file of root's (44); /tmp writable hid the staged bundle from the ranks (41); fontconfig's ~/.fonts.conf.d, a
-    rank's library by `LD_LIBRARY_PATH=../lib` from a bundle, and a bundle staged into a rank's folder (46)."""
+    rank's library by `LD_LIBRARY_PATH=../lib` from a bundle staged in one, and a bundle staged into a rank's
+    folder (46)."""
     env = os.environ if env is None else env
     ids = writable_ids(env)
     if not ids:
         return
-    here = Path(os.path.realpath(HERE))
-    staged = reach(os.getcwd(), ids)[1]
-    if staged:
-        # a judge started in a writable folder reads a rank's ./matplotlibrc (red team 45: 114 in that command and
-        # every later one), unless it is a staged bundle no rank can write
-        if os.path.realpath(os.getcwd()) != str(here):
-            raise ValueError(f"the working folder lies in {RANK_WRITABLE} folder {staged!r}; a rank could plant "
-                             f"there what the judge reads")
-        _judges_chain(here, ids, staged, "the staged bundle", closed=True)
+    if found := reach(os.getcwd(), ids)[1]:  # red team 45: a rank's ./matplotlibrc, 114 in every later command
+        raise ValueError(f"the working folder lies in {RANK_WRITABLE} folder {found!r}; a rank could plant there "
+                         f"what the judge reads (run the judge, a staged bundle too, from a folder of its own)")
     for path, what in _used_by_the_judge(env):
-        real, lies_in, through = reach(path, ids)
-        if staged and not through and (real == here or here in real.parents):
-            continue  # the staged bundle's own files
+        _, lies_in, through = reach(path, ids)
         if found := lies_in or through:
             raise ValueError(f"{RANK_WRITABLE} folder {found!r} holds {path!r}, which the judge {what}; a rank "
                              f"could plant there what the judge runs or reads")
@@ -241,18 +233,16 @@ def check_judges_folder(path: Path, what: str) -> None:
     _judges_chain(real, ids, top, f"{what} {path}")
 
 
-def _judges_chain(real: Path, ids: dict, top: str, what: str, closed: bool = False) -> None:
+def _judges_chain(real: Path, ids: dict, top: str, what: str) -> None:
     """Each folder from the writable one `top` down to `real` is root's or this process's (the writable one the
-    operator's) and, where others may write it, sticky, so that they cannot move what is not theirs; `closed`:
-    `real` itself no other may write at all (ValueError)."""
+    operator's) and, where others may write it, sticky, so that they cannot move what is not theirs (ValueError)."""
     chain = [real]
     while not _ids([chain[-1]]).keys() & ids.keys() and chain[-1] != chain[-1].parent:
         chain.append(chain[-1].parent)
     for folder in chain:
         info = os.lstat(folder)
         owner = folder == chain[-1] or info.st_uid in (os.geteuid(), 0)
-        shared = info.st_mode & 0o022 and (closed and folder == real or not info.st_mode & stat.S_ISVTX)
-        if not (stat.S_ISDIR(info.st_mode) and owner and not shared):
+        if not (stat.S_ISDIR(info.st_mode) and owner and (not info.st_mode & 0o022 or info.st_mode & stat.S_ISVTX)):
             raise ValueError(f"{what}: {folder}, in {RANK_WRITABLE} folder {top!r}, is one a rank could write or "
                              f"replace with a folder of its own")
 

@@ -13,7 +13,7 @@ import pytest
 from a2a.cli import run_cli
 from a2a.rows import parse_popcorn
 from eval import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_CRASH, EXIT_USAGE
-from tests.conftest import ROOT, V1, every_time, libm_copy, run_bundle, run_eval
+from tests.conftest import ROOT, V1, every_time, libm_copy, run_bundle, run_eval, saved_in
 
 LINE = "num_experts: 8; experts_per_token: 2; hidden_dim: {h}; max_num_tokens: 4; seed: {s}; world_size: {w}"
 
@@ -81,7 +81,7 @@ def human_face_cases(tmp: Path):
         (("test", "v1", "--task", _file(tmp, "incomplete.yml", "files: []\ntests: []\n")), "must be a non-empty list"),
         (("stage", "v1"), "usage"),
         (("stage", "v1", str(full)), "is not an empty folder"),
-        (("stage", "v1", str(Path(a_file) / "bundle")), "cannot be made: Not a directory"),
+        (("stage", "v1", str(Path(a_file) / "bundle")), "cannot write the bundle"),
         (("stage", "v1", str(tmp / "staged"), "--seed", "5", "--world-size", "3"),
          "--world-size, --seed would be ignored"),
         (("trace", "v2", "--out", a_file), "is not a folder"),
@@ -138,7 +138,7 @@ def test_a_closed_or_gone_output_fails_no_entry_and_loses_no_run(tmp_path, redir
 def test_run_leaderboard_rejects_bad_version_lists(tmp_path, versions, message):
     result = _command("run_leaderboard.py", "--versions", versions, "--out", str(tmp_path))
     assert result.returncode == EXIT_BAD_INPUT and message in result.stderr, result.stderr[-1000:]
-    assert not list(tmp_path.iterdir())
+    assert not saved_in(tmp_path)
 
 
 @pytest.mark.parametrize("option, value, message", [
@@ -324,7 +324,8 @@ def test_a_bundle_in_a_rank_writable_folder_is_the_judges_alone(tmp_path, case):
     """Red team 46: `stage` wrote a bundle into a folder a rank had made in the writable folder (the rank then
     swapped its eval.py, which root ran), or through a rank's link into a folder of root's; and a staged bundle run
     in the writable folder with `LD_LIBRARY_PATH=../lib` loaded a rank's libm into root's judge, its relative paths
-    taken as the bundle's own. One line and 113, before anything is written or any rank runs."""
+    taken as the bundle's own: no judge runs from a writable folder now. One line and 113, before anything is
+    written or any rank runs."""
     writable, elsewhere = tmp_path / "writable", tmp_path / "elsewhere"
     writable.mkdir(mode=0o1777)
     writable.chmod(0o1777)
@@ -345,7 +346,7 @@ def test_a_bundle_in_a_rank_writable_folder_is_the_judges_alone(tmp_path, case):
         result = subprocess.run([sys.executable, "eval.py", "test", "tests.txt"], cwd=bundle, capture_output=True,
                                 text=True, timeout=600, env={**env, "LD_LIBRARY_PATH": "../lib", "POPCORN_FD": "1",
                                                              "POPCORN_GPUS": "8", "A2A_BACKEND": "gloo"})
-        said = "as LD_LIBRARY_PATH names it"
+        said = "the working folder lies in"
     else:
         result = subprocess.run([sys.executable, "eval.py", "stage", "v1", str(bundle)], cwd=ROOT,
                                 capture_output=True, text=True, timeout=600, env=env)
