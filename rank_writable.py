@@ -213,7 +213,9 @@ def check(env=None) -> None:
 def check_judges_folder(path: Path, what: str) -> None:
     """`path`, a folder the judge will save in (a run's results, a staged bundle): where it lies in a RANK_WRITABLE
     folder, made now, so that no rank makes it first (removed on the way out if the command leaves it empty), and
-    refused (ValueError) where a rank could move the folder or put its own in its place (_judges_chain). NOTES: red
+    refused (ValueError) where a rank could move the folder or put its own in its place: no link on the way lies in
+    a writable folder, and from the writable folder down to `path` each is root's or this process's (the writable
+    one the operator's) and, where others may write it, sticky (they cannot move what is not theirs). NOTES: red
     team 43's rank made --out first and the saved run was its own (a forged results.csv); red team 44 did it through
     a link chain it could re-point and through a bind mount of the folder; red team 46 had `stage` write a bundle
     into a rank's folder, whose eval.py the rank then swapped."""
@@ -230,12 +232,6 @@ def check_judges_folder(path: Path, what: str) -> None:
     except OSError as error:
         raise ValueError(f"{what} {path} cannot be made: {error.strerror}") from None
     atexit.register(_remove_if_empty, made, os.getpid())
-    _judges_chain(real, ids, top, f"{what} {path}")
-
-
-def _judges_chain(real: Path, ids: dict, top: str, what: str) -> None:
-    """Each folder from the writable one `top` down to `real` is root's or this process's (the writable one the
-    operator's) and, where others may write it, sticky, so that they cannot move what is not theirs (ValueError)."""
     chain = [real]
     while not _ids([chain[-1]]).keys() & ids.keys() and chain[-1] != chain[-1].parent:
         chain.append(chain[-1].parent)
@@ -243,7 +239,7 @@ def _judges_chain(real: Path, ids: dict, top: str, what: str) -> None:
         info = os.lstat(folder)
         owner = folder == chain[-1] or info.st_uid in (os.geteuid(), 0)
         if not (stat.S_ISDIR(info.st_mode) and owner and (not info.st_mode & 0o022 or info.st_mode & stat.S_ISVTX)):
-            raise ValueError(f"{what}: {folder}, in {RANK_WRITABLE} folder {top!r}, is one a rank could write or "
+            raise ValueError(f"{what} {path}: {folder}, in {RANK_WRITABLE} folder {top!r}, is one a rank could "
                              f"replace with a folder of its own")
 
 
