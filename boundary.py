@@ -398,6 +398,7 @@ CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
 CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWNET = 0x08000000, 0x10000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
+SHADOW_BYTES = 256 << 20  # the most the judge copies of what the ranks need and cannot read (Sandbox._readable_copies)
 PR_SET_NO_NEW_PRIVS = 38
 # What a pool's ranks may hold at most (hard limits, set before the uid drop): processes and threads of the pool's
 # uid together (the kernel's own pid_max was 32768 on this project's CPU machine, where a rank could make 96365: a
@@ -749,8 +750,10 @@ class RankSandbox:
     (read_only_method), or "" where it cannot be. `expose`: (folder, entry) pairs: in the rank's mount namespace the
     folder, which other users cannot search (a home like /root), is covered by an empty one holding only the entry
     the ranks need (the interpreter, the harness), so the rest of it stays out of their sight too. `hide`: files
-    read as empty in the rank's mount namespace (a clock run's other entries). `env`: the rank's home, temporary
-    folder and build caches, all in its run folder."""
+    read as empty in the rank's mount namespace (a clock run's other entries). `shadow`: (path, copy) pairs: a path
+    the ranks read that other users cannot (a bundle in a folder of mkdtemp's, a tool's 0600 submission), shown to
+    them as the judge's readable copy of it. `env`: the rank's home, temporary folder and build caches, all in its
+    run folder."""
     private_proc: bool
     uid: Optional[int]
     env: dict = dataclasses.field(default_factory=dict)
@@ -760,6 +763,7 @@ class RankSandbox:
     read_only: str = ""
     expose: tuple = ()
     hide: tuple = ()
+    shadow: tuple = ()
     memory_group: str = ""
 
 
@@ -913,7 +917,11 @@ class Sandbox:
         self.guards.paths_left_out = len(set(operators) - set(readable))
         needed = existing([Path(sys.executable), *map(Path, interpreter), Path(os.__file__).parent, HERE,
                            *map(Path, filter(None, reach)), *map(Path, filter(os.path.isabs, preloaded))]) + readable
-        pairs, unreachable = exposure([p for p in needed if not _below_covered(p)])
+        shadow = self._readable_copies(existing([HERE, *map(Path, filter(None, reach))]))
+        needed = [p for p in needed if str(p) not in shadow] + [Path(copy) for copy in shadow.values()]
+        mount_points = [Path(p) for p in shadow if _below_covered(Path(p))]
+        pairs, unreachable = exposure([p for p in needed if not _below_covered(p)]
+                                      + [Path(p).parent for p in shadow if not _below_covered(Path(p))])
         if unreachable:
             self.guards.off.append(f"the ranks keep this user's uid: {unreachable} is not readable by other users")
             return
@@ -934,9 +942,35 @@ class Sandbox:
         self.setup = RankSandbox(private_proc=True, uid=self.uid, env={**run_env(self.uid, self._views), **preload},
                                  covers=covers, writable=_writable(self.uid, pool_env, shared),
                                  read_only=read_only,
-                                 keep=tuple(sorted({str(p) for p in needed if _below_covered(p)})),
-                                 expose=tuple(pairs), memory_group=str(group or ""),
+                                 keep=tuple(sorted({str(p) for p in [*needed, *mount_points] if _below_covered(p)})),
+                                 expose=tuple(pairs), memory_group=str(group or ""), shadow=tuple(shadow.items()),
                                  hide=tuple(sorted({str(Path(p).resolve()) for p in hide if Path(p).is_file()})))
+
+    def _readable_copies(self, paths: list) -> dict:
+        """{path: the judge's copy}, of each of `paths` other users cannot read themselves, where its folder is in
+        their reach: a copy every user may read (links copied as links, never followed), at most SHADOW_BYTES. NOTES:
+        red team 47: a bundle in a folder of mode 0700 (what mkdtemp makes) and a tool's 0600 submission turned
+        every guard off, and the ranks ran as root with every mount writable."""
+        copies: dict = {}
+        folder: Optional[Path] = None
+        for path in paths:
+            if exposure([path])[1] is None or not (_below_covered(path) or exposure([path.parent])[1] is None):
+                continue
+            entries = [path] if not path.is_dir() else [path, *path.rglob("*")]
+            if len(entries) > 10_000 or sum(p.lstat().st_size for p in entries if p.is_file()) > SHADOW_BYTES:
+                continue  # too large to copy: the guards go off, and say why
+            folder = folder or self._temporary.enter_context(owned_tempdir("readable"))
+            copy = folder / str(len(copies)) / path.name
+            copy.parent.mkdir(mode=0o755)
+            if path.is_dir():
+                shutil.copytree(path, copy, symlinks=True)
+            else:
+                shutil.copyfile(path, copy, follow_symlinks=False)
+            for made in [copy, *(copy.rglob("*") if copy.is_dir() else ())]:
+                if not made.is_symlink():
+                    made.chmod(0o755 if made.is_dir() else 0o644)
+            copies[str(path)] = str(copy)
+        return copies
 
     @staticmethod
     def source_key(path: Path, entry: str = "") -> Optional[str]:
@@ -1897,6 +1931,12 @@ def enter_rank_sandbox(sandbox: Optional[RankSandbox]) -> None:
         for path in sandbox.hide:  # NOTES: read-only is not hidden (red team 35: a rival entry's source, read by path)
             if os.path.isfile(path) and libc.mount(b"/dev/null", path.encode(), None, MS_BIND, None):  # in sight
                 _fail(f"hiding {path}")
+        for path, copy in sandbox.shadow:  # the judge's readable copy over what the ranks' uid cannot read
+            if libc.mount(copy.encode(), path.encode(), None, MS_BIND | MS_REC, None) or libc.mount(
+                    None, path.encode(), None, MS_BIND | MS_REMOUNT | MS_RDONLY, None):
+                _fail(f"showing {path}")
+        if sandbox.shadow:
+            os.chdir(os.getcwd())  # a working folder below one shown anew is the copy's now, not the folder beneath
     if sandbox.uid is not None:
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0):
             _fail("no_new_privs")

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import boundary
-from tests.conftest import ROOT, libm_copy, run_eval, v1_kernel_source
+from tests.conftest import ROOT, libm_copy, run_bundle, run_eval, v1_kernel_source
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"),
                                 reason="the boundary needs root on Linux")
@@ -1636,6 +1636,56 @@ def test_a_rank_writable_folder_is_known_by_its_inode_and_its_owner_above_is_no_
     finally:
         if bound:
             subprocess.run(["umount", str(second)], check=True)
+
+
+SAYS_ITS_UID = """
+import os as _os
+from pathlib import Path as _Path
+_path = _Path(_os.environ["A2A_TEST_MARKS"], f"uid-{_os.getpid()}")
+_path.write_text(str(_os.getuid()))
+"""
+
+
+@pytest.mark.parametrize("where", ["below /tmp", "outside the covered folders"])
+@pytest.mark.parametrize("face", ["the protocol face in a 0700 bundle", "a tool with a 0600 submission"])
+def test_what_the_ranks_cannot_read_is_shown_them_as_a_copy_with_every_guard_on(tmp_path, face, where):
+    """Red team 47: a staged bundle in a folder of mode 0700 (as mkdtemp makes it, where runners stage) and a tool's
+    submission of mode 0600 turned every guard off outside /tmp, for the ranks' uid could not read them: they ran as
+    root with every mount writable (below /tmp, which is the ranks' own, they failed to import it). They now read
+    the judge's readable copy, as the pool's uid."""
+    marks = tmp_path / "marks"
+    body = v1_kernel_source("custom_kernel") + SAYS_ITS_UID
+    (ROOT / "build").mkdir(exist_ok=True)
+    place = tmp_path if where == "below /tmp" else Path(tempfile.mkdtemp(dir=ROOT / "build", prefix="test-unreadable-"))
+    try:
+        _run_unreadable(face, place, body, marks)
+    finally:
+        if place != tmp_path:
+            shutil.rmtree(place)
+    uids = {int(mark.read_text()) for mark in marks.glob("uid-*")}
+    assert uids and 0 not in uids and os.getuid() not in uids, uids
+
+
+def _run_unreadable(face: str, place: Path, body: str, marks: Path) -> None:
+    place.chmod(0o755)
+    if face.startswith("the protocol face"):
+        bundle = place / "bundle"
+        assert run_eval("stage", "v1", str(bundle)).returncode == 0
+        (bundle / "submission.py").write_text(body)
+        (bundle / "one.txt").write_text(Path(bundle / "tests.txt").read_text().splitlines()[0].replace(
+            "world_size: 8", "world_size: 2") + "\n")
+        bundle.chmod(0o700)
+        code, said, errors = run_bundle(bundle, "test", "one.txt", {"A2A_TEST_MARKS": str(marks)})
+        assert code == 0 and "check: pass" in said, said + errors[-2000:]
+    else:
+        path = place / "private.py"
+        path.write_text(body)
+        path.chmod(0o600)
+        done = subprocess.run([sys.executable, "-m", "tools.step_anatomy", str(path), "--world-size", "2",
+                               "--backend", "gloo", "--cases", "benchmarks:0", "--iterations", "2", "--out",
+                               str(marks.parent / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "A2A_TEST_MARKS": str(marks)})
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
 def test_a_folder_below_a_rank_writable_one_mounted_elsewhere_counts_as_in_it(tmp_path):
