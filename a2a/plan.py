@@ -49,15 +49,19 @@ GIT_TIMEOUT_S = 10.0  # the judge's own git calls: a status of a large tree take
 def commit() -> str:
     """The commit measured; A2A_COMMIT names it where the tree travels without .git (the device machine); "unknown"
     where git cannot say. NOTES: the operator's LD_PRELOAD is not git's (red team 39: /proc/self/fd/1 hung it reading
-    its own stdout, and ld.so's warning naming a path of raw bytes ended the judge with 114); git gets
-    GIT_TIMEOUT_S, and its words are read as bytes."""
+    its own stdout, and ld.so's warning naming a path of raw bytes ended the judge with 114); nor are the user's and
+    the system's git settings, nor the operator's GIT_* variables, nor a relative PATH entry (red team 47: an
+    `include.path` in ~/.gitconfig and a `git` found by `../W` from the repository led root's git to a rank's
+    file); git gets GIT_TIMEOUT_S, and its words are read as bytes."""
     if os.environ.get("A2A_COMMIT"):
         return os.environ["A2A_COMMIT"]
-    env = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD"}
+    env = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD" and not name.startswith("GIT_")}
+    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull,
+               PATH=os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if os.path.isabs(p)))
 
     def git(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=GIT_TIMEOUT_S)
+        return subprocess.run(["git", "-c", "safe.directory=*", *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=GIT_TIMEOUT_S)
     try:
         head = git("rev-parse", "--short", "HEAD")
         if head.returncode:

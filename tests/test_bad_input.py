@@ -172,6 +172,34 @@ def test_the_judges_own_git_runs_without_the_operators_preload(tmp_path, preload
     assert done.returncode == 0 and said and b"unknown" not in said, (said, done.stderr[-2000:])
 
 
+@pytest.mark.parametrize("setting", ["~/.gitconfig", "GIT_CONFIG_PARAMETERS", "a relative PATH entry"])
+def test_the_judges_own_git_reads_no_setting_of_the_users_and_finds_git_by_no_relative_path(tmp_path, setting):
+    """Red team 47: root's git read `include.path` in ~/.gitconfig, the operator's git parameters, and found `git`
+    by a relative PATH entry from the repository, each leading to a rank's file: a fsmonitor command or a `git` of
+    its own ran as root. The judge's git reads the repository's settings only and finds git by absolute entries."""
+    ran = tmp_path / "ran"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
+    hook.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home)}
+    env.pop("A2A_COMMIT", None)
+    if setting == "~/.gitconfig":
+        (home / ".gitconfig").write_text(f"[core]\n\tfsmonitor = {hook}\n")
+    if setting == "GIT_CONFIG_PARAMETERS":
+        env["GIT_CONFIG_PARAMETERS"] = f"'core.fsmonitor'='{hook}'"
+    if setting == "a relative PATH entry":
+        fake = tmp_path / "fake"
+        fake.mkdir()
+        (fake / "git").symlink_to(hook)
+        env["PATH"] = os.pathsep.join([os.path.relpath(fake, ROOT), env["PATH"]])
+    done = subprocess.run([sys.executable, "-c", "from a2a import plan; print(plan.commit())"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() not in ("", "unknown"), done.stdout + done.stderr[-2000:]
+    assert not ran.exists()
+
+
 def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
     """Each found before a rank starts: one line, 113, nothing saved."""
     a_file = Path(_file(tmp_path, "a_file", ""))
