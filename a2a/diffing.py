@@ -331,8 +331,10 @@ def last_commit(path: Path) -> str:
     import os
     import subprocess
 
-    from a2a.plan import ROOT
+    from a2a.plan import judges_git
 
-    done = subprocess.run(["git", "log", "-1", "--format=%h", "--", str(path)], cwd=ROOT, capture_output=True,
-                          text=True)
-    return done.stdout.strip() or os.environ.get("A2A_COMMIT", "unknown")
+    try:
+        said = judges_git("log", "-1", "--format=%h", "--", str(path)).stdout.decode("utf-8", "replace").strip()
+    except (OSError, subprocess.SubprocessError):
+        said = ""
+    return said or os.environ.get("A2A_COMMIT", "unknown")

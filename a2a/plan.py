@@ -46,27 +46,29 @@ def use_bundle_modules() -> None:
 GIT_TIMEOUT_S = 10.0  # the judge's own git calls: a status of a large tree takes well under a second
 
 
-def commit() -> str:
-    """The commit measured; A2A_COMMIT names it where the tree travels without .git (the device machine); "unknown"
-    where git cannot say. NOTES: the operator's LD_PRELOAD is not git's (red team 39: /proc/self/fd/1 hung it reading
-    its own stdout, and ld.so's warning naming a path of raw bytes ended the judge with 114); nor are the user's and
-    the system's git settings, nor the operator's GIT_* variables, nor a relative PATH entry (red team 47: an
-    `include.path` in ~/.gitconfig and a `git` found by `../W` from the repository led root's git to a rank's
-    file); git gets GIT_TIMEOUT_S, and its words are read as bytes."""
-    if os.environ.get("A2A_COMMIT"):
-        return os.environ["A2A_COMMIT"]
+def judges_git(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """git as the judge runs it: without the operator's LD_PRELOAD (red team 39: /proc/self/fd/1 hung it reading its
+    own stdout, and ld.so's warning naming a path of raw bytes ended the judge with 114), the user's and the
+    system's git settings, the operator's GIT_* variables and relative PATH entries (red team 47: an `include.path`
+    in ~/.gitconfig and a `git` found by `../W` from the repository led root's git to a rank's file); within
+    GIT_TIMEOUT_S, its words as bytes."""
     env = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD" and not name.startswith("GIT_")}
     env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull,
                PATH=os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if os.path.isabs(p)))
+    return subprocess.run(["git", "-c", "safe.directory=*", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, timeout=GIT_TIMEOUT_S)
 
-    def git(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", "-c", "safe.directory=*", *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=GIT_TIMEOUT_S)
+
+def commit() -> str:
+    """The commit measured; A2A_COMMIT names it where the tree travels without .git (the device machine); "unknown"
+    where git cannot say."""
+    if os.environ.get("A2A_COMMIT"):
+        return os.environ["A2A_COMMIT"]
     try:
-        head = git("rev-parse", "--short", "HEAD")
+        head = judges_git("rev-parse", "--short", "HEAD")
         if head.returncode:
             return "unknown"
-        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        dirty = judges_git("status", "--porcelain", "--untracked-files=no").stdout.strip()
         return head.stdout.decode("utf-8", "replace").strip() + ("-dirty" if dirty else "")
     except (OSError, ValueError, subprocess.SubprocessError):
         return "unknown"

@@ -41,7 +41,7 @@ def fetch(clone: Path, folder: Path = DEFAULT_RUNNER) -> None:
     """Copies the runner's files from a clone of gpu-mode/reference-kernels (a work tree, or a bare mirror read with
     git show) into `folder`, with the clone's commit in COMMIT."""
     def git(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", "-C", str(clone), *args], capture_output=True)
+        return planning.judges_git("-C", str(clone), *args)
 
     commit = git("rev-parse", "HEAD")
     if commit.returncode:
