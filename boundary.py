@@ -133,12 +133,17 @@ def hidden_from_ranks(environ) -> list:
 
 def reset_environment() -> None:
     """This process's C environment, what every process it starts inherits, made anew from os.environ's variables
-    less the secrets (is_secret). NOTES: an entry with an empty name or none at all (no '='), which only a raw
+    less the secrets (is_secret), and PATH and LD_LIBRARY_PATH less their entries that name no one folder (relative
+    ones, read from whatever folder a tool runs in, and ld.so's `$` tokens). NOTES: an entry with an empty name or none at all (no '='), which only a raw
     execve makes, reached every rank past every filter (red team 37); unsetenv refuses an empty name (EINVAL)."""
     keep = {name: value for name, value in os.environ.items()
             if name and "=" not in name and not is_secret(name, value)}
     if "LD_PRELOAD" in keep:
         keep["LD_PRELOAD"] = loadable_preloads(keep["LD_PRELOAD"])
+    for name in ("PATH", "LD_LIBRARY_PATH"):  # red team 47: `../W` found from another folder, ld.so's `$PLATFORM`
+        if name in keep:
+            keep[name] = os.pathsep.join(entry for entry in keep[name].split(os.pathsep)
+                                         if os.path.isabs(entry) and "$" not in entry)
     ctypes.CDLL(None).clearenv()
     os.environ._data.clear()  # CPython's own mapping, emptied without unsetenv, which an empty name would fail
     os.environ.update(keep)

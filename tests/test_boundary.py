@@ -1516,6 +1516,10 @@ SECRETS_39 = {
     "TORCH_A_INI": "[db]\napi_key=hunter2",
     # red team 46: a personal access token and a one-time password's seed, under their usual names
     "AZURE_DEVOPS_EXT_PAT": "k5n2q7wzr4", "GITHUB_PAT": "0123456789abcdef", "TOTP_SEED": "JBSWY3DPEHPK3PXP",
+    # red team 47: more of a config's key words, curl's long option, a passcode
+    "TORCH_HUB_PASSCODE": "hunter2", "NCCL_CFG_YAML": "passphrase: hunter2", "NCCL_OPT": "pass: hunter2",
+    "TRITON_CFG_YAML": "private_key: hunter2-abcdef", "TORCH_CFG_TOML": "api_token = 'hunter2'",
+    "TORCH_CURL_ARGS": "--user bob:hunter2",
 }
 # What a GPU, a compiler, Python and the collectives read: none of it is a secret.
 PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bin", "NCCL_SOCKET_IFNAME": "eth0",
@@ -1538,7 +1542,10 @@ PLAIN = {"PATH": "/usr/local/sbin:/opt/sk-learn-abcdefghijklmnopqrst/bin:/usr/bi
          "CFLAGS": "-pthread -pipe -O2", "CXX": "g++ -pthread", "CPPFLAGS": "-O2 -I/usr/include/mysql -pthread -pie",
          # words that a config's secret line begins with, in a path list or a knob
          "LD_LIBRARY_PATH_2": "/opt/token:/usr/lib:/srv/secret:/x", "TORCH_LOGS": "+dynamo,recompiles,token",
-         "NCCL_PAT_ENABLE": "1"}
+         "NCCL_PAT_ENABLE": "1",
+         # red team 47: a relative folder of mixed case, taken for a bare key
+         "TORCH_TRACE": "runs/TraceOfV9_Experts8_Tokens256_H7168",
+         "CUDA_MPS_LOG_DIRECTORY": "logs/MpsLogsForRun2026_November_H200x8"}
 
 
 def test_secrets_under_names_the_ranks_may_have_are_told_apart_from_what_they_need():
@@ -1636,6 +1643,17 @@ def test_a_rank_writable_folder_is_known_by_its_inode_and_its_owner_above_is_no_
     finally:
         if bound:
             subprocess.run(["umount", str(second)], check=True)
+
+
+def test_path_lists_keep_only_entries_that_name_one_folder():
+    """Red team 47: a relative PATH entry, read from whatever folder a tool runs in (root's git, from the
+    repository, found a rank's `git` by `../W`), and ld.so's `$PLATFORM` in LD_LIBRARY_PATH (which the check
+    read as a folder of that name) led root to a rank's files. The judge and all it starts keep neither."""
+    probe = "import os, boundary; boundary.reset_environment(); print(os.environ['PATH'], os.environ['LD_LIBRARY_PATH'])"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"bin::../W:{os.environ['PATH']}",
+                               "LD_LIBRARY_PATH": "/opt/$PLATFORM:lib:/usr/lib"})
+    assert done.returncode == 0 and done.stdout.split() == [os.environ["PATH"], "/usr/lib"], done.stdout + done.stderr
 
 
 SAYS_ITS_UID = """
