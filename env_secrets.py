@@ -10,7 +10,7 @@ import re
 # starts gets them, a rank least of all (red team 35: RT35_OPERATOR_TOKEN, exported by the operator, was in every
 # rank's environment). PWD alone is the shell's working folder. Red team 46: a personal access token (GITHUB_PAT)
 # and a TOTP seed; NCCL_PAT_* are the knobs of NCCL's PAT algorithm.
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS($|_|WORD|WD|PHRASE)|CRED|AUTH|COOKIE|PRIVATE|SIGNING"
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS($|_|WORD|WD|PHRASE|CODE)|CRED|AUTH|COOKIE|PRIVATE|SIGNING"
                          r"|(^|_)[A-Z]*KEY[A-Z0-9]*($|_)|API_?KEY|ACCESS_?KEY|CONNECTION_?STRING|^AWS_|^SSH_AUTH_SOCK$"
                          r"|(^|_)(PW|PSK|TOK|OTP|TOTP|MFA)($|_)|(^|(?<!NCCL)_)PAT($|_)|OTP_?SEED"
                          r"|_PWD($|_)|^PWD_|JWT|BEARER|HMAC|SESSION_?ID", re.IGNORECASE)
@@ -22,7 +22,8 @@ SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS($|_|WORD|WD|PHRASE)|CRED|AUTH|COOKI
 # sk-... in a PATH is none; red team 41: npm, Vault, Doppler, Atlassian, Twilio, Telegram, Discord and more, a
 # netrc line and curl's -u user:password; red team 43: a Discord webhook, docker's "auth" and mysql's -p<password>; red team 44: the
 # password options of sshpass, redis-cli, openssl, smbclient and ldap*, and Postman's keys; a config's line, YAML's
-# `password: x` or TOML's `token = "x"`, red team 45 left open).
+# `password: x` or TOML's `token = "x"`, red team 45 left open; red team 47: passphrase, private_key, api_token,
+# credentials and curl's --user).
 SECRET_VALUE = re.compile(
     r"://[^\s@]*@|://[^/@]*@|(^|[\s=])[^\s:/@]+:[^\s/@]+@[A-Za-z0-9-]+[.:]"
     r"|[?&;#](sig|signature|x-(amz|goog)-[a-z-]*|[a-z_-]*token|[a-z_-]*key(id)?|secret|"
@@ -40,8 +41,9 @@ SECRET_VALUE = re.compile(
     r"|AGE-SECRET-KEY-|\bhvs\.[A-Za-z0-9_-]{20,}|\bdp\.[a-z]{2,5}\.[A-Za-z0-9._-]{16,}|\bATATT[A-Za-z0-9_=-]{20,}"
     r"|\bSK[0-9a-f]{32}\b|\b[0-9]{8,10}:AA[A-Za-z0-9_-]{30,}|_authToken=|\bpassword\s+\S+|(^|\s)-u\s*[^\s:]+:\S+"
     r"|\b[MN][A-Za-z0-9]{23,25}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,}"
-    r"|(^|[\s{,;])[\"']?(password|passwd|secret|token|api[_-]?key|secret[_-]?key|access[_-]?key|client[_-]?secret"
-    r"|auth[_-]?token)[\"']?(:\s+|\s*=\s*)\S", re.IGNORECASE)
+    r"|(^|[\s{,;])[\"']?(pass|password|passwd|passphrase|pw|pwd|secret|token|credentials?|private[_-]?key"
+    r"|api[_-]?(key|token)|secret[_-]?key|access[_-]?(key|token)|client[_-]?secret|auth[_-]?token)[\"']?"
+    r"(:\s+|\s*=\s*)\S|(^|\s)--user[=\s]+[^\s:]+:\S", re.IGNORECASE)
 
 
 # Knobs whose names hold KEY but whose values are no secret (red team 40: an IB partition, a cache key's tag, a key's
@@ -53,12 +55,14 @@ KNOBS_NAMED_LIKE_SECRETS = frozenset({"TORCH_COMPILE_CACHE_KEY_TAG", "TORCH_COMP
 # hex hashes and the values of variables named for paths (a relative PYTHONPATH entry) are none.
 _WORD = re.compile(r"[^\s=:,;\"'()\[\]{}]+")
 _BARE_KEY = re.compile(r"[A-Za-z0-9+/_-]{32,}={0,2}")
-_NAMED_FOR_PATHS = re.compile(r"(PATH|DIRS?|HOME|ROOT|PREFIX|FILE|EXE|LIB|LIBS)$", re.IGNORECASE)
+_NAMED_FOR_PATHS = re.compile(r"(PATH|DIRS?|DIRECTORY|HOME|ROOT|PREFIX|FILE|EXE|LIB|LIBS|TRACE)$", re.IGNORECASE)
 
 
 def _bare_key(value: str) -> bool:
     for word in _WORD.findall(value):
         if (not word.startswith("/") and _BARE_KEY.fullmatch(word) and any(c.isdigit() for c in word)
+                and not ("/" in word and ("_" in word or "-" in word))  # a relative path: no key mixes base64's
+                # '/' with url-safe base64's '_' or '-' (red team 47: runs/TraceOfV9_Experts8 was withheld)
                 and sum(c in "ghijklmnopqrstuvwxyz" for c in word) >= 2
                 and sum(c in "GHIJKLMNOPQRSTUVWXYZ" for c in word) >= 2):
             return True
