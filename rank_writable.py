@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import os
 import re
 import stat
@@ -23,12 +24,12 @@ from boundary import (CACHE_FOLDERS, COVERED, RANK_CACHE, RANK_WRITABLE, _preloa
 
 SHELLS_OWN = ("PWD", "OLDPWD", "_")  # the shell's bookkeeping, which nothing the judge runs reads
 RANKS_OWN = "A2A_TEST_"  # the suite's words to its ranks (where to leave their marks), read by no judge process
-_ABSOLUTE = re.compile(r"/[^\s:,;'\"=]*")  # every absolute path in a value (a list, a flag's -I/x, a URL's tail)
+_ABSOLUTE = re.compile(r"/[^\s:,;'\"=})]*")  # every absolute path in a value (a list, a flag's -I/x, a URL's tail)
 # The folders of root's home whose entries tools read by their own names when no variable says (XDG's defaults):
 # their entries are followed too, as are the home's own. Red team 46 went past a list of names (fontconfig's
 # ~/.fonts.conf.d, pip's ~/.pip): every entry there is one a tool may read.
 HOME_FOLDERS = (".config", ".cache", ".local", ".local/share", ".local/state")
-HOME_ENTRIES_CHECKED = 10_000  # a home of more entries than this at those two levels is followed this far
+HOME_ENTRIES_CHECKED = 10_000  # a home of more entries than this at those three levels is followed this far
 
 
 def folders(env=None) -> list:
@@ -52,8 +53,8 @@ def _mounts() -> list:
     def unescape(field: str) -> str:
         return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
 
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    try:  # a mount point of raw bytes is a name like any other (red team 47: strict UTF-8 refused every command)
+        lines = Path("/proc/self/mountinfo").read_bytes().decode("utf-8", "surrogateescape").splitlines()
     except OSError:
         return []
     return [(f[0], f[1], f[2], Path(unescape(f[3])), Path(unescape(f[4]))) for f in map(str.split, lines)]
@@ -63,7 +64,7 @@ def _other_names(named: list) -> dict:
     """{mount point: folder} of each mount that shows `folder` of `named`, or a folder below it, at a path outside
     it: a bind mount of a folder below a writable one is the writable one's, though its inode is another's (red
     team 45 left it open)."""
-    mounts, found = _mounts(), {}
+    mounts, found = (_mounts() if named else []), {}
     for folder in map(Path, named):
         points = [m for m in mounts if m[4] == folder or m[4] in folder.parents]
         deepest = [m for m in points if len(m[4].parts) == max((len(p[4].parts) for p in points), default=0)]
@@ -150,14 +151,22 @@ def _used_by_the_judge(env) -> list:
 
 
 def _home_entries(home: str) -> list:
-    """Every dot-entry of root's home (a folder of the operator's, `~/scratch`, may be the writable one) and every
-    entry of its HOME_FOLDERS, links and missing targets included (where a tool would make its folder), at most
-    HOME_ENTRIES_CHECKED."""
-    found = []
+    """Every dot-entry of root's home (a folder of the operator's, `~/scratch`, may be the writable one), every entry
+    of its HOME_FOLDERS and of their folders (red team 47: ~/.config/git/config a link), links and missing targets
+    included (where a tool would make its folder), at most HOME_ENTRIES_CHECKED."""
+    found, below = [], []
     for folder in ("", *HOME_FOLDERS):
         with contextlib.suppress(OSError), os.scandir(os.path.join(home, folder)) as entries:
-            found += [os.path.join(home, folder, entry.name) for entry in entries
-                      if folder or entry.name.startswith(".")]
+            for entry in entries:
+                if folder or entry.name.startswith("."):
+                    found.append(entry.path)
+                    if folder and entry.is_dir(follow_symlinks=False):
+                        below.append(entry.path)
+    for folder in below:  # a tool's own folder there: ~/.config/git/config, ~/.config/matplotlib/matplotlibrc
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            found += [entry.path for entry in itertools.islice(entries, HOME_ENTRIES_CHECKED)]
+        if len(found) >= HOME_ENTRIES_CHECKED:
+            break
     return [*(os.path.join(home, folder) for folder in HOME_FOLDERS), *found[:HOME_ENTRIES_CHECKED]]
 
 
@@ -165,6 +174,7 @@ def _expanded(value: str, env) -> str:
     """`value` as a shell, git or Python would take it: `$NAME`, `${NAME}` and a leading `~` or `~user` expanded (red
     team 46: git's include.path `~/W/x` was read as `/W/x`)."""
     home = env.get("HOME") or os.path.expanduser("~")
+    value = re.sub(r"\$\{(\w+):?[-=?+]([^}]*)\}", lambda m: env.get(m[1]) or m[2], value)  # ${NAME:-default}
     value = re.sub(r"\$(\w+)|\$\{(\w+)\}", lambda m: env.get(m[1] or m[2], m[0]), value)
     return re.sub(r"(^|[\s:,;'\"=])~([\w.-]*)(?=/|$|[\s:,;'\"])",
                   lambda m: m[1] + (os.path.expanduser("~" + m[2]) if m[2] else home), value)

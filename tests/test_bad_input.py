@@ -3,6 +3,7 @@ line), no traceback, nothing blamed on the submission, nothing left running. Eve
 of the harness issue is here; each failed before the plan validated cases once."""
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -257,7 +258,8 @@ def test_the_operators_numeric_knobs_are_bad_input_before_any_work(variable, val
                                       "PYTHONPYCACHEPREFIX", "A2A_LOG_DIR", "HOME", "XDG_CONFIG_HOME",
                                       "MPLCONFIGDIR", "XDG_CACHE_HOME", "CFLAGS", "a space", "relative",
                                       "A2A_NCCL_LIB", "a home's link", "a tilde", "a shell variable",
-                                      "fontconfig's link", "a link below ~/.config", "a bare relative name"])
+                                      "fontconfig's link", "a link below ~/.config", "a bare relative name",
+                                      "a link below ~/.config/git", "a shell's default"])
 def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_path, variable):
     """Red team 39, from the code: an A2A_RANK_WRITABLE folder holding a folder of PATH or sys.path, or a preloaded
     library, let a rank replace what the judge's next process runs as root. Red team 41: /tmp writable failed the
@@ -289,7 +291,10 @@ def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_
             "a shell variable": {"HOME": str(tmp_path / "home"), "GIT_EDITOR": "$HOME/../writable/editor"},
             "fontconfig's link": {"HOME": str(tmp_path / "home")},
             "a link below ~/.config": {"HOME": str(tmp_path / "home")},
-            "a bare relative name": {"MPLCONFIGDIR": "writable"}}[variable]  # from tmp_path
+            "a bare relative name": {"MPLCONFIGDIR": "writable"},  # from tmp_path
+            # red team 47: git's own config file a link, and a default the shell fills in
+            "a link below ~/.config/git": {"HOME": str(tmp_path / "home")},
+            "a shell's default": {"GIT_CONFIG_PARAMETERS": f"'core.fsmonitor'='${{A2A_NONE:-{writable}}}/hook'"}}[variable]
     (tmp_path / "home" / ".config").mkdir(parents=True)
     if variable == "a home's link":
         (tmp_path / "home" / ".config").rmdir()
@@ -298,6 +303,9 @@ def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_
         (tmp_path / "home" / ".fonts.conf.d").symlink_to(writable / "fontconf")
     if variable == "a link below ~/.config":
         (tmp_path / "home" / ".config" / "pip").symlink_to(writable / "pip")
+    if variable == "a link below ~/.config/git":
+        (tmp_path / "home" / ".config" / "git").mkdir()
+        (tmp_path / "home" / ".config" / "git" / "config").symlink_to(writable / "gitconfig")
     result = subprocess.run([sys.executable, str(ROOT / "eval.py"), "test", "v1", "--cases", "tests:0"],
                             cwd=tmp_path if variable == "a bare relative name" else ROOT,
                             capture_output=True, text=True, timeout=600,
@@ -383,6 +391,16 @@ def test_a_bundle_in_a_rank_writable_folder_is_the_judges_alone(tmp_path, case):
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not any(elsewhere.iterdir())
     assert case != "a rank's folder" or not any(bundle.iterdir())
+
+
+def test_a_bundle_staged_under_a_closed_umask_is_readable_by_the_ranks(tmp_path):
+    """Red team 47: under root's umask 077 `stage` made a bundle the ranks' uid could not read: the honest v1 failed
+    (112) on the human face and the clock, and a 0700 bundle turned the guards off on the protocol face."""
+    done = subprocess.run([sys.executable, "eval.py", "stage", "v1", str(tmp_path / "bundle")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, preexec_fn=lambda: os.umask(0o077))
+    assert done.returncode == 0, done.stderr
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in [tmp_path / "bundle", *(tmp_path / "bundle").iterdir()]}
+    assert modes.pop("bundle") == 0o755 and set(modes.values()) == {0o644}, modes
 
 
 def test_a_path_no_process_can_look_at_is_followed_no_further(tmp_path, monkeypatch):

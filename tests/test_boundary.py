@@ -1706,6 +1706,27 @@ def _run_unreadable(face: str, place: Path, body: str, marks: Path) -> None:
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
+def test_a_mount_point_of_raw_bytes_is_no_bad_input(tmp_path):
+    """Red team 47: a mount whose path is not UTF-8, anywhere on the machine, made every command exit 113 (the
+    mount table was read as strict UTF-8). Made in a mount namespace of the probe's own."""
+    writable = tmp_path / "writable"
+    writable.mkdir()
+    odd = os.fsencode(str(tmp_path)) + b"/\xff"
+    os.mkdir(odd)
+    probe = textwrap.dedent(f"""
+        import ctypes, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import rank_writable
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.unshare(0x00020000) == 0 and libc.mount(None, b"/", None, 0x4000 | 0x40000, None) == 0
+        assert libc.mount(b"tmpfs", {odd!r}, b"tmpfs", 0, None) == 0
+        rank_writable.check({{"A2A_RANK_WRITABLE": {str(writable)!r}, "HOME": {str(tmp_path)!r}}})
+        print("checked")
+    """)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "checked" in result.stdout, result.stderr
+
+
 def test_a_folder_below_a_rank_writable_one_mounted_elsewhere_counts_as_in_it(tmp_path):
     """Red team 45 left open: a folder below the writable one, bind-mounted at another path, has an inode of its own,
     so a variable naming the mount passed the check, and root would have read what a rank planted there. A mount that
