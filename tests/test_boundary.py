@@ -1664,8 +1664,9 @@ _path.write_text(str(_os.getuid()))
 """
 
 
-@pytest.mark.parametrize("where", ["below /tmp", "outside the covered folders"])
-@pytest.mark.parametrize("face", ["the protocol face in a 0700 bundle", "a tool with a 0600 submission"])
+@pytest.mark.parametrize("face, where", [("the protocol face in a 0700 bundle", "outside the covered folders"),
+                                         ("a tool with a 0600 submission", "outside the covered folders"),
+                                         ("the protocol face in a 0700 bundle", "below /tmp")])
 def test_what_the_ranks_cannot_read_is_shown_them_as_a_copy_with_every_guard_on(tmp_path, face, where):
     """Red team 47: a staged bundle in a folder of mode 0700 (as mkdtemp makes it, where runners stage) and a tool's
     submission of mode 0600 turned every guard off outside /tmp, for the ranks' uid could not read them: they ran as
