@@ -132,10 +132,11 @@ def hidden_from_ranks(environ) -> list:
 
 
 def reset_environment() -> None:
-    """This process's C environment, what every process it starts inherits, made anew from os.environ's variables
-    less the secrets (is_secret), and PATH and LD_LIBRARY_PATH less their entries that name no one folder (relative
-    ones, read from whatever folder a tool runs in, and ld.so's `$` tokens). NOTES: an entry with an empty name or none at all (no '='), which only a raw
-    execve makes, reached every rank past every filter (red team 37); unsetenv refuses an empty name (EINVAL)."""
+    """This process's C environment, what every process it starts inherits, made anew from os.environ's variables less
+    the secrets (is_secret), and PATH and LD_LIBRARY_PATH less their entries that name no one folder (relative ones,
+    read from whatever folder a tool runs in, and ld.so's `$` tokens). NOTES: an entry with an empty name or none at all
+    (no '='), which only a raw execve makes, reached every rank past every filter (red team 37); unsetenv refuses an
+    empty name (EINVAL)."""
     keep = {name: value for name, value in os.environ.items()
             if name and "=" not in name and not is_secret(name, value)}
     if "LD_PRELOAD" in keep:
