@@ -131,6 +131,13 @@ def hidden_from_ranks(environ) -> list:
                   or not (RANK_ENV_NAMES.fullmatch(name) or name in passed))
 
 
+def folder_entries(value: str) -> str:
+    """A PATH-like list less its entries that name no one folder: relative ones, read from whatever folder a tool
+    runs in, and ld.so's `$` tokens (red team 47: root's git found a rank's `git` by `../W` from the repository, and
+    loaded a rank's library by `$PLATFORM`)."""
+    return os.pathsep.join(entry for entry in value.split(os.pathsep) if os.path.isabs(entry) and "$" not in entry)
+
+
 def reset_environment() -> None:
     """This process's C environment, what every process it starts inherits, made anew from os.environ's variables less
     the secrets (is_secret), and PATH and LD_LIBRARY_PATH less their entries that name no one folder (relative ones,
@@ -141,10 +148,9 @@ def reset_environment() -> None:
             if name and "=" not in name and not is_secret(name, value)}
     if "LD_PRELOAD" in keep:
         keep["LD_PRELOAD"] = loadable_preloads(keep["LD_PRELOAD"])
-    for name in ("PATH", "LD_LIBRARY_PATH"):  # red team 47: `../W` found from another folder, ld.so's `$PLATFORM`
+    for name in ("PATH", "LD_LIBRARY_PATH"):
         if name in keep:
-            keep[name] = os.pathsep.join(entry for entry in keep[name].split(os.pathsep)
-                                         if os.path.isabs(entry) and "$" not in entry)
+            keep[name] = folder_entries(keep[name])
     ctypes.CDLL(None).clearenv()
     os.environ._data.clear()  # CPython's own mapping, emptied without unsetenv, which an empty name would fail
     os.environ.update(keep)
@@ -1797,6 +1803,14 @@ def _fail(what: str) -> None:
     raise OSError(ctypes.get_errno(), f"rank sandbox: {what}: {os.strerror(ctypes.get_errno())}")
 
 
+def mount_table() -> list:
+    """The fields of each line of /proc/self/mountinfo, the kernel's octal escapes in paths undone, a path of raw
+    bytes kept as os.fsdecode keeps one (red team 47: read as strict UTF-8, one such mount failed every command)."""
+    text = Path("/proc/self/mountinfo").read_bytes().decode("utf-8", "surrogateescape")
+    return [[re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field) for field in line.split()]
+            for line in text.splitlines()]
+
+
 def _make_read_only(libc, method: str) -> None:
     """Every mount of this mount namespace read-only: one recursive mount_setattr (Linux 5.12 on), or a read-only
     bind remount of each mount in mountinfo (a mount hidden below another stays as it was, and out of reach)."""
@@ -1805,13 +1819,12 @@ def _make_read_only(libc, method: str) -> None:
         if libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)):
             _fail("mount_setattr(/, read-only)")
         return
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        target = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4])
+    for fields in mount_table():
+        target = fields[4]
         flags = MS_BIND | MS_REMOUNT | MS_RDONLY
         for option in fields[5].split(","):
             flags |= _KEPT_FLAGS.get(option, 0)
-        if libc.mount(None, target.encode(), None, flags, None):
+        if libc.mount(None, os.fsencode(target), None, flags, None):
             _fail(f"remounting {target} read-only")
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from boundary import (CACHE_FOLDERS, COVERED, RANK_CACHE, RANK_WRITABLE, _preload_entries, _preload_file,
-                      judge_cache)
+                      judge_cache, mount_table)
 
 SHELLS_OWN = ("PWD", "OLDPWD", "_")  # the shell's bookkeeping, which nothing the judge runs reads
 RANKS_OWN = "A2A_TEST_"  # the suite's words to its ranks (where to leave their marks), read by no judge process
@@ -50,14 +50,11 @@ def _ids(paths) -> dict:
 def _mounts() -> list:
     """(mount id, its parent's id, file system 'major:minor', the folder of it mounted, mount point) of each mount
     this process sees."""
-    def unescape(field: str) -> str:
-        return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
-
-    try:  # a mount point of raw bytes is a name like any other (red team 47: strict UTF-8 refused every command)
-        lines = Path("/proc/self/mountinfo").read_bytes().decode("utf-8", "surrogateescape").splitlines()
+    try:
+        table = mount_table()
     except OSError:
         return []
-    return [(f[0], f[1], f[2], Path(unescape(f[3])), Path(unescape(f[4]))) for f in map(str.split, lines)]
+    return [(f[0], f[1], f[2], Path(f[3]), Path(f[4])) for f in table]
 
 
 def _other_names(named: list) -> dict:
@@ -138,6 +135,10 @@ def _loaded(env) -> list:
                 env.get("LD_PRELOAD", ""))) if found)] if p]
 
 
+def _home(env) -> str:
+    return env.get("HOME") or os.path.expanduser("~")
+
+
 def _used_by_the_judge(env) -> list:
     """(path, what the judge does with it): its Python's import folders, preloads and caches, the scratch and
     temporary folders, root's home and what tools read there by name, and every path a variable of its environment
@@ -145,7 +146,7 @@ def _used_by_the_judge(env) -> list:
     named = [(path, f"may read or write as {name} names it") for name, value in sorted(env.items())
              if name not in SHELLS_OWN and name != RANK_WRITABLE and not name.startswith(RANKS_OWN)
              for path in _named_paths(value, env)]
-    home = env.get("HOME") or os.path.expanduser("~")
+    home = _home(env)
     kept = [*COVERED, tempfile.gettempdir(), str(RANK_CACHE), home, *_home_entries(home)]
     return [*((p, "runs or loads") for p in _loaded(env)), *named, *((p, "keeps") for p in kept)]
 
@@ -173,7 +174,7 @@ def _home_entries(home: str) -> list:
 def _expanded(value: str, env) -> str:
     """`value` as a shell, git or Python would take it: `$NAME`, `${NAME}` and a leading `~` or `~user` expanded (red
     team 46: git's include.path `~/W/x` was read as `/W/x`)."""
-    home = env.get("HOME") or os.path.expanduser("~")
+    home = _home(env)
     value = re.sub(r"\$\{(\w+):?[-=?+]([^}]*)\}", lambda m: env.get(m[1]) or m[2], value)  # ${NAME:-default}
     value = re.sub(r"\$(\w+)|\$\{(\w+)\}", lambda m: env.get(m[1] or m[2], m[0]), value)
     return re.sub(r"(^|[\s:,;'\"=])~([\w.-]*)(?=/|$|[\s:,;'\"])",

@@ -23,6 +23,7 @@ from typing import Optional
 
 import eval as core
 import judge
+from boundary import folder_entries
 import wire
 from a2a import sharing
 from eval import UserError
@@ -53,8 +54,7 @@ def judges_git(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     in ~/.gitconfig and a `git` found by `../W` from the repository led root's git to a rank's file); within
     GIT_TIMEOUT_S, its words as bytes."""
     env = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD" and not name.startswith("GIT_")}
-    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull,
-               PATH=os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if os.path.isabs(p)))
+    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, PATH=folder_entries(env.get("PATH", "")))
     return subprocess.run(["git", "-c", "safe.directory=*", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, timeout=GIT_TIMEOUT_S)
 
