@@ -1923,11 +1923,34 @@ def _expose(libc, pairs: tuple) -> None:
             _attach(libc, fd, target)
 
 
+# The judge's covers over the RANK_WRITABLE folders (rank_writable.cover): empty read-only file systems of this name,
+# in the judge's own mount namespace, which every rank's namespace lifts.
+JUDGE_COVER = "a2a-judge-cover"
+
+
+def judges_covers() -> list:
+    """The mount points of the judge's covers this process sees, the last made first."""
+    found = []
+    for fields in mount_table():
+        dash = fields.index("-")
+        if fields[dash + 2:dash + 3] == [JUDGE_COVER]:
+            found.append(fields[4])
+    return found[::-1]
+
+
+def _lift_judges_covers(libc) -> None:
+    """The RANK_WRITABLE folders as they are, in this (a rank's) mount namespace: each of the judge's covers
+    unmounted, the last made first (a protocol face under the human face covers again)."""
+    for point in judges_covers():
+        if libc.umount2(os.fsencode(point), MNT_DETACH):
+            _fail(f"lifting the judge's cover of {point}")
+
+
 def enter_rank_sandbox(sandbox: Optional[RankSandbox]) -> None:
-    """A worker's first act, before torch or a submission: a mount namespace in which it writes only its run's
-    folders (_cover_scratch), with its own /proc (only the ranks' PID namespace in sight), then the uid drop with
-    no_new_privs. The ranks keep their GPU devices (device files are used, not written, on a read-only mount), the
-    MPS pipe and what they must read."""
+    """A worker's first act, before torch or a submission: a mount namespace in which the judge's covers are lifted
+    and it writes only its run's folders and the RANK_WRITABLE ones (_cover_scratch), with its own /proc (only the
+    ranks' PID namespace in sight), then the uid drop with no_new_privs. The ranks keep their GPU devices (device
+    files are used, not written, on a read-only mount), the MPS pipe and what they must read."""
     if sandbox is None:
         return
     if sandbox.memory_group:  # while still root: the group's files are root's, and a rank cannot leave it
@@ -1942,6 +1965,7 @@ def enter_rank_sandbox(sandbox: Optional[RankSandbox]) -> None:
             _fail("unshare(CLONE_NEWNS)")
         if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None):
             _fail("making / private")
+        _lift_judges_covers(libc)
         if sandbox.uid is not None:
             _cover_scratch(libc, sandbox)
         if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None):

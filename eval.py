@@ -70,8 +70,8 @@ import wire  # noqa: E402
 
 __all__ = [  # what a2a/, tools/, run_leaderboard.py and diff.py use; everything else is the core's own
     "all_ok", "bound", "calculate_extra_stats", "cantor_combine", "case_problem", "CaseSteps", "check_environment",
-    "claim_run", "clone_data", "die_with_parent", "environ_with", "environment_with", "EXIT_BAD_INPUT",
-    "EXIT_CHECK_FAILED", "EXIT_CRASH", "EXTRA_STAT_FIELDS", "EXTRA_STATS", "get_test_cases", "HERE",
+    "claim_run", "clone_data", "cover_rank_writable", "die_with_parent", "environ_with", "environment_with",
+    "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED", "EXIT_CRASH", "EXTRA_STAT_FIELDS", "EXTRA_STATS", "get_test_cases", "HERE",
     "import_submission", "install_signal_handlers", "kill_tree", "LEADERBOARD_SEED_STEP", "LOG_DIR_ENV",
     "machine_gpus", "MODES", "MPS_DEFAULT_PIPE", "nccl_version_tuple", "OFFICIAL_TIMEOUT_S", "own_device",
     "owned_tempdir", "owner_cpu", "pinned_cpus", "prepare_rank_cache", "rank_birth", "rank_device", "rank_failures",
@@ -1191,6 +1191,14 @@ def start_nursery(env: dict) -> Nursery:
     return Nursery(spawn)
 
 
+def cover_rank_writable() -> None:
+    """The judge's view without the RANK_WRITABLE folders (rank_writable.cover), at the top of each command."""
+    try:
+        rank_writable.cover()
+    except ValueError as error:
+        raise UserError(str(error)) from None
+
+
 def check_environment() -> None:
     """The variables a run reads only once its pools start, checked before any work: a bad one is bad input."""
     try:
@@ -1920,6 +1928,7 @@ def protocol_main() -> int:
     become_subreaper()
     pool = None
     try:
+        cover_rank_writable()
         judged = os.environ.get(JUDGE_ENV) == "1"
         tests = read_test_file(Path(test_file), None if judged else seed)
         gpus = machine_gpus()

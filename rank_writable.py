@@ -5,11 +5,14 @@ Folders are told apart by device and inode, so a second name of one (a bind moun
 and a path is followed part by part as the kernel will, so a link that lies in one of them counts as being there: a
 rank could point it elsewhere at any time (red team 44: a link chain out of the folder, and a bind mount of it, each
 passed a check that compared resolved path strings once).
+
+The check is a list of names, and each red team found one more; what holds is the cover: the judge's own view has
+those folders covered by empty read-only file systems (cover), lifted only in the ranks' namespaces.
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
+import ctypes
 import itertools
 import os
 import re
@@ -19,8 +22,9 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from boundary import (CACHE_FOLDERS, COVERED, RANK_CACHE, RANK_WRITABLE, _preload_entries, _preload_file,
-                      judge_cache, mount_table)
+from boundary import (CACHE_FOLDERS, CLONE_NEWNS, COVERED, JUDGE_COVER, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE,
+                      MS_RDONLY, MS_REC, RANK_CACHE, RANK_WRITABLE, _libc, _preload_entries, _preload_file, judge_cache,
+                      judges_covers, mount_table)
 
 SHELLS_OWN = ("PWD", "OLDPWD", "_")  # the shell's bookkeeping, which nothing the judge runs reads
 RANKS_OWN = "A2A_TEST_"  # the suite's words to its ranks (where to leave their marks), read by no judge process
@@ -222,40 +226,52 @@ def check(env=None) -> None:
 
 
 def check_judges_folder(path: Path, what: str) -> None:
-    """`path`, a folder the judge will save in (a run's results, a staged bundle): where it lies in a RANK_WRITABLE
-    folder, made now, so that no rank makes it first (removed on the way out if the command leaves it empty), and
-    refused (ValueError) where a rank could move the folder or put its own in its place: no link on the way lies in
-    a writable folder, and from the writable folder down to `path` each is root's or this process's (the writable
-    one the operator's) and, where others may write it, sticky (they cannot move what is not theirs). NOTES: red
-    team 43's rank made --out first and the saved run was its own (a forged results.csv); red team 44 did it through
-    a link chain it could re-point and through a bind mount of the folder; red team 46 had `stage` write a bundle
-    into a rank's folder, whose eval.py the rank then swapped."""
-    ids = writable_ids()
-    real, top, through = reach(path, ids)
+    """`path`, a folder the judge will save in (a run's results, a staged bundle): refused (ValueError) where it lies
+    in a RANK_WRITABLE folder or leads through a link in one. NOTES: the judge's own view has those folders covered
+    (cover), and a rank could make the folder first, swap what is in it or point the link elsewhere (red team 43: a
+    forged results.csv; 44: a link chain and a bind mount; 46: a bundle staged into a rank's folder)."""
+    _, top, through = reach(path, writable_ids())
     if through:
         raise ValueError(f"{what} {path} leads through a link in {RANK_WRITABLE} folder {through!r}, which a rank "
                          f"could point elsewhere")
-    if top is None:
-        return
-    made = [folder for folder in [*reversed(real.parents), real] if not folder.exists()]
-    try:
-        real.mkdir(mode=0o755, parents=True, exist_ok=True)
-    except OSError as error:
-        raise ValueError(f"{what} {path} cannot be made: {error.strerror}") from None
-    atexit.register(_remove_if_empty, made, os.getpid())
-    chain = [real]
-    while not _ids([chain[-1]]).keys() & ids.keys() and chain[-1] != chain[-1].parent:
-        chain.append(chain[-1].parent)
-    for folder in chain:
-        info = os.lstat(folder)
-        owner = folder == chain[-1] or info.st_uid in (os.geteuid(), 0)
-        if not (stat.S_ISDIR(info.st_mode) and owner and (not info.st_mode & 0o022 or info.st_mode & stat.S_ISVTX)):
-            raise ValueError(f"{what} {path}: {folder}, in {RANK_WRITABLE} folder {top!r}, is one a rank could "
-                             f"replace with a folder of its own")
+    if top is not None:
+        raise ValueError(f"{what} {path} lies in {RANK_WRITABLE} folder {top!r}, where ranks write: the judge saves "
+                         f"only in a folder of its own")
 
 
-def _remove_if_empty(folders_made: list, pid: int) -> None:
-    """The folders check_judges_folder made, each if empty, by the process that made them (not a child forked)."""
-    for folder in reversed(folders_made if os.getpid() == pid else []):
-        with contextlib.suppress(OSError):
-            folder.rmdir()
+def cover(env=None) -> list:
+    """The judge's own view without the RANK_WRITABLE folders, made first thing, before it starts a thread or a
+    process: in a mount namespace of its own, each such folder, and each other name a mount gives it or a folder below
+    it, is covered by an empty read-only file system, so no path root's processes follow, however spelled, linked or
+    named inside a config file, reaches what a rank wrote there. The ranks lift the covers in their own namespaces
+    (boundary.enter_rank_sandbox). The name check comes first, as the early and clearer word (ValueError). Returns the
+    points covered: none without such a folder, where they are covered already (a protocol face under the human
+    face), or not as root (the ranks then write as the judge's uid anyway). NOTES: what the judge's interpreter
+    loaded before this (its imports, LD_PRELOAD, its working folder) the name check alone holds."""
+    env = os.environ if env is None else env
+    named = [folder for folder in folders(env) if os.path.isdir(folder)]
+    if not named or os.geteuid() != 0 or not sys.platform.startswith("linux"):
+        return []
+    check(env)
+    covered = set(judges_covers())
+    found = sorted({*named, *_other_names(named)} - covered)
+    points = [p for p in found if not any(Path(other) in Path(p).parents for other in found)]
+    if not points:
+        return []
+    if files := [p for p in points if not os.path.isdir(p)]:
+        raise ValueError(f"{files[0]} shows a file of {RANK_WRITABLE} folder {_other_names(named)[files[0]]!r}, which "
+                         f"the judge cannot cover: unmount it, or unset {RANK_WRITABLE}")
+    threads = len(os.listdir("/proc/self/task"))
+    if threads > 1:
+        raise RuntimeError(f"the judge covers {RANK_WRITABLE} before it starts a thread; this process has {threads}")
+    libc = _libc()
+    for action, failed in ((lambda: libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)"),
+                           (lambda: libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making / private")):
+        if action():
+            raise ValueError(f"{RANK_WRITABLE} needs a mount namespace of the judge's own, and {failed} failed: "
+                             f"{os.strerror(ctypes.get_errno())}; unset it")
+    for point in points:
+        if libc.mount(JUDGE_COVER.encode(), os.fsencode(point), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                      b"mode=0555,size=4k"):
+            raise OSError(ctypes.get_errno(), f"covering {point}: {os.strerror(ctypes.get_errno())}")
+    return points

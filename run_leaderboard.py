@@ -31,8 +31,8 @@ import re
 import statistics
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import yaml
 
 import eval as core
@@ -43,6 +43,9 @@ from a2a import intervals as iv
 from a2a import plan as planning
 from a2a import rows as result_rows
 from a2a import sharing
+
+if TYPE_CHECKING:  # pandas at first use: its BLAS starts threads, and the judge covers before any (cli.run_cli)
+    import pandas as pd
 
 ROOT = planning.ROOT
 PUBLISHED = ROOT / "reference" / "published.yml"
@@ -143,6 +146,7 @@ def void_below_floor(frame: pd.DataFrame, run: clock.Run) -> None:
 def run(plan: planning.RunPlan, settings: clock.Settings, anchors: bool = True,
         progress=print) -> tuple[pd.DataFrame, dict, clock.Run | None]:
     """Every entry of the plan timed by the clock: one row per (entry, case), the run's meta, the clock's run."""
+    import pandas as pd
     entries, skipped = entries_of(plan, anchors)
     meta = {**plan.meta_for("benchmark"), "timing": TIMING, "skipped": list(plan.skipped) + skipped}
     for line in meta["skipped"]:
@@ -210,6 +214,7 @@ def problem_size_checks(plan: planning.RunPlan, selector: str = "tests", progres
     fewer ranks: on GPUs the ranks share them, on a CPU run they are gloo processes. Returns one row per
     (version, test) and the lines saying what was skipped and why; `record(version, rows)` gets each version's rows
     as soon as it is done."""
+    import pandas as pd
     world_size = max(case["world_size"] for case in plan.task["tests"])
     if plan.world_size >= world_size or not plan.versions:
         return pd.DataFrame(), []
@@ -626,6 +631,7 @@ def _settings(args) -> clock.Settings:
 
 
 def main(argv=None) -> int:
+    import pandas as pd
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_options(parser, "versions", "cases", "world-size", "backend", "timeout", "seed", "out",
                     seed={"help": "the run's seed for the rounds' orders (default: drawn, recorded)"})

@@ -105,6 +105,7 @@ def run_cli(entry, argv=None) -> int:
     streams = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = Unbroken(sys.stdout), Unbroken(sys.stderr)
     try:
+        core.cover_rank_writable()  # before the entry starts any thread
         core.check_environment()
         return entry(argv)
     except UserError as error:
@@ -131,6 +132,7 @@ def writable(out: Path) -> None:
     or a new path whose nearest existing parent is a writable folder."""
     import tempfile
 
+    judges_folder(out, "--out")  # first: the judge's view of a writable folder is read-only, and this says why
     existing = next((p for p in [out, *out.parents] if p.exists()), None)
     if existing is None or not existing.is_dir():
         raise UserError(f"--out {out}: {existing or out} is not a folder")
@@ -138,11 +140,10 @@ def writable(out: Path) -> None:
         tempfile.TemporaryDirectory(dir=existing).cleanup()
     except OSError as exc:
         raise UserError(f"--out {out}: {existing} cannot be written ({exc.strerror})") from None
-    judges_folder(out, "--out")
 
 
 def judges_folder(path: Path, what: str) -> None:
-    """`path`, where the judge will write, one no rank can make first or move (rank_writable.check_judges_folder)."""
+    """`path`, where the judge will write, in no folder a rank writes (rank_writable.check_judges_folder)."""
     try:
         rank_writable.check_judges_folder(path, what)
     except ValueError as exc:

@@ -1605,20 +1605,17 @@ def test_the_judges_logs_follow_no_link_and_go_only_into_a_folder_of_its_own(tmp
             boundary.write_owners_only(theirs / "build-x.log", b"words")
 
 
-def test_a_rank_writable_folder_is_known_by_its_inode_and_its_owner_above_is_no_rank(tmp_path, monkeypatch):
+def test_a_rank_writable_folder_is_known_by_its_inode_under_any_name(tmp_path, monkeypatch):
     """Red team 44: the same folder under a second name (a bind mount) passed the check of --out and of the bytecode
-    prefix, which compared path strings; and --out equal to the writable folder was refused when a folder above it
-    was another user's. The folder is known by device and inode, and only the folders from it down are judged."""
+    prefix, which compared path strings. The folder is known by device and inode: the judge saves in it by neither
+    name, nor reads bytecode from below the second."""
     import rank_writable
 
-    above = tmp_path / "alice"
-    writable = above / "scratch"
-    writable.mkdir(parents=True)
-    writable.chmod(0o1777)
-    if os.geteuid() == 0:
-        os.chown(above, 65534, 65534)
+    writable = tmp_path / "scratch"
+    writable.mkdir(mode=0o1777)
     monkeypatch.setenv("A2A_RANK_WRITABLE", str(writable))
-    rank_writable.check_judges_folder(writable, "--out")  # sticky: no rank can move what the judge makes there
+    with pytest.raises(ValueError, match="a folder of its own"):
+        rank_writable.check_judges_folder(writable, "--out")
     second = tmp_path / "second"
     second.mkdir()
     bound = os.geteuid() == 0 and subprocess.run(["mount", "--bind", str(writable), str(second)],
@@ -1633,11 +1630,6 @@ def test_a_rank_writable_folder_is_known_by_its_inode_and_its_owner_above_is_no_
         monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(second / "pyc"))
         with pytest.raises(ValueError, match="PYTHONPYCACHEPREFIX"):
             rank_writable.check()
-        taken = writable / "results"  # a rank's folder where the judge would save, reached by the second name
-        taken.mkdir()
-        taken.chmod(0o777)
-        if os.geteuid() == 0:
-            os.chown(taken, 65534, 65534)
         with pytest.raises(ValueError, match="a folder of its own"):
             rank_writable.check_judges_folder(second / "results", "--out")
     finally:
@@ -1754,6 +1746,61 @@ def test_a_folder_below_a_rank_writable_one_mounted_elsewhere_counts_as_in_it(tm
     assert result.returncode == 0, result.stderr
     assert f"folder {str(writable)!r} holds {str(elsewhere)!r}, which the judge may read or write as MPLCONFIGDIR" \
         in result.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the judge's cover is a mount namespace of its own: root's")
+def test_the_judge_sees_the_rank_writable_folder_covered_while_its_ranks_write_it(tmp_path, process_token):
+    """Each red team from 42 to 47 found one more name by which root read what a rank wrote in the writable folder
+    (a link three levels down root's home, a path inside a config file); a list of names loses. The judge covers the
+    folder first thing, in a mount namespace of its own, with an empty read-only file system, and only the ranks'
+    namespaces lift the cover: their marks are on the disk while the judge's view of the same path is empty and
+    cannot be written."""
+    from tests.conftest import hanging_human_face, hanging_submission, wait_until_gone
+
+    process = hanging_human_face(tmp_path, process_token, hanging_submission())
+    try:
+        marks = tmp_path / "marks"
+        judges = Path(f"/proc/{process.pid}/root", *marks.parts[1:])
+        assert sorted(path.name for path in marks.iterdir()) == ["rank0", "rank1"]
+        assert list(judges.iterdir()) == []
+        with pytest.raises(OSError):
+            (judges / "planted").touch()
+        assert boundary.JUDGE_COVER in Path(f"/proc/{process.pid}/mountinfo").read_text()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+    assert not wait_until_gone(process_token, 20), "processes left behind"
+
+
+def test_the_cover_takes_every_name_of_the_folder_and_a_ranks_namespace_lifts_it(tmp_path):
+    """The cover takes each mount that shows the writable folder, or a folder below it, at another path (red team
+    45's bind mount), and a rank's mount namespace lifts every cover, nested ones too, and sees the folder as it is.
+    All in a mount namespace of the probe's own, so none outlives it."""
+    writable, elsewhere = tmp_path / "writable", tmp_path / "elsewhere"
+    (writable / "mpl").mkdir(parents=True)
+    (writable / "mpl" / "rank's").touch()
+    elsewhere.mkdir()
+    probe = textwrap.dedent(f"""
+        import ctypes, os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import boundary, rank_writable
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.unshare(0x00020000) == 0 and libc.mount(None, b"/", None, 0x4000 | 0x40000, None) == 0
+        assert libc.mount({str(writable / "mpl").encode()!r}, {str(elsewhere).encode()!r}, None, 0x1000, None) == 0
+        env = {{"A2A_RANK_WRITABLE": {str(writable)!r}}}
+        print(sorted(rank_writable.cover(env)), os.listdir({str(writable)!r}), os.listdir({str(elsewhere)!r}))
+        print(rank_writable.cover(env))  # a protocol face under the human face: covered already
+        if os.fork() == 0:
+            libc.unshare(0x00020000)
+            boundary._lift_judges_covers(libc)
+            print(os.listdir({str(writable)!r}), os.listdir({str(elsewhere)!r}), flush=True)
+            os._exit(0)
+        os.wait()
+    """)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"{sorted([str(writable), str(elsewhere)])} [] []", "[]",
+                                          "['mpl'] [\"rank's\"]"], result.stdout
 
 
 def test_a_link_of_a_ranks_behind_one_of_the_operators_is_seen(tmp_path):

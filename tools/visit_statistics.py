@@ -16,12 +16,14 @@ import math
 import statistics
 import sys
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 import wire
 from a2a import cli, clock, rows
 from eval import UserError
+
+if TYPE_CHECKING:  # pandas at first use: its BLAS starts threads, and the judge covers before any (cli.run_cli)
+    import pandas as pd
 
 SLOWEST_LEFT_OUT = 0.2
 SKIPPED_SHOWN = 10  # names of the entries left out, on their line
@@ -55,6 +57,7 @@ def _steps(sample, where: str) -> bool:
 def run_figures(folder: Path) -> pd.DataFrame:
     """One row per (entry, statistic): the run's geomean of that statistic over shapes and rounds (rounds where an
     entry has every shape); UserError for a folder with no such round of any entry."""
+    import pandas as pd
     where = wire.as_text(str(folder), 300)
     try:  # bounded as --compare reads a saved run: the folder may come from elsewhere
         saved = json.loads(wire.read_regular_file(folder / "results.json", clock.SAVED_RUN_BYTES))
@@ -78,6 +81,7 @@ def run_figures(folder: Path) -> pd.DataFrame:
 
 
 def main(argv=None) -> int:
+    import pandas as pd
     folders = sys.argv[1:] if argv is None else argv
     if len(folders) < 2:
         raise UserError("usage: python -m a2a.cli visit-statistics RUN_FOLDER RUN_FOLDER [...] (two saved clock runs "
