@@ -321,10 +321,32 @@ def remove_tree(path: Path) -> None:
         os.rmdir(path)
 
 
+def judges_own_text(path: Path, limit: int = 256) -> Optional[str]:
+    """The text of `path` where it is a regular file of this process's uid in a folder of that uid that others cannot
+    write, read without following a link or waiting on a pipe; else None. NOTES: what the judge acts on before its
+    first check (the sweeps of claim_run) must be its own (red team 48: a rank's `.a2a-owner` in a writable folder
+    named /tmp/a2a-* had root remove the folder, and as a FIFO hung every later command; a rank's uid record in a
+    misplaced rank cache had root remove another uid's System V IPC)."""
+    try:
+        folder = os.lstat(path.parent)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        own = {folder.st_uid, info.st_uid} == {os.geteuid()} and stat.S_ISDIR(folder.st_mode)
+        if not (own and stat.S_ISREG(info.st_mode) and not folder.st_mode & 0o022):
+            return None
+        return os.read(fd, limit).decode("ascii", "replace")
+    finally:
+        os.close(fd)
+
+
 def _remove_orphan_tempdirs() -> None:
     for folder in Path(tempfile.gettempdir()).glob("a2a-*"):
-        with contextlib.suppress(OSError, ValueError):
-            if _gone(*(folder / TEMP_OWNER_MARK).read_text().strip().split(":")):
+        mark = judges_own_text(folder / TEMP_OWNER_MARK)
+        with contextlib.suppress(OSError):
+            if mark is not None and _gone(*mark.strip().split(":")):
                 remove_tree(folder)
 
 
@@ -1407,7 +1429,7 @@ MNT_DETACH = 2
 
 def _own_file_system(folder: Path) -> None:
     options = f"mode=0755,nr_inodes={RUN_INODES}".encode()
-    _libc().mount(b"tmpfs", str(folder).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options)
+    _libc().mount(b"tmpfs", os.fsencode(folder), b"tmpfs", MS_NOSUID | MS_NODEV, options)
 
 
 def make_run_folders(uid: int, own_shm: bool) -> None:
@@ -1429,7 +1451,7 @@ def remove_run_folders(uid: int) -> list[str]:
     for folder in filter(None, [shm_folder(uid), run_folder(uid)]):
         if folder.exists():
             if os.path.ismount(folder):
-                _libc().umount2(str(folder).encode(), MNT_DETACH)
+                _libc().umount2(os.fsencode(folder), MNT_DETACH)
             remove_tree(folder)
             removed.append(str(folder))
     return removed
@@ -1483,10 +1505,11 @@ def claim_uid() -> int:
 
 
 def _record_owner(uid: int) -> Optional[str]:
-    """`pid:start time` of the command that claimed `uid`, or None (no record, or one still being written)."""
+    """`pid:start time` of the command that claimed `uid`, or None (no record of the judge's, or one still being
+    written)."""
     try:
-        pid, start, _ = (UID_RECORDS / str(uid)).read_text().split(":")
-    except (OSError, ValueError):
+        pid, start, _ = (judges_own_text(UID_RECORDS / str(uid)) or "").split(":")
+    except ValueError:
         return None
     return f"{pid}:{start}"
 
@@ -1533,7 +1556,8 @@ def _release_stale_uids() -> None:
     if not UID_RECORDS.is_dir():
         return
     for record in UID_RECORDS.iterdir():
-        owner = _record_owner(int(record.name)) if record.name.isdigit() else None
+        pool_uid = record.name.isdigit() and RANK_UID_BASE <= int(record.name) < RANK_UID_BASE + RANK_UID_SPAN
+        owner = _record_owner(int(record.name)) if pool_uid else None
         if owner and _gone(*owner.split(":")):
             try:
                 release_uid(int(record.name), owner)
@@ -1848,14 +1872,14 @@ def read_only_method() -> str:
 
 def _clone(libc, path: str) -> int:
     """A detached copy of the mounts at `path` (open_tree, Linux 5.2 on), with their flags of now."""
-    fd = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, path.encode(), OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC)
+    fd = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, os.fsencode(path), OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC)
     if fd < 0:
         _fail(f"open_tree({path})")
     return fd
 
 
 def _attach(libc, fd: int, target: str) -> None:
-    if libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH):
+    if libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, os.fsencode(target), MOVE_MOUNT_F_EMPTY_PATH):
         _fail(f"move_mount({target})")
     os.close(fd)
 
@@ -1912,7 +1936,7 @@ def _expose(libc, pairs: tuple) -> None:
         paths = [p for p in paths if not any(other in p.parents for other in paths)]
         targets = [os.path.join(folder, p) for p in paths]
         trees = [(target, _clone(libc, target), os.path.isdir(target)) for target in targets]
-        if libc.mount(b"tmpfs", folder.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755"):
+        if libc.mount(b"tmpfs", os.fsencode(folder), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755"):
             _fail(f"covering {folder}")
         for target, fd, is_dir in trees:
             os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
@@ -1972,11 +1996,11 @@ def enter_rank_sandbox(sandbox: Optional[RankSandbox]) -> None:
             _fail("mounting /proc")
         _expose(libc, sandbox.expose)
         for path in sandbox.hide:  # NOTES: read-only is not hidden (red team 35: a rival entry's source, read by path)
-            if os.path.isfile(path) and libc.mount(b"/dev/null", path.encode(), None, MS_BIND, None):  # in sight
+            if os.path.isfile(path) and libc.mount(b"/dev/null", os.fsencode(path), None, MS_BIND, None):  # in sight
                 _fail(f"hiding {path}")
         for path, copy in sandbox.shadow:  # the judge's readable copy over what the ranks' uid cannot read
-            if libc.mount(copy.encode(), path.encode(), None, MS_BIND | MS_REC, None) or libc.mount(
-                    None, path.encode(), None, MS_BIND | MS_REMOUNT | MS_RDONLY, None):
+            if libc.mount(os.fsencode(copy), os.fsencode(path), None, MS_BIND | MS_REC, None) or libc.mount(
+                    None, os.fsencode(path), None, MS_BIND | MS_REMOUNT | MS_RDONLY, None):
                 _fail(f"showing {path}")
         if sandbox.shadow:
             os.chdir(os.getcwd())  # a working folder below one shown anew is the copy's now, not the folder beneath

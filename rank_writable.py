@@ -33,7 +33,7 @@ _ABSOLUTE = re.compile(r"/[^\s:,;'\"=})]*")  # every absolute path in a value (a
 # their entries are followed too, as are the home's own. Red team 46 went past a list of names (fontconfig's
 # ~/.fonts.conf.d, pip's ~/.pip): every entry there is one a tool may read.
 HOME_FOLDERS = (".config", ".cache", ".local", ".local/share", ".local/state")
-HOME_ENTRIES_CHECKED = 10_000  # a home of more entries than this at those three levels is followed this far
+HOME_ENTRIES_CHECKED = 10_000  # a home of more entries than this in those trees is followed this far
 
 
 def folders(env=None) -> list:
@@ -52,19 +52,38 @@ def _ids(paths) -> dict:
 
 
 def _mounts() -> list:
-    """(mount id, its parent's id, file system 'major:minor', the folder of it mounted, mount point) of each mount
-    this process sees."""
+    """(mount id, its parent's id, file system 'major:minor', the folder of it mounted, mount point, file system
+    type, its options) of each mount this process sees."""
     try:
         table = mount_table()
     except OSError:
         return []
-    return [(f[0], f[1], f[2], Path(f[3]), Path(f[4])) for f in table]
+    return [(f[0], f[1], f[2], Path(f[3]), Path(f[4]), *(f[f.index("-") + 1:f.index("-") + 2] or [""]),
+             f[-1] if len(f) > f.index("-") + 3 else "") for f in table]
+
+
+def _layers(options: str) -> list:
+    """The folders an overlay's options name as its layers (lowerdir, upperdir; `\\` escapes ',' and ':')."""
+    found = []
+    for name, value in re.findall(r"(?:^|,)(lowerdir|upperdir)=((?:\\.|[^,])*)", options):
+        found += [Path(re.sub(r"\\(.)", r"\1", layer)) for layer in re.split(r"(?<!\\):", value) if layer]
+    return found
+
+
+def _shown_at(folder: Path, shown: Path, point: Path) -> Optional[Path]:
+    """Where a mount at `point` that shows `shown` (a folder of a file system, or an overlay's layer) shows `folder`
+    or a part of it, or None: `point` for a part below the folder, `point`/rest for the folder within more."""
+    if shown == folder or folder in shown.parents:
+        return point
+    if shown in folder.parents:
+        return point / folder.relative_to(shown)
+    return None
 
 
 def _other_names(named: list) -> dict:
-    """{mount point: folder} of each mount that shows `folder` of `named`, or a folder below it, at a path outside
-    it: a bind mount of a folder below a writable one is the writable one's, though its inode is another's (red
-    team 45 left it open)."""
+    """{path: folder} of each other path at which a mount shows `folder` of `named`, or a part of it: a bind mount
+    of a folder below it (red team 45) or above it (48), and an overlay with it, or a folder above or below it, as a
+    layer (48: PYTHONPATH through one, another device and inode, passed the check and root imported a rank's module)."""
     mounts, found = (_mounts() if named else []), {}
     for folder in map(Path, named):
         points = [m for m in mounts if m[4] == folder or m[4] in folder.parents]
@@ -73,12 +92,15 @@ def _other_names(named: list) -> dict:
         top = [m for m in deepest if m[0] not in covered]
         if not top:
             continue
-        _, _, device, root, point = top[-1]
+        _, _, device, root, point = top[-1][:5]
         inside = root / folder.relative_to(point)  # the folder's place within its file system
-        for _, _, other_device, other_root, other_point in mounts:
-            if other_device == device and (other_root == inside or inside in other_root.parents) and not (
-                    other_point == folder or folder in other_point.parents):
-                found[str(other_point)] = str(folder)
+        for _, _, other_device, other_root, other_point, kind, options in mounts:
+            shown = [_shown_at(inside, other_root, other_point)] if other_device == device else []
+            if kind == "overlay":
+                shown += [_shown_at(folder, layer, other_point) for layer in _layers(options)]
+            for path in filter(None, shown):
+                if not (path == folder or folder in path.parents):
+                    found[str(path)] = str(folder)
     return found
 
 
@@ -156,22 +178,20 @@ def _used_by_the_judge(env) -> list:
 
 
 def _home_entries(home: str) -> list:
-    """Every dot-entry of root's home (a folder of the operator's, `~/scratch`, may be the writable one), every entry
-    of its HOME_FOLDERS and of their folders (red team 47: ~/.config/git/config a link), links and missing targets
-    included (where a tool would make its folder), at most HOME_ENTRIES_CHECKED."""
-    found, below = [], []
-    for folder in ("", *HOME_FOLDERS):
-        with contextlib.suppress(OSError), os.scandir(os.path.join(home, folder)) as entries:
-            for entry in entries:
-                if folder or entry.name.startswith("."):
-                    found.append(entry.path)
-                    if folder and entry.is_dir(follow_symlinks=False):
-                        below.append(entry.path)
-    for folder in below:  # a tool's own folder there: ~/.config/git/config, ~/.config/matplotlib/matplotlibrc
+    """Every dot-entry of root's home (a folder of the operator's, `~/scratch`, may be the writable one), and every
+    entry of its HOME_FOLDERS' trees, the shallower first (red team 47: ~/.config/git/config a link; 48: one three
+    levels down), links and missing targets included (where a tool would make its folder), at most
+    HOME_ENTRIES_CHECKED."""
+    found, below = [], [os.path.join(home, folder) for folder in HOME_FOLDERS]
+    with contextlib.suppress(OSError), os.scandir(home) as entries:
+        found += [entry.path for entry in entries if entry.name.startswith(".")]
+    while below and len(found) < HOME_ENTRIES_CHECKED:
+        folder = below.pop(0)
         with contextlib.suppress(OSError), os.scandir(folder) as entries:
-            found += [entry.path for entry in itertools.islice(entries, HOME_ENTRIES_CHECKED)]
-        if len(found) >= HOME_ENTRIES_CHECKED:
-            break
+            for entry in itertools.islice(entries, HOME_ENTRIES_CHECKED - len(found)):
+                found.append(entry.path)
+                if entry.is_dir(follow_symlinks=False) and entry.path not in below:
+                    below.append(entry.path)
     return [*(os.path.join(home, folder) for folder in HOME_FOLDERS), *found[:HOME_ENTRIES_CHECKED]]
 
 
@@ -210,6 +230,7 @@ def check(env=None) -> None:
     ids = writable_ids(env)
     if not ids:
         return
+    _check_folders(env, ids)
     if found := reach(os.getcwd(), ids)[1]:  # red team 45: a rank's ./matplotlibrc, 114 in every later command
         raise ValueError(f"the working folder lies in {RANK_WRITABLE} folder {found!r}; a rank could plant there "
                          f"what the judge reads (run the judge, a staged bundle too, from a folder of its own)")
@@ -223,6 +244,26 @@ def check(env=None) -> None:
         if entry := _holder(Path(folder).parent, imported):
             raise ValueError(f"{RANK_WRITABLE} folder {folder!r} lies in {entry!r}, which the judge imports "
                              f"from; a rank could plant a module there")
+
+
+def _check_folders(env, ids: dict) -> None:
+    """The writable folders themselves: none on a file system of the kernel's, which the judge reads for itself (red
+    team 48: /sys/fs/cgroup turned the pool's memory cap off, /proc ended the judge with 114), none in another or
+    reached through a link in one (48: a rank made the inner one a link, and root took its target for the folder),
+    and no mount below one (48: the ranks wrote it, and root read it under its other name)."""
+    given = [entry for entry in env.get(RANK_WRITABLE, "").split(os.pathsep) if entry]
+    for entry, folder in zip(given, map(os.path.realpath, given)):
+        if kernels := [k for k in map(Path, ("/proc", "/sys", "/dev")) if k in (Path(folder), *Path(folder).parents)]:
+            raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in {kernels[0]}, a file system of the kernel's "
+                             f"that the judge reads for itself; name a folder on a disk")
+        _, lies_in, through = reach(entry, {key: name for key, name in ids.items() if name != folder})
+        if found := lies_in or through:
+            raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in another, {found!r}, where a rank could make "
+                             f"it a link; name the outer one alone")
+    for mount in _mounts():
+        if holder := next((f for f in ids.values() if Path(f) in mount[4].parents), None):
+            raise ValueError(f"{mount[4]} is mounted below {RANK_WRITABLE} folder {holder!r}: the ranks would write "
+                             f"it, and the judge read it under its other names; unmount it, or name another folder")
 
 
 def check_judges_folder(path: Path, what: str) -> None:
@@ -254,7 +295,7 @@ def cover(env=None) -> list:
         return []
     check(env)
     covered = set(judges_covers())
-    found = sorted({*named, *_other_names(named)} - covered)
+    found = sorted({*named, *filter(os.path.lexists, _other_names(named))} - covered)
     points = [p for p in found if not any(Path(other) in Path(p).parents for other in found)]
     if not points:
         return []

@@ -259,7 +259,8 @@ def test_the_operators_numeric_knobs_are_bad_input_before_any_work(variable, val
                                       "MPLCONFIGDIR", "XDG_CACHE_HOME", "CFLAGS", "a space", "relative",
                                       "A2A_NCCL_LIB", "a home's link", "a tilde", "a shell variable",
                                       "fontconfig's link", "a link below ~/.config", "a bare relative name",
-                                      "a link below ~/.config/git", "a shell's default"])
+                                      "a link below ~/.config/git", "a shell's default",
+                                      "a link three levels below ~/.config"])
 def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_path, variable):
     """Red team 39, from the code: an A2A_RANK_WRITABLE folder holding a folder of PATH or sys.path, or a preloaded
     library, let a rank replace what the judge's next process runs as root. Red team 41: /tmp writable failed the
@@ -294,7 +295,9 @@ def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_
             "a bare relative name": {"MPLCONFIGDIR": "writable"},  # from tmp_path
             # red team 47: git's own config file a link, and a default the shell fills in
             "a link below ~/.config/git": {"HOME": str(tmp_path / "home")},
-            "a shell's default": {"GIT_CONFIG_PARAMETERS": f"'core.fsmonitor'='${{A2A_NONE:-{writable}}}/hook'"}}[variable]
+            "a shell's default": {"GIT_CONFIG_PARAMETERS": f"'core.fsmonitor'='${{A2A_NONE:-{writable}}}/hook'"},
+            # red team 48: matplotlib's style sheet a link, a level further down
+            "a link three levels below ~/.config": {"HOME": str(tmp_path / "home")}}[variable]
     (tmp_path / "home" / ".config").mkdir(parents=True)
     if variable == "a home's link":
         (tmp_path / "home" / ".config").rmdir()
@@ -303,6 +306,9 @@ def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_
         (tmp_path / "home" / ".fonts.conf.d").symlink_to(writable / "fontconf")
     if variable == "a link below ~/.config":
         (tmp_path / "home" / ".config" / "pip").symlink_to(writable / "pip")
+    if variable == "a link three levels below ~/.config":
+        (tmp_path / "home" / ".config" / "matplotlib" / "stylelib").mkdir(parents=True)
+        (tmp_path / "home" / ".config" / "matplotlib" / "stylelib" / "x.mplstyle").symlink_to(writable / "x")
     if variable == "a link below ~/.config/git":
         (tmp_path / "home" / ".config" / "git").mkdir()
         (tmp_path / "home" / ".config" / "git" / "config").symlink_to(writable / "gitconfig")

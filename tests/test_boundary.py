@@ -1773,34 +1773,114 @@ def test_the_judge_sees_the_rank_writable_folder_covered_while_its_ranks_write_i
 
 
 def test_the_cover_takes_every_name_of_the_folder_and_a_ranks_namespace_lifts_it(tmp_path):
-    """The cover takes each mount that shows the writable folder, or a folder below it, at another path (red team
-    45's bind mount), and a rank's mount namespace lifts every cover, nested ones too, and sees the folder as it is.
-    All in a mount namespace of the probe's own, so none outlives it."""
-    writable, elsewhere = tmp_path / "writable", tmp_path / "elsewhere"
+    """The cover takes each mount that shows the writable folder, or a part of it, at another path: a bind mount of
+    a folder below it (red team 45) or above it, and an overlay with it as a layer (red team 48: root's matplotlib
+    read, and root's Python imported, a rank's files through those); and a rank's mount namespace lifts every cover,
+    nested ones too, and sees the folder as it is. All in a mount namespace of the probe's own, so none outlives it."""
+    writable, below, above, layered = (tmp_path / name for name in ("writable", "below", "above", "layered"))
     (writable / "mpl").mkdir(parents=True)
     (writable / "mpl" / "rank's").touch()
-    elsewhere.mkdir()
+    for folder in (below, above, layered, tmp_path / "work", tmp_path / "upper"):
+        folder.mkdir()
+    overlay = f"lowerdir={writable}:{tmp_path / 'work'}".encode()
     probe = textwrap.dedent(f"""
         import ctypes, os, sys
         sys.path.insert(0, {str(ROOT)!r})
         import boundary, rank_writable
         libc = ctypes.CDLL(None, use_errno=True)
         assert libc.unshare(0x00020000) == 0 and libc.mount(None, b"/", None, 0x4000 | 0x40000, None) == 0
-        assert libc.mount({str(writable / "mpl").encode()!r}, {str(elsewhere).encode()!r}, None, 0x1000, None) == 0
+        assert libc.mount({str(writable / "mpl").encode()!r}, {str(below).encode()!r}, None, 0x1000, None) == 0
+        assert libc.mount({str(tmp_path).encode()!r}, {str(above).encode()!r}, None, 0x1000, None) == 0
+        layered = libc.mount(b"overlay", {str(layered).encode()!r}, b"overlay", 0, {overlay!r}) == 0
+        names = [{str(writable)!r}, {str(below)!r}, {str(above / "writable")!r}, {str(layered)!r}]
         env = {{"A2A_RANK_WRITABLE": {str(writable)!r}}}
-        print(sorted(rank_writable.cover(env)), os.listdir({str(writable)!r}), os.listdir({str(elsewhere)!r}))
+        covered = rank_writable.cover(env)
+        print(sorted(covered) == sorted(names[:3 + layered]), [os.listdir(name) for name in names[:3 + layered]])
         print(rank_writable.cover(env))  # a protocol face under the human face: covered already
         if os.fork() == 0:
             libc.unshare(0x00020000)
             boundary._lift_judges_covers(libc)
-            print(os.listdir({str(writable)!r}), os.listdir({str(elsewhere)!r}), flush=True)
+            print(os.listdir(names[0]), os.listdir(names[1]), flush=True)
             os._exit(0)
         os.wait()
     """)
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [f"{sorted([str(writable), str(elsewhere)])} [] []", "[]",
-                                          "['mpl'] [\"rank's\"]"], result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("True [[], [], []") and lines[1:] == ["[]", "['mpl'] [\"rank's\"]"], result.stdout
+
+
+def test_a_writable_folder_named_in_raw_bytes_fails_no_honest_rank(tmp_path):
+    """Red team 48: a writable folder whose name is not UTF-8 failed the honest v1 with 112: each rank encoded its
+    path strictly on the way to its mounts."""
+    writable = Path(os.fsdecode(os.fsencode(tmp_path) + b"/w\xff"))
+    writable.mkdir()
+    writable.chmod(0o1777)
+    result = run_eval("test", "v1", "--world-size", "2", "--backend", "gloo", "--cases", "tests:0",
+                      env={"A2A_RANK_WRITABLE": str(writable)})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_below_is_refused(tmp_path):
+    """Red team 48: /sys/fs/cgroup as the writable folder turned the pool's memory cap off, /proc ended the judge
+    with 114; a writable folder inside another, which a rank made a link, had root take the link's target for the
+    folder; a mount below one was written by the ranks and read by root under its other name. Each is refused."""
+    import rank_writable
+
+    outer = tmp_path / "outer"
+    (outer / "inner").mkdir(parents=True)
+    (tmp_path / "disk").mkdir()
+    for folders, said in (("/sys/fs/cgroup", "a file system of the kernel's"), ("/proc", "of the kernel's"),
+                          (f"{outer}:{outer / 'inner'}", "lies in another")):
+        with pytest.raises(ValueError, match=said):
+            rank_writable.check({"A2A_RANK_WRITABLE": folders, "HOME": str(tmp_path)})
+    probe = textwrap.dedent(f"""
+        import ctypes, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import rank_writable
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.unshare(0x00020000) == 0 and libc.mount(None, b"/", None, 0x4000 | 0x40000, None) == 0
+        assert libc.mount({str(tmp_path / "disk").encode()!r}, {str(outer / "inner").encode()!r}, None, 0x1000, None) == 0
+        try:
+            rank_writable.check({{"A2A_RANK_WRITABLE": {str(outer)!r}, "HOME": {str(tmp_path)!r}}})
+        except ValueError as error:
+            print(error)
+    """)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and f"{outer / 'inner'} is mounted below" in result.stdout, result.stdout + result.stderr
+
+
+def test_what_the_sweeps_act_on_before_the_cover_is_the_judges_own(tmp_path, monkeypatch):
+    """Red team 48: every command's first sweep read `.a2a-owner` in each /tmp/a2a-* folder, and one that was a
+    writable folder held a rank's: root removed the folder on its word, and as a FIFO it hung every later command;
+    a rank's uid record in a misplaced rank cache had root remove another uid's System V IPC. The sweeps act only on
+    regular files of root's in folders of root's that no one else may write, opened without waiting."""
+    if os.geteuid() != 0:
+        pytest.skip("a file of another uid's needs root")
+    marked = {kind: Path(tempfile.mkdtemp(prefix=f"a2a-test-{kind}-")) for kind in ("ranks", "fifo", "judges")}
+    for kind, folder in marked.items():
+        mark = folder / boundary.TEMP_OWNER_MARK
+        os.mkfifo(mark) if kind == "fifo" else mark.write_text("1:0")  # pid 1 started at no time: gone
+        if kind != "judges":
+            folder.chmod(0o1777)
+            os.chown(mark, 65534, 65534)
+    try:
+        done = subprocess.run([sys.executable, "-c", "import boundary; boundary._remove_orphan_tempdirs()"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert [folder.exists() for folder in marked.values()] == [True, True, False]
+    finally:
+        for folder in marked.values():
+            shutil.rmtree(folder, ignore_errors=True)
+    records = tmp_path / "owners"
+    records.mkdir(mode=0o700)
+    monkeypatch.setattr(boundary, "UID_RECORDS", records)
+    for uid, owner in ((60001, 0), (60002, 65534)):
+        (records / str(uid)).write_text("1:0:0")
+        os.chown(records / str(uid), owner, owner)
+    assert [boundary._record_owner(60001), boundary._record_owner(60002)] == ["1:0", None]
+
+
 
 
 def test_a_link_of_a_ranks_behind_one_of_the_operators_is_seen(tmp_path):
