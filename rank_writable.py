@@ -53,20 +53,24 @@ def _ids(paths) -> dict:
 
 def _mounts() -> list:
     """(mount id, its parent's id, file system 'major:minor', the folder of it mounted, mount point, file system
-    type, its options) of each mount this process sees."""
+    type, source, its options) of each mount this process sees."""
     try:
         table = mount_table()
     except OSError:
         return []
-    return [(f[0], f[1], f[2], Path(f[3]), Path(f[4]), *(f[f.index("-") + 1:f.index("-") + 2] or [""]),
-             f[-1] if len(f) > f.index("-") + 3 else "") for f in table]
+    found = []
+    for fields in table:
+        kind, source, options = (fields[fields.index("-") + 1:] + ["", "", ""])[:3]
+        found.append((*fields[:3], Path(fields[3]), Path(fields[4]), kind, source, options))
+    return found
 
 
 def _layers(options: str) -> list:
-    """The folders an overlay's options name as its layers (lowerdir, upperdir; `\\` escapes ',' and ':')."""
+    """The layers an overlay's options name, as given: `lowerdir=a:b`, `upperdir=`, and the `lowerdir+=` and
+    `datadir+=` of the newer mount API, one each (red team 49); `\\` escapes ',' and ':'."""
     found = []
-    for name, value in re.findall(r"(?:^|,)(lowerdir|upperdir)=((?:\\.|[^,])*)", options):
-        found += [Path(re.sub(r"\\(.)", r"\1", layer)) for layer in re.split(r"(?<!\\):", value) if layer]
+    for value in re.findall(r"(?:^|,)(?:lowerdir|upperdir|datadir)\+?=((?:\\.|[^,])*)", options):
+        found += [re.sub(r"\\(.)", r"\1", layer) for layer in re.split(r"(?<!\\):", value) if layer]
     return found
 
 
@@ -80,27 +84,54 @@ def _shown_at(folder: Path, shown: Path, point: Path) -> Optional[Path]:
     return None
 
 
+def _loop_file(source: str) -> Optional[Path]:
+    """The file behind a loop device's mount (red team 49: an image kept in the writable folder, rewritten by a rank,
+    whose files root then ran)."""
+    match = re.fullmatch(r"/dev/(loop[0-9]+)", source)
+    with contextlib.suppress(OSError):
+        return Path(Path(f"/sys/block/{match[1]}/loop/backing_file").read_text().strip()) if match else None
+    return None
+
+
+def _names_of(folder: Path, mounts: list) -> list:
+    """The other paths at which a mount shows `folder`, or a part of it: a bind mount of a folder below it (red team
+    45) or above it (48), an overlay with it, or a folder above or below it, as a layer (48, 49: named through a link),
+    and a loop device's file system whose image lies in it (49). ValueError for an overlay whose layer is named by a
+    relative path, which no process can resolve again (49: root imported a rank's module through one)."""
+    points = [m for m in mounts if m[4] == folder or m[4] in folder.parents]
+    deepest = [m for m in points if len(m[4].parts) == max((len(p[4].parts) for p in points), default=0)]
+    covered = {m[1] for m in deepest}  # a mount over another at the same point names it as its parent
+    top = [m for m in deepest if m[0] not in covered]
+    if not top:
+        return []
+    _, _, device, root, point = top[-1][:5]
+    inside = root / folder.relative_to(point)  # the folder's place within its file system
+    found = []
+    for _, _, other_device, other_root, other_point, kind, source, options in mounts:
+        found.append(_shown_at(inside, other_root, other_point) if other_device == device else None)
+        image = _loop_file(source)
+        if image is not None and _shown_at(folder, Path(os.path.realpath(image)), other_point) == other_point:
+            found.append(other_point)
+        for layer in _layers(options) if kind == "overlay" else []:
+            if not layer.startswith("/") and other_point != Path("/"):
+                raise ValueError(f"the overlay at {other_point} names its layer {layer!r} by a relative path, so the "
+                                 f"judge cannot tell whether it shows {RANK_WRITABLE} folder {str(folder)!r}: "
+                                 f"mount it by absolute paths, or unset {RANK_WRITABLE}")
+            found.append(_shown_at(folder, Path(os.path.realpath(layer)), other_point))
+    return [path for path in found if path is not None]
+
+
 def _other_names(named: list) -> dict:
-    """{path: folder} of each other path at which a mount shows `folder` of `named`, or a part of it: a bind mount
-    of a folder below it (red team 45) or above it (48), and an overlay with it, or a folder above or below it, as a
-    layer (48: PYTHONPATH through one, another device and inode, passed the check and root imported a rank's module)."""
+    """{path: folder} of each other path at which a mount shows `folder` of `named`, or a part of it (_names_of),
+    and so on from each such path (red team 49: an overlay whose layer is another overlay that shows the folder)."""
     mounts, found = (_mounts() if named else []), {}
-    for folder in map(Path, named):
-        points = [m for m in mounts if m[4] == folder or m[4] in folder.parents]
-        deepest = [m for m in points if len(m[4].parts) == max((len(p[4].parts) for p in points), default=0)]
-        covered = {m[1] for m in deepest}  # a mount over another at the same point names it as its parent
-        top = [m for m in deepest if m[0] not in covered]
-        if not top:
-            continue
-        _, _, device, root, point = top[-1][:5]
-        inside = root / folder.relative_to(point)  # the folder's place within its file system
-        for _, _, other_device, other_root, other_point, kind, options in mounts:
-            shown = [_shown_at(inside, other_root, other_point)] if other_device == device else []
-            if kind == "overlay":
-                shown += [_shown_at(folder, layer, other_point) for layer in _layers(options)]
-            for path in filter(None, shown):
-                if not (path == folder or folder in path.parents):
-                    found[str(path)] = str(folder)
+    queue = [(Path(folder), folder) for folder in named]
+    while queue and len(found) < 1000:
+        shown, folder = queue.pop(0)
+        for path in _names_of(shown, mounts):
+            if str(path) not in found and not any(Path(f) in (path, *path.parents) for f in named):
+                found[str(path)] = folder
+                queue.append((path, folder))
     return found
 
 
@@ -172,6 +203,9 @@ def _used_by_the_judge(env) -> list:
     named = [(path, f"may read or write as {name} names it") for name, value in sorted(env.items())
              if name not in SHELLS_OWN and name != RANK_WRITABLE and not name.startswith(RANKS_OWN)
              for path in _named_paths(value, env)]
+    zone = env.get("TZ", "").lstrip(":")  # a zone file named from TZDIR (red team 49: the saved run dated by a rank)
+    if zone and not zone.startswith("/"):
+        named.append((os.path.join(env.get("TZDIR") or "/usr/share/zoneinfo", zone), "reads as TZ and TZDIR name it"))
     home = _home(env)
     kept = [*COVERED, tempfile.gettempdir(), str(RANK_CACHE), home, *_home_entries(home)]
     return [*((p, "runs or loads") for p in _loaded(env)), *named, *((p, "keeps") for p in kept)]
@@ -247,12 +281,15 @@ def check(env=None) -> None:
 
 
 def _check_folders(env, ids: dict) -> None:
-    """The writable folders themselves: none on a file system of the kernel's, which the judge reads for itself (red
+    """The writable folders themselves: each named by an absolute path, none on a file system of the kernel's, which the judge reads for itself (red
     team 48: /sys/fs/cgroup turned the pool's memory cap off, /proc ended the judge with 114), none in another or
     reached through a link in one (48: a rank made the inner one a link, and root took its target for the folder),
     and no mount below one (48: the ranks wrote it, and root read it under its other name)."""
     given = [entry for entry in env.get(RANK_WRITABLE, "").split(os.pathsep) if entry]
     for entry, folder in zip(given, map(os.path.realpath, given)):
+        if not os.path.isabs(entry):  # red team 49: a staged bundle's ranks read it from another folder
+            raise ValueError(f"{RANK_WRITABLE} folder {entry!r} is relative, read from whatever folder a process runs "
+                             f"in; name it by an absolute path")
         if kernels := [k for k in map(Path, ("/proc", "/sys", "/dev")) if k in (Path(folder), *Path(folder).parents)]:
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in {kernels[0]}, a file system of the kernel's "
                              f"that the judge reads for itself; name a folder on a disk")

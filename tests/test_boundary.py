@@ -1782,7 +1782,13 @@ def test_the_cover_takes_every_name_of_the_folder_and_a_ranks_namespace_lifts_it
     (writable / "mpl" / "rank's").touch()
     for folder in (below, above, layered, tmp_path / "work", tmp_path / "upper"):
         folder.mkdir()
-    overlay = f"lowerdir={writable}:{tmp_path / 'work'}".encode()
+    (tmp_path / "link").symlink_to(writable)
+    stacked, added = tmp_path / "stacked", tmp_path / "added"
+    stacked.mkdir()
+    added.mkdir()
+    overlays = [(layered, f"lowerdir={tmp_path / 'link'}:{tmp_path / 'work'}"),  # red team 49: through a link,
+                (stacked, f"lowerdir={layered}:{tmp_path / 'work'}"),  # on another overlay that shows it,
+                (added, f"lowerdir+={writable},lowerdir+={tmp_path / 'work'}")]  # by the newer API's option
     probe = textwrap.dedent(f"""
         import ctypes, os, sys
         sys.path.insert(0, {str(ROOT)!r})
@@ -1791,11 +1797,13 @@ def test_the_cover_takes_every_name_of_the_folder_and_a_ranks_namespace_lifts_it
         assert libc.unshare(0x00020000) == 0 and libc.mount(None, b"/", None, 0x4000 | 0x40000, None) == 0
         assert libc.mount({str(writable / "mpl").encode()!r}, {str(below).encode()!r}, None, 0x1000, None) == 0
         assert libc.mount({str(tmp_path).encode()!r}, {str(above).encode()!r}, None, 0x1000, None) == 0
-        layered = libc.mount(b"overlay", {str(layered).encode()!r}, b"overlay", 0, {overlay!r}) == 0
-        names = [{str(writable)!r}, {str(below)!r}, {str(above / "writable")!r}, {str(layered)!r}]
+        names = [{str(writable)!r}, {str(below)!r}, {str(above / "writable")!r}]
+        for point, options in {[(str(point), options) for point, options in overlays]!r}:
+            if libc.mount(b"overlay", point.encode(), b"overlay", 0, options.encode()) == 0:
+                names.append(point)
         env = {{"A2A_RANK_WRITABLE": {str(writable)!r}}}
         covered = rank_writable.cover(env)
-        print(sorted(covered) == sorted(names[:3 + layered]), [os.listdir(name) for name in names[:3 + layered]])
+        print(sorted(covered) == sorted(names), len(names), [os.listdir(name) for name in names])
         print(rank_writable.cover(env))  # a protocol face under the human face: covered already
         if os.fork() == 0:
             libc.unshare(0x00020000)
@@ -1807,7 +1815,8 @@ def test_the_cover_takes_every_name_of_the_folder_and_a_ranks_namespace_lifts_it
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("True [[], [], []") and lines[1:] == ["[]", "['mpl'] [\"rank's\"]"], result.stdout
+    assert lines[0].startswith("True 6 [[], [], [], [], [], []") and lines[1:] == ["[]", "['mpl'] [\"rank's\"]"], \
+        result.stdout
 
 
 def test_a_writable_folder_named_in_raw_bytes_fails_no_honest_rank(tmp_path):
@@ -1831,9 +1840,12 @@ def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_b
     (outer / "inner").mkdir(parents=True)
     (tmp_path / "disk").mkdir()
     for folders, said in (("/sys/fs/cgroup", "a file system of the kernel's"), ("/proc", "of the kernel's"),
-                          (f"{outer}:{outer / 'inner'}", "lies in another")):
+                          (f"{outer}:{outer / 'inner'}", "lies in another"),
+                          (os.path.relpath(outer), "is relative")):  # red team 49: read again from a bundle
         with pytest.raises(ValueError, match=said):
             rank_writable.check({"A2A_RANK_WRITABLE": folders, "HOME": str(tmp_path)})
+    with pytest.raises(ValueError, match="as TZ and TZDIR name it"):  # red team 49: a zone file of a rank's
+        rank_writable.check({"A2A_RANK_WRITABLE": str(outer), "TZDIR": str(tmp_path), "TZ": "outer/zone"})
     probe = textwrap.dedent(f"""
         import ctypes, sys
         sys.path.insert(0, {str(ROOT)!r})
@@ -1848,6 +1860,24 @@ def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_b
     """)
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and f"{outer / 'inner'} is mounted below" in result.stdout, result.stdout + result.stderr
+
+
+def test_an_overlay_layer_no_one_can_resolve_is_refused_and_a_loop_image_in_the_folder_is_its_name(monkeypatch):
+    """Red team 49: an overlay whose layer was named by a relative path showed the folder where no check could see
+    it, and a loop device's image kept in the folder showed a rank's rewritten files at the loop's mount point."""
+    import rank_writable
+
+    def mount(point, kind, source, options, device="0:99"):
+        return ("9", "1", device, Path("/"), Path(point), kind, source, options)
+
+    monkeypatch.setattr(rank_writable, "_loop_file", lambda source: Path("/srv/w/disk.img") if source == "/dev/loop7"
+                        else None)
+    mounts = [mount("/", "ext4", "/dev/vda", "rw", "8:1"), mount("/mnt/img", "ext4", "/dev/loop7", "rw")]
+    monkeypatch.setattr(rank_writable, "_mounts", lambda: mounts)
+    assert rank_writable._other_names(["/srv/w"]) == {"/mnt/img": "/srv/w"}
+    mounts.append(mount("/mnt/o", "overlay", "o", "ro,lowerdir=w:u"))
+    with pytest.raises(ValueError, match="by a relative path"):
+        rank_writable._other_names(["/srv/w"])
 
 
 def test_what_the_sweeps_act_on_before_the_cover_is_the_judges_own(tmp_path, monkeypatch):
