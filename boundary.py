@@ -15,6 +15,7 @@ import hashlib
 import math
 import os
 import re
+import resource  # here, not in a rank: a worker imports nothing after it lifts the covers (red team 50)
 import secrets
 import shutil
 import signal
@@ -1939,8 +1940,6 @@ def enter_rank_sandbox(sandbox: Optional[RankSandbox]) -> None:
     if sandbox.uid is not None:
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0):
             _fail("no_new_privs")
-        import resource
-
         for name, limit in RANK_LIMITS.items():
             resource.setrlimit(getattr(resource, name), (limit, limit))
         os.setgroups([])

@@ -113,11 +113,14 @@ def _names_of(folder: Path, mounts: list) -> list:
         if image is not None and _shown_at(folder, Path(os.path.realpath(image)), other_point) == other_point:
             found.append(other_point)
         for layer in _layers(options) if kind == "overlay" else []:
-            if not layer.startswith("/") and other_point != Path("/"):
-                raise ValueError(f"the overlay at {other_point} names its layer {layer!r} by a relative path, so the "
-                                 f"judge cannot tell whether it shows {RANK_WRITABLE} folder {str(folder)!r}: "
-                                 f"mount it by absolute paths, or unset {RANK_WRITABLE}")
-            found.append(_shown_at(folder, Path(os.path.realpath(layer)), other_point))
+            # a relative layer, from the folder its maker ran in: each folder above the mount point that holds it
+            # (Docker's overlay2 names `l/<id>` from the folder above a container's `merged`; red team 50)
+            bases = ["/"] if layer.startswith("/") else [b for b in other_point.parents if os.path.lexists(b / layer)]
+            if not bases and other_point != Path("/"):
+                raise ValueError(f"the overlay at {other_point} names its layer {layer!r} by a relative path found "
+                                 f"from no folder above it, so the judge cannot tell whether it shows {RANK_WRITABLE} "
+                                 f"folder {str(folder)!r}: mount it by absolute paths, or unset {RANK_WRITABLE}")
+            found += [_shown_at(folder, Path(os.path.realpath(Path(base) / layer)), other_point) for base in bases]
     return [path for path in found if path is not None]
 
 
@@ -290,9 +293,11 @@ def _check_folders(env, ids: dict) -> None:
         if not os.path.isabs(entry):  # red team 49: a staged bundle's ranks read it from another folder
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} is relative, read from whatever folder a process runs "
                              f"in; name it by an absolute path")
-        if kernels := [k for k in map(Path, ("/proc", "/sys", "/dev")) if k in (Path(folder), *Path(folder).parents)]:
+        if kernels := [k for k in map(Path, ("/proc", "/sys", "/dev")) if {k} & {Path(folder), *Path(folder).parents,
+                                                                                 *Path(os.path.normpath(entry)).parents}]:
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in {kernels[0]}, a file system of the kernel's "
-                             f"that the judge reads for itself; name a folder on a disk")
+                             f"that the judge reads for itself, or is named through it (red team 50: /proc/self/cwd, "
+                             f"another folder in each process); name a folder on a disk by its own path")
         _, lies_in, through = reach(entry, {key: name for key, name in ids.items() if name != folder})
         if found := lies_in or through:
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in another, {found!r}, where a rank could make "
@@ -331,6 +336,7 @@ def cover(env=None) -> list:
     if not named or os.geteuid() != 0 or not sys.platform.startswith("linux"):
         return []
     check(env)
+    env[RANK_WRITABLE] = os.pathsep.join(folders(env))  # as resolved here, for every process it starts (red team 50)
     covered = set(judges_covers())
     found = sorted({*named, *filter(os.path.lexists, _other_names(named))} - covered)
     points = [p for p in found if not any(Path(other) in Path(p).parents for other in found)]

@@ -1841,7 +1841,8 @@ def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_b
     (tmp_path / "disk").mkdir()
     for folders, said in (("/sys/fs/cgroup", "a file system of the kernel's"), ("/proc", "of the kernel's"),
                           (f"{outer}:{outer / 'inner'}", "lies in another"),
-                          (os.path.relpath(outer), "is relative")):  # red team 49: read again from a bundle
+                          (os.path.relpath(outer), "is relative"),  # red team 49: read again from a bundle
+                          (f"/proc/self/cwd/{os.path.relpath(outer)}", "named through it")):  # red team 50
         with pytest.raises(ValueError, match=said):
             rank_writable.check({"A2A_RANK_WRITABLE": folders, "HOME": str(tmp_path)})
     with pytest.raises(ValueError, match="as TZ and TZDIR name it"):  # red team 49: a zone file of a rank's
@@ -1864,7 +1865,9 @@ def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_b
 
 def test_an_overlay_layer_no_one_can_resolve_is_refused_and_a_loop_image_in_the_folder_is_its_name(monkeypatch):
     """Red team 49: an overlay whose layer was named by a relative path showed the folder where no check could see
-    it, and a loop device's image kept in the folder showed a rank's rewritten files at the loop's mount point."""
+    it, and a loop device's image kept in the folder showed a rank's rewritten files at the loop's mount point. A
+    relative layer counts from each folder above the overlay that holds it (Docker's overlay2, red team 50: every
+    writable folder was refused on a Docker host); one found from none is refused."""
     import rank_writable
 
     def mount(point, kind, source, options, device="0:99"):
@@ -1878,6 +1881,9 @@ def test_an_overlay_layer_no_one_can_resolve_is_refused_and_a_loop_image_in_the_
     mounts.append(mount("/mnt/o", "overlay", "o", "ro,lowerdir=w:u"))
     with pytest.raises(ValueError, match="by a relative path"):
         rank_writable._other_names(["/srv/w"])
+    mounts[-1] = mount("/srv/o/merged", "overlay", "o", "ro,lowerdir=w:u")  # red team 50: Docker's form, from /srv
+    monkeypatch.setattr(os.path, "lexists", lambda path: str(path) in ("/srv/w", "/srv/u"))
+    assert rank_writable._other_names(["/srv/w"]) == {"/mnt/img": "/srv/w", "/srv/o/merged": "/srv/w"}
 
 
 def test_what_the_sweeps_act_on_before_the_cover_is_the_judges_own(tmp_path, monkeypatch):
