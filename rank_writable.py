@@ -97,7 +97,7 @@ def _names_of(folder: Path, mounts: list) -> list:
     """The other paths at which a mount shows `folder`, or a part of it: a bind mount of a folder below it (red team
     45) or above it (48), an overlay with it, or a folder above or below it, as a layer (48, 49: named through a link),
     and a loop device's file system whose image lies in it (49). ValueError for an overlay whose layer is named by a
-    relative path, which no process can resolve again (49: root imported a rank's module through one)."""
+    relative path found from no folder above it (49: root imported a rank's module through one)."""
     points = [m for m in mounts if m[4] == folder or m[4] in folder.parents]
     deepest = [m for m in points if len(m[4].parts) == max((len(p[4].parts) for p in points), default=0)]
     covered = {m[1] for m in deepest}  # a mount over another at the same point names it as its parent
@@ -227,7 +227,7 @@ def _home_entries(home: str) -> list:
         with contextlib.suppress(OSError), os.scandir(folder) as entries:
             for entry in itertools.islice(entries, HOME_ENTRIES_CHECKED - len(found)):
                 found.append(entry.path)
-                if entry.is_dir(follow_symlinks=False) and entry.path not in below:
+                if entry.is_dir(follow_symlinks=False):
                     below.append(entry.path)
     return [*(os.path.join(home, folder) for folder in HOME_FOLDERS), *found[:HOME_ENTRIES_CHECKED]]
 
@@ -284,17 +284,18 @@ def check(env=None) -> None:
 
 
 def _check_folders(env, ids: dict) -> None:
-    """The writable folders themselves: each named by an absolute path, none on a file system of the kernel's, which the judge reads for itself (red
-    team 48: /sys/fs/cgroup turned the pool's memory cap off, /proc ended the judge with 114), none in another or
-    reached through a link in one (48: a rank made the inner one a link, and root took its target for the folder),
-    and no mount below one (48: the ranks wrote it, and root read it under its other name)."""
+    """The writable folders themselves: each named by an absolute path, none on or through a file system of the
+    kernel's, which the judge reads for itself (red team 48: /sys/fs/cgroup turned the pool's memory cap off, /proc
+    ended the judge with 114), none in another or reached through a link in one (48: a rank made the inner one a
+    link, and root took its target for the folder), and no mount below one (48: the ranks wrote it, and root read it
+    under its other name)."""
     given = [entry for entry in env.get(RANK_WRITABLE, "").split(os.pathsep) if entry]
     for entry, folder in zip(given, map(os.path.realpath, given)):
         if not os.path.isabs(entry):  # red team 49: a staged bundle's ranks read it from another folder
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} is relative, read from whatever folder a process runs "
                              f"in; name it by an absolute path")
-        if kernels := [k for k in map(Path, ("/proc", "/sys", "/dev")) if {k} & {Path(folder), *Path(folder).parents,
-                                                                                 *Path(os.path.normpath(entry)).parents}]:
+        ways = {Path(folder), *Path(folder).parents, *Path(os.path.normpath(entry)).parents}  # as resolved, as given
+        if kernels := [k for k in map(Path, ("/proc", "/sys", "/dev")) if k in ways]:
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in {kernels[0]}, a file system of the kernel's "
                              f"that the judge reads for itself, or is named through it (red team 50: /proc/self/cwd, "
                              f"another folder in each process); name a folder on a disk by its own path")
