@@ -1768,6 +1768,11 @@ def mount_table() -> list:
             for line in text.splitlines()]
 
 
+def mount_source(fields: list) -> tuple:
+    """(file system type, source, its options) of a mount_table line: the fields after its separator."""
+    return tuple((fields[fields.index("-") + 1:] + ["", "", ""])[:3])
+
+
 def _make_read_only(libc, method: str) -> None:
     """Every mount of this mount namespace read-only: one recursive mount_setattr (Linux 5.12 on), or a read-only
     bind remount of each mount in mountinfo (a mount hidden below another stays as it was, and out of reach)."""
@@ -1887,12 +1892,7 @@ JUDGE_COVER = "a2a-judge-cover"
 
 def judges_covers() -> list:
     """The mount points of the judge's covers this process sees, the last made first."""
-    found = []
-    for fields in mount_table():
-        dash = fields.index("-")
-        if fields[dash + 2:dash + 3] == [JUDGE_COVER]:
-            found.append(fields[4])
-    return found[::-1]
+    return [fields[4] for fields in mount_table() if mount_source(fields)[1] == JUDGE_COVER][::-1]
 
 
 def _lift_judges_covers(libc) -> None:

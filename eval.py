@@ -1192,7 +1192,8 @@ def start_nursery(env: dict) -> Nursery:
 
 
 def cover_rank_writable() -> None:
-    """The judge's view without the RANK_WRITABLE folders (rank_writable.cover), at the top of each command."""
+    """The judge's view without the RANK_WRITABLE folders, and their name check (rank_writable.cover), at the top of
+    each command."""
     try:
         rank_writable.cover()
     except ValueError as error:
@@ -1202,7 +1203,7 @@ def cover_rank_writable() -> None:
 def check_environment() -> None:
     """The variables a run reads only once its pools start, checked before any work: a bad one is bad input."""
     try:
-        for check in (rank_birth, pool_memory_bytes, pinned_cpus, owner_cpu, judge.check_knobs, rank_writable.check):
+        for check in (rank_birth, pool_memory_bytes, pinned_cpus, owner_cpu, judge.check_knobs):
             check()
     except ValueError as error:
         raise UserError(str(error)) from None

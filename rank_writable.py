@@ -24,7 +24,7 @@ from typing import Optional
 
 from boundary import (CACHE_FOLDERS, CLONE_NEWNS, COVERED, JUDGE_COVER, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE,
                       MS_RDONLY, MS_REC, RANK_CACHE, RANK_WRITABLE, _libc, _preload_entries, _preload_file, judge_cache,
-                      judges_covers, mount_table)
+                      judges_covers, mount_source, mount_table)
 
 SHELLS_OWN = ("PWD", "OLDPWD", "_")  # the shell's bookkeeping, which nothing the judge runs reads
 RANKS_OWN = "A2A_TEST_"  # the suite's words to its ranks (where to leave their marks), read by no judge process
@@ -58,11 +58,7 @@ def _mounts() -> list:
         table = mount_table()
     except OSError:
         return []
-    found = []
-    for fields in table:
-        kind, source, options = (fields[fields.index("-") + 1:] + ["", "", ""])[:3]
-        found.append((*fields[:3], Path(fields[3]), Path(fields[4]), kind, source, options))
-    return found
+    return [(*fields[:3], Path(fields[3]), Path(fields[4]), *mount_source(fields)) for fields in table]
 
 
 def _layers(options: str) -> list:
@@ -333,18 +329,19 @@ def cover(env=None) -> list:
     face), or not as root (the ranks then write as the judge's uid anyway). NOTES: what the judge's interpreter
     loaded before this (its imports, LD_PRELOAD, its working folder) the name check alone holds."""
     env = os.environ if env is None else env
+    check(env)  # the command's one name check, as any user
     named = [folder for folder in folders(env) if os.path.isdir(folder)]
     if not named or os.geteuid() != 0 or not sys.platform.startswith("linux"):
         return []
-    check(env)
     env[RANK_WRITABLE] = os.pathsep.join(folders(env))  # as resolved here, for every process it starts (red team 50)
     covered = set(judges_covers())
-    found = sorted({*named, *filter(os.path.lexists, _other_names(named))} - covered)
+    others = {path: folder for path, folder in _other_names(named).items() if os.path.lexists(path)}
+    found = sorted({*named, *others} - covered)
     points = [p for p in found if not any(Path(other) in Path(p).parents for other in found)]
     if not points:
         return []
     if files := [p for p in points if not os.path.isdir(p)]:
-        raise ValueError(f"{files[0]} shows a file of {RANK_WRITABLE} folder {_other_names(named)[files[0]]!r}, which "
+        raise ValueError(f"{files[0]} shows a file of {RANK_WRITABLE} folder {others[files[0]]!r}, which "
                          f"the judge cannot cover: unmount it, or unset {RANK_WRITABLE}")
     threads = len(os.listdir("/proc/self/task"))
     if threads > 1:
