@@ -260,9 +260,9 @@ def check(env=None) -> None:
     rank's library by `LD_LIBRARY_PATH=../lib` from a bundle staged in one, and a bundle staged into a rank's
     folder (46)."""
     env = os.environ if env is None else env
-    ids = writable_ids(env)
-    if not ids:
+    if not folders(env):
         return
+    ids = writable_ids(env)
     _check_folders(env, ids)
     if found := reach(os.getcwd(), ids)[1]:  # red team 45: a rank's ./matplotlibrc, 114 in every later command
         raise ValueError(f"the working folder lies in {RANK_WRITABLE} folder {found!r}; a rank could plant there "
@@ -295,6 +295,9 @@ def _check_folders(env, ids: dict) -> None:
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in {kernels[0]}, a file system of the kernel's "
                              f"that the judge reads for itself, or is named through it (red team 50: /proc/self/cwd, "
                              f"another folder in each process); name a folder on a disk by its own path")
+        if not os.path.isdir(folder):  # CI's container has no /sys/fs/cgroup: checks by name come first
+            raise ValueError(f"{RANK_WRITABLE} folder {entry!r} is not a folder; make it first (mode 1777 for every "
+                             f"rank's uid)")
         _, lies_in, through = reach(entry, {key: name for key, name in ids.items() if name != folder})
         if found := lies_in or through:
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in another, {found!r}, where a rank could make "

@@ -1842,7 +1842,8 @@ def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_b
     for folders, said in (("/sys/fs/cgroup", "a file system of the kernel's"), ("/proc", "of the kernel's"),
                           (f"{outer}:{outer / 'inner'}", "lies in another"),
                           (os.path.relpath(outer), "is relative"),  # red team 49: read again from a bundle
-                          (f"/proc/self/cwd/{os.path.relpath(outer)}", "named through it")):  # red team 50
+                          (f"/proc/self/cwd/{os.path.relpath(outer)}", "named through it"),  # red team 50
+                          (str(tmp_path / "none"), "is not a folder")):  # CI's container: no /sys/fs/cgroup either
         with pytest.raises(ValueError, match=said):
             rank_writable.check({"A2A_RANK_WRITABLE": folders, "HOME": str(tmp_path)})
     with pytest.raises(ValueError, match="as TZ and TZDIR name it"):  # red team 49: a zone file of a rank's
