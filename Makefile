@@ -3,8 +3,14 @@
 # Where python3 already has torch, pandas, tabulate, yaml, scipy, matplotlib, pytest and pytest-xdist (the GPU
 # machines), it is used as is; otherwise a .venv is made with the CPU build of torch (CI and fresh machines).
 SHELL := /bin/bash
-HAVE_DEPS := $(shell python3 -c 'import torch, triton, pandas, tabulate, yaml, scipy, matplotlib, pytest, xdist' >/dev/null 2>&1 && echo yes)
+# Every Python this file starts, starts behind the writable folders' name check (rank_writable.py), run by an
+# interpreter that reads no PYTHON* variable and no user site: started directly, root's interpreter ran a rank's
+# sitecustomize.py from a PYTHONPATH into an A2A_RANK_WRITABLE folder before any check (red team 50). The check
+# passes (always, without such a folder), and the command runs as given, in the gate's place.
+GATE := -E -s rank_writable.py
+HAVE_DEPS := $(shell python3 $(GATE) python3 -c 'import torch, triton, pandas, tabulate, yaml, scipy, matplotlib, pytest, xdist' >/dev/null 2>&1 && echo yes)
 PYTHON := $(if $(HAVE_DEPS),python3,.venv/bin/python)
+JUDGE := $(PYTHON) $(GATE) $(PYTHON)
 # Triton's wheel carries its own compilers for NVIDIA and AMD (make check-device compiles v7 on with them, no GPU);
 # 3.6.0 is what the H200 machines run. The ziglang wheel carries clang 20, the first with gfx950 (MI355X), for the
 # C++ versions' gfx950 code objects (Debian bookworm stops at clang-19).
@@ -26,6 +32,7 @@ CASE ?= benchmarks:0
 # the rest is cached by the first process that imports it. A file that does not compile on this Python (torch keeps
 # one for 3.12) is left to fail where it is imported, as pip leaves it.
 setup:
+	@python3 $(GATE) true
 ifeq ($(HAVE_DEPS),)
 	@test -x .venv/bin/python || python3 -m venv .venv
 	@.venv/bin/python -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))' \
@@ -39,7 +46,7 @@ endif
 # (MI300X, clang-19) and gfx950 (MI355X, clang 20) code objects and gfx90a with hipcc; Triton versions for sm_90,
 # gfx942 and gfx950; prints each file's gfx942 and gfx950 memory-model sequences.
 check-device: setup
-	$(PYTHON) -m a2a.cli check-device
+	$(JUDGE) -m a2a.cli check-device
 
 # The suite holds the whole device-code check too (tests/test_check_device.py runs make check-device's tool).
 # TEST_WORKERS=N runs its tests in N processes side by side (pytest-xdist; a module marked xdist_group runs in one of
@@ -56,39 +63,39 @@ TEST_WORKERS ?= auto
 # turns it back on for the suite (the caches are git-ignored; a rank cannot write them: its mounts are read-only).
 BYTECODE := PYTHONDONTWRITEBYTECODE=
 test: setup
-	$(BYTECODE) $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not full" tests
+	$(BYTECODE) $(JUDGE) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not full" tests
 
 test-full: setup
-	$(BYTECODE) $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
+	$(BYTECODE) $(JUDGE) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 # The GPU tests alone (world size 8 on whatever GPUs there are; ranks share them where there are fewer than 8, with an
 # NCCL for sharing obtained once, as make leaderboard does). Without a GPU every one skips, saying why. test-gpu leaves
 # out the runner's timed modes for the versions between v1 and the newest (marked `full`); test-gpu-full runs them.
 test-gpu: setup
-	$(PYTHON) -m pytest -q -m "not full" tests/test_gpu.py $(ARGS)
+	$(JUDGE) -m pytest -q -m "not full" tests/test_gpu.py $(ARGS)
 
 test-gpu-full: setup
-	$(PYTHON) -m pytest -q tests/test_gpu.py $(ARGS)
+	$(JUDGE) -m pytest -q tests/test_gpu.py $(ARGS)
 
 # Every version x benchmark shape on what this machine has (GPUs: with anchors and this machine's speed of light).
 leaderboard: setup
-	$(PYTHON) -m a2a.cli leaderboard $(ARGS)
+	$(JUDGE) -m a2a.cli leaderboard $(ARGS)
 
 # This machine's speed-of-light figures (GPUs only), saved under results/.
 sol: setup
-	$(PYTHON) -m a2a.cli sol $(ARGS)
+	$(JUDGE) -m a2a.cli sol $(ARGS)
 
 # Kernel timeline of version V on CASE (GPUs only): traces/<date>_<device>_ws<N>_<version>_<case>_<commit>/.
 trace: setup
-	$(PYTHON) -m a2a.cli eval trace $(V) --cases $(CASE) $(ARGS)
+	$(JUDGE) -m a2a.cli eval trace $(V) --cases $(CASE) $(ARGS)
 
 # What B changed against A: code, time, verdict per shape.
 diff: setup
-	$(PYTHON) -m a2a.cli diff $(A) $(B) $(ARGS)
+	$(JUDGE) -m a2a.cli diff $(A) $(B) $(ARGS)
 
 # Launch-shape sweep of version V (GPUs only).
 sweep: setup
-	$(PYTHON) -m a2a.cli sweep $(V) $(ARGS)
+	$(JUDGE) -m a2a.cli sweep $(V) $(ARGS)
 
 # NCCL 2.30+ (several ranks on one GPU) built for this machine's GPU into build/nccl/, for world size 8 on fewer GPUs
 # when torch's own NCCL is older: NCCL_SRC=checkout-or-archive for a machine without network (docs/sharing.md).
@@ -101,4 +108,4 @@ clean:
 # How well the clock agrees with itself: RUNS back-to-back leaderboard timings plus one with the entries reversed.
 RUNS ?= 3
 stability: setup
-	$(PYTHON) -m a2a.cli leaderboard --stability $(RUNS) $(ARGS)
+	$(JUDGE) -m a2a.cli leaderboard --stability $(RUNS) $(ARGS)

@@ -360,3 +360,24 @@ def cover(env=None) -> list:
                       b"mode=0555,size=4k"):
             raise OSError(ctypes.get_errno(), f"covering {point}: {os.strerror(ctypes.get_errno())}")
     return points
+
+
+def main(argv: list) -> int:
+    """`python -E -s rank_writable.py COMMAND...`: the name check (check) in an interpreter that read no PYTHON*
+    variable and no user site, then COMMAND in this process's place. The Makefile starts every judge command so:
+    started directly, root's interpreter ran a rank's sitecustomize.py from a PYTHONPATH into a writable folder before
+    the command's own check could refuse it (red team 50). NOTES: the loader's variables (LD_PRELOAD) act before any
+    interpreter; no process can guard its own start against them."""
+    if not argv:
+        print("usage: python -E -s rank_writable.py COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    try:
+        check()
+    except ValueError as error:
+        print(f"error: {error}".encode("unicode_escape").decode("ascii"), file=sys.stderr)
+        return 113  # eval.EXIT_BAD_INPUT: eval imports torch, which this interpreter must not load from a PYTHONPATH
+    os.execvp(argv[0], argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

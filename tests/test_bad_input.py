@@ -323,6 +323,30 @@ def test_a_rank_writable_folder_that_holds_what_the_judge_runs_is_bad_input(tmp_
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+def test_the_makefiles_commands_start_behind_the_writable_folders_check(tmp_path):
+    """Red team 50: root's interpreter ran a rank's sitecustomize.py from a PYTHONPATH into an A2A_RANK_WRITABLE folder
+    before the command's check refused it. Every Python the Makefile starts starts behind rank_writable.py's check, in
+    an interpreter that reads no PYTHON* variable: the line and a failed make, the file never run; without such a
+    folder the command runs in the gate's place, its exit code its own."""
+    writable, ran = tmp_path / "writable", tmp_path / "ran"
+    writable.mkdir(mode=0o1777)
+    (writable / "sitecustomize.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
+    env = {**os.environ, "PYTHONPATH": str(writable), "A2A_RANK_WRITABLE": str(writable)}
+    result = subprocess.run(["make", "-s", "--no-print-directory", "diff", "A=v1", "B=v1"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert not ran.exists(), "a rank's sitecustomize.py ran before the check"
+    assert result.returncode != 0 and "Error 113" in result.stderr, result.stdout + result.stderr
+    assert result.stderr.startswith(f"error: A2A_RANK_WRITABLE folder '{writable}' holds"), result.stderr
+    passed = subprocess.run(["python3", "-E", "-s", "rank_writable.py", "sh", "-c", "exit 7"], cwd=ROOT)
+    assert passed.returncode == 7
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "A2A_RANK_WRITABLE")}
+    planned = subprocess.run(["make", "-n", "--no-print-directory", "test", "test-full", "test-gpu", "check-device",
+                              "leaderboard", "sol", "trace", "diff", "sweep", "stability"], cwd=ROOT, env=clean,
+                             capture_output=True, text=True, timeout=300).stdout.splitlines()
+    pythons = [line for line in planned if " -m a2a.cli " in line or " -m pytest " in line]
+    assert len(pythons) >= 10 and all(" -E -s rank_writable.py " in line for line in pythons), planned
+
+
 @pytest.mark.parametrize("command", ["out", "out made by another", "out through a link", "two submissions", "diff",
                                      "the runner's face"])
 def test_a_rank_writable_folder_the_judge_saves_in_or_two_entries_share_is_bad_input(tmp_path, command):
