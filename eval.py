@@ -1191,11 +1191,11 @@ def start_nursery(env: dict) -> Nursery:
     return Nursery(spawn)
 
 
-def cover_rank_writable() -> None:
+def cover_rank_writable(*result_fds: int) -> None:
     """The judge's view without the RANK_WRITABLE folders, and their name check (rank_writable.cover), at the top of
-    each command."""
+    each command; the protocol face's result descriptor in none of them."""
     try:
-        rank_writable.cover()
+        rank_writable.cover(result_fds=result_fds)
     except ValueError as error:
         raise UserError(str(error)) from None
 
@@ -1929,7 +1929,7 @@ def protocol_main() -> int:
     become_subreaper()
     pool = None
     try:
-        cover_rank_writable()
+        cover_rank_writable(fd)
         judged = os.environ.get(JUDGE_ENV) == "1"
         tests = read_test_file(Path(test_file), None if judged else seed)
         gpus = machine_gpus()

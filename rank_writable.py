@@ -295,6 +295,10 @@ def _check_folders(env, ids: dict) -> None:
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in {kernels[0]}, a file system of the kernel's "
                              f"that the judge reads for itself, or is named through it (red team 50: /proc/self/cwd, "
                              f"another folder in each process); name a folder on a disk by its own path")
+        if owns := _judges_own(folder):
+            raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in {owns}, the judge's own (its build cache, a "
+                             f"pool's run or a staged bundle: red team 51, 114 when the judge wrote there); name a "
+                             f"folder of the operator's")
         if not os.path.isdir(folder):  # CI's container has no /sys/fs/cgroup: checks by name come first
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} is not a folder; make it first (mode 1777 for every "
                              f"rank's uid)")
@@ -306,6 +310,30 @@ def _check_folders(env, ids: dict) -> None:
         if holder := next((f for f in ids.values() if Path(f) in mount[4].parents), None):
             raise ValueError(f"{mount[4]} is mounted below {RANK_WRITABLE} folder {holder!r}: the ranks would write "
                              f"it, and the judge read it under its other names; unmount it, or name another folder")
+
+
+def _check_result_file(fd: int, env) -> None:
+    """The protocol face's result descriptor (POPCORN_FD), where it is a file the kernel names by a path, lies in no
+    RANK_WRITABLE folder, nor has another name that could (ValueError): the ranks could write its lines (red team 51:
+    ranks appended `benchmark.0.mean: 1.0` to a result file in the folder, and the runner's parser, whose last value
+    wins, read it)."""
+    if not (ids := writable_ids(env)):
+        return
+    with contextlib.suppress(OSError):
+        where, info = os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd)
+        if where.startswith("/") and (any(reach(where, ids)[1:]) or stat.S_ISREG(info.st_mode) and info.st_nlink > 1):
+            raise ValueError(f"POPCORN_FD={fd} is {where!r}, which the ranks could write through {RANK_WRITABLE} "
+                             f"(lies in it, or has another name): give the results a file of the judge's own")
+
+
+def _judges_own(folder: str) -> Optional[str]:
+    """The judge's own folder that `folder` (resolved) is or lies in: its build cache (RANK_CACHE), or one it names
+    a2a-* in /tmp or /var/tmp (a pool's run folder, a staged bundle, the default cache); else None."""
+    path, cache = Path(folder), Path(os.path.realpath(RANK_CACHE))
+    if path == cache or cache in path.parents:
+        return str(cache)
+    return next((str(top / part) for top in map(Path, ("/tmp", "/var/tmp")) if top in path.parents
+                 for part in [path.relative_to(top).parts[0]] if part.startswith("a2a-")), None)
 
 
 def check_judges_folder(path: Path, what: str) -> None:
@@ -322,7 +350,7 @@ def check_judges_folder(path: Path, what: str) -> None:
                          f"only in a folder of its own")
 
 
-def cover(env=None) -> list:
+def cover(env=None, result_fds=()) -> list:
     """The judge's own view without the RANK_WRITABLE folders, made first thing, before it starts a thread or a
     process: in a mount namespace of its own, each such folder, and each other name a mount gives it or a folder below
     it, is covered by an empty read-only file system, so no path root's processes follow, however spelled, linked or
@@ -333,6 +361,8 @@ def cover(env=None) -> list:
     loaded before this (its imports, LD_PRELOAD, its working folder) the name check alone holds."""
     env = os.environ if env is None else env
     check(env)  # the command's one name check, as any user
+    for fd in result_fds:
+        _check_result_file(fd, env)
     named = [folder for folder in folders(env) if os.path.isdir(folder)]
     if not named or os.geteuid() != 0 or not sys.platform.startswith("linux"):
         return []

@@ -347,6 +347,17 @@ def test_the_makefiles_commands_start_behind_the_writable_folders_check(tmp_path
     assert len(pythons) >= 10 and all(" -E -s rank_writable.py " in line for line in pythons), planned
 
 
+def test_a_tool_is_imported_from_the_repository_never_the_working_folder(tmp_path):
+    """Red team 51: `python -m a2a.cli` typed in an A2A_RANK_WRITABLE folder imported a rank's package from it, as
+    root. The command layer starts each tool with -P: a `tools` package planted in the working folder is not run."""
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "__init__.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    done = subprocess.run([sys.executable, "-m", "a2a.cli", "cpu-speed", "--help"], cwd=tmp_path, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert done.returncode == 0 and "usage: cpu_speed.py" in done.stdout, done.stdout + done.stderr
+    assert not (tmp_path / "ran").exists(), "a tools package in the working folder ran"
+
+
 @pytest.mark.parametrize("command", ["out", "out made by another", "out through a link", "two submissions", "diff",
                                      "the runner's face"])
 def test_a_rank_writable_folder_the_judge_saves_in_or_two_entries_share_is_bad_input(tmp_path, command):
@@ -629,6 +640,26 @@ def _protocol(bundle: Path, env: dict, *args: str) -> subprocess.CompletedProces
                           text=True, timeout=120)
 
 
+def test_a_result_file_the_ranks_could_write_is_bad_input(bundle):
+    """Red team 51: POPCORN_FD on a file in an A2A_RANK_WRITABLE folder; the ranks appended `benchmark.0.mean: 1.0`
+    after the evaluator's own line, and the runner's parser (the last value wins) read it. Refused with one line and
+    113, in the folder or with another name (a hard link) that could be; a file of the judge's own goes on."""
+    writable = Path(os.environ["A2A_RANK_WRITABLE"])
+    outside = bundle.parent / "results.txt"
+    outside.touch()
+    (bundle.parent / "linked.txt").touch()
+    os.link(bundle.parent / "linked.txt", writable / "linked.txt")
+    for path, said in ((writable / "result.txt", "which the ranks could write"),
+                       (bundle.parent / "linked.txt", "which the ranks could write"), (outside, "Could not open")):
+        with open(path, "a") as results:
+            done = subprocess.run([sys.executable, "eval.py", "benchmark", "absent.txt"], cwd=bundle, timeout=120,
+                                  env={**os.environ, "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo",
+                                       "POPCORN_FD": str(results.fileno())},
+                                  pass_fds=(results.fileno(),), capture_output=True, text=True)
+        assert done.returncode == EXIT_BAD_INPUT and said in done.stderr, (path, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and path.read_text() == "", (path, done.stderr)
+
+
 def test_protocol_face_rejects_a_bad_environment(bundle):
     _file(bundle, "one.txt", LINE.format(h=64, s=1, w=2) + "\n")
     for env, message in [({"POPCORN_FD": "97"}, "POPCORN_FD=97 is not an open file descriptor"),
@@ -643,6 +674,10 @@ def test_protocol_face_rejects_a_bad_environment(bundle):
                          ({"POPCORN_FD": "1", "A2A_OWNER_GPU": "first"}, "A2A_OWNER_GPU must be 'own', 'next' or a GPU index"),
                          ({"POPCORN_FD": "1", "A2A_POOL_MEMORY_GB": "lots"}, "A2A_POOL_MEMORY_GB='lots': must be a"),
                          ({"POPCORN_FD": "1", "A2A_POOL_MEMORY_GB": "0"}, "A2A_POOL_MEMORY_GB='0': must be a"),
+                         # red team 51: a cap the kernel refused (none at all), a false 112, and 114
+                         ({"POPCORN_FD": "1", "A2A_POOL_MEMORY_GB": "1e-300"}, "A2A_POOL_MEMORY_GB='1e-300': must be"),
+                         ({"POPCORN_FD": "1", "A2A_POOL_MEMORY_GB": "0.0001"}, "A2A_POOL_MEMORY_GB='0.0001': must be"),
+                         ({"POPCORN_FD": "1", "A2A_POOL_MEMORY_GB": "1e300"}, "A2A_POOL_MEMORY_GB='1e300': must be"),
                          ({"POPCORN_FD": "1", "A2A_RANK_BIRTH": "fork"}, "A2A_RANK_BIRTH='fork': must be one of"),
                          ({"POPCORN_FD": "1", "A2A_TIMEOUT": "nan"}, "A2A_TIMEOUT='nan': expected a number"),
                          ({"POPCORN_FD": "1", "A2A_SPIN_US": "1e400"}, "A2A_SPIN_US='1e400': expected a number")]:

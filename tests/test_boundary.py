@@ -1843,7 +1843,9 @@ def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_b
                           (f"{outer}:{outer / 'inner'}", "lies in another"),
                           (os.path.relpath(outer), "is relative"),  # red team 49: read again from a bundle
                           (f"/proc/self/cwd/{os.path.relpath(outer)}", "named through it"),  # red team 50
-                          (str(tmp_path / "none"), "is not a folder")):  # CI's container: no /sys/fs/cgroup either
+                          (str(tmp_path / "none"), "is not a folder"),  # CI's container: no /sys/fs/cgroup either
+                          (str(rank_writable.RANK_CACHE / "builds"), "the judge's own"),  # red team 51: 114
+                          ("/var/tmp/a2a-run-60001/home", "the judge's own")):
         with pytest.raises(ValueError, match=said):
             rank_writable.check({"A2A_RANK_WRITABLE": folders, "HOME": str(tmp_path)})
     with pytest.raises(ValueError, match="as TZ and TZDIR name it"):  # red team 49: a zone file of a rank's
