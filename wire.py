@@ -419,6 +419,11 @@ def read_regular_file(path, limit: int) -> bytes:
 # --------------------------------------------------------------------------------------------------------------
 
 RANK_TEXT_BUDGET = 1 << 20  # bytes a rank may print over its life; the rest is counted, not shown
+# A line a result parser could read as a key (the runner's splits at the first colon and strips): a rank's such line
+# is shown behind UNPREFIXED_KEY even where its lines are otherwise bare (red team 51: a log that the result file and
+# stdout both reach, by other files, held a rank's `test.0.status: pass` as a bare line).
+KEY_LIKE = re.compile(r"\s*[\w.-]+\s*:")
+UNPREFIXED_KEY = "[rank] "
 POLL_S = 0.1
 
 
@@ -527,7 +532,8 @@ class RankText:
         text, cut, _ = _escaped_head(bytes(self.line).removesuffix(b"\r"), self.line_chars)
         cut += self.line_cut
         self.line, self.line_cut = bytearray(), 0
-        return self.prefix + text + (f"...[{cut} more bytes]" if cut else "")
+        prefix = self.prefix or (UNPREFIXED_KEY if KEY_LIKE.match(text) else "")
+        return prefix + text + (f"...[{cut} more bytes]" if cut else "")
 
     def _write(self, text: str) -> None:
         try:

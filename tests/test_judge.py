@@ -2405,23 +2405,29 @@ def custom_kernel(data):
     return torch.zeros(rank_data.num_tokens, cfg.hidden_dim, dtype=cfg.out_dtype, device=rank_data.x.device)
 '''
 
-SHARED_STREAMS = {"stdout": ("1", ""), "copy-of-stdout": ("3", " 3>&1"), "copy-of-stderr": ("3", " 3>&2")}
+SHARED_STREAMS = {"stdout": ("1", ""), "copy-of-stdout": ("3", " 3>&1"), "copy-of-stderr": ("3", " 3>&2"),
+                  "a log both reach by other files": ("3", " 3>>merged.log | cat >> merged.log")}
 
 
-@pytest.mark.parametrize("stream", every_time(list(SHARED_STREAMS), "stdout"))
+@pytest.mark.parametrize("stream", every_time(list(SHARED_STREAMS), "a log both reach by other files"))
 def test_forged_lines_in_a_result_stream_shared_with_the_ranks_read_as_no_key(tmp_path, stream):
     """The protocol face by hand, POPCORN_FD naming the file its stdout or stderr is (fd 1, or a copy of fd 1 or 2:
     compared by inode; POPCORN_FD=2 itself is refused, tests/test_bad_input.py): the ranks' lines relayed there carry
-    their `[rankN] ` prefix, so the late forged lines read as no key, first or last value alike; the zeros fail."""
+    their `[rankN] ` prefix, so the late forged lines read as no key, first or last value alike; the zeros fail.
+    Red team 51: a log that the results and stdout reach by other files, which no inode shows, gets a rank's line that
+    reads as a key behind `[rank] `."""
     fd, redirect = SHARED_STREAMS[stream]
     bundle = stage(V1, shared_folder(tmp_path) / "bundle", test_files=False)
     (bundle / "submission.py").write_text(hostile(FORGED_LATE))
     (bundle / "one.txt").write_text(SMALL_LINE.format(seed=FIRST_SEED) + "\n")
     env = {**os.environ, "POPCORN_FD": fd, "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo"}
     env.pop("A2A_RANK_PREFIX", None)
-    done = subprocess.run(["bash", "-c", f"exec {sys.executable} eval.py test one.txt{redirect}"], cwd=bundle, env=env,
-                          capture_output=True, text=True, timeout=RUN_LIMIT_S)
-    results = done.stderr if stream == "copy-of-stderr" else done.stdout
+    merged = "|" in redirect
+    done = subprocess.run(["bash", "-c", f"set -o pipefail; {'' if merged else 'exec '}{sys.executable} eval.py test "
+                           f"one.txt{redirect}"], cwd=bundle, env=env, capture_output=True, text=True,
+                          timeout=RUN_LIMIT_S)
+    results = (bundle / "merged.log").read_text() if merged else done.stderr if stream == "copy-of-stderr" else \
+        done.stdout
     assert done.returncode == EXIT_CHECK_FAILED and "HOSTILE forging" in done.stderr, (done.stdout, done.stderr)
     assert "pass" in results, results  # the forged lines came through, behind their prefix
     statuses = re.findall(r"^(?:test\.0\.status|check): (.*)$", results, re.M)
