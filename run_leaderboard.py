@@ -117,13 +117,14 @@ def rows_of(run: clock.Run, plan: planning.RunPlan) -> list:
 
 
 def summaries(run: clock.Run) -> dict:
-    """Per entry and metric: the geomean interval; per metric, the ranks with their ties."""
+    """Per entry and metric: the geomean interval; the ranks with their ties by the judge's own figure alone
+    (clock.RANKING): a rank's call and held figures are its word (red team 51: a forged 1 µs ranked first in a
+    `rank (call)` column)."""
     out = {entry.name: {"kind": entry.kind, "intervals": run.entry_intervals(entry.name)} for entry in run.entries}
-    for metric in clock.METRICS:
-        found = {name: s["intervals"][metric] for name, s in out.items() if metric in s["intervals"]
-                 and name not in run.failed}
-        for name, (rank, ties) in iv.ranks_with_ties(found).items():
-            out[name].setdefault("ranks", {})[metric] = {"rank": rank, "ties": ties}
+    found = {name: s["intervals"][clock.RANKING] for name, s in out.items() if clock.RANKING in s["intervals"]
+             and name not in run.failed}
+    for name, (rank, ties) in iv.ranks_with_ties(found).items():
+        out[name]["ranks"] = {clock.RANKING: {"rank": rank, "ties": ties}}
     return out
 
 
@@ -301,8 +302,9 @@ def tables(frame: pd.DataFrame, meta: dict, summary: dict) -> str:
                               ("held", f"held device {unit} [95%], the rank's")):
             interval = found.get(metric)
             line[title] = _cell(*interval[:3]) if interval else ""
-            rank = summary[name].get("ranks", {}).get(metric)
-            line[f"rank ({metric})"] = _ties(rank, names) if rank and ok else ""
+            if metric == clock.RANKING:  # a rank's own figures are shown, never ranked (red team 51)
+                rank = summary[name].get("ranks", {}).get(metric)
+                line[f"rank ({metric})"] = _ties(rank, names) if rank and ok else ""
             if metric == "owner" and any(clock.FLOOR_RATIO in s["intervals"] for s in summary.values()):
                 ratio = found.get(clock.FLOOR_RATIO)
                 line["owner's step / its round's floor [95%]"] = \

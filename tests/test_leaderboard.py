@@ -219,6 +219,9 @@ def test_tables_show_intervals_ties_the_mark_and_a_sync_fallback():
     assert ("each visit's own): owner's step 0.100, 0.150 and 0.090 (its steps' own 0.030); held 0.020 and 0.040"
             in text), text
     assert "150.0 [142.5, 157.5]" in text  # v2's call time on the first shape, in the per-shape table
+    # only the judge's own figure ranks: a rank's call and held figures are its word (red team 51: a forged 1 µs
+    # ranked first in a `rank (call)` column)
+    assert "rank (owner)" in text and "rank (call)" not in text and "rank (held)" not in text, text
 
 
 def test_a_ranks_words_open_no_cell_of_their_own_in_the_table():
