@@ -228,8 +228,10 @@ def launch(argv: list[str]) -> int:
                                                                       in COMMANDS.items()))
         return 0 if not argv or argv[0] in ("-h", "--help") else core.EXIT_BAD_INPUT
     target = COMMANDS[argv[0]][0].split()
-    if target[0] == "-m":  # a module of the repository, found from any working directory
+    if target[0] == "-m":  # a module of the repository, found from any working directory, never in it (-P: red
+        # team 51, `python -m a2a.cli` typed in an A2A_RANK_WRITABLE folder imported a rank's package as root)
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(core.HERE), os.environ.get("PYTHONPATH")]))
+        target.insert(0, "-P")
     else:
         target = [str(core.HERE / target[0])]
     os.execv(sys.executable, [sys.executable, *target, *argv[1:]])

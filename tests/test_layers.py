@@ -100,7 +100,7 @@ def test_the_makefile_and_the_gpu_session_run_the_one_list_of_commands():
     for name, (target, _) in cli.COMMANDS.items():
         parts = target.split()
         assert (ROOT / parts[0]).is_file() if parts[0] != "-m" else module_file(parts[1]).is_file(), name
-    for path, python in ((ROOT / "Makefile", "$(PYTHON)"), (ROOT / "tools" / "gpu_session.sh", "$py")):
+    for path, python in ((ROOT / "Makefile", "$(JUDGE)"), (ROOT / "tools" / "gpu_session.sh", "$py")):
         runs = [line.split(python, 1)[1].split() for line in path.read_text().splitlines() if python + " " in line]
         runs = [run for run in runs if run[:2] != ["-m", "pytest"] and run[:1] != ["-"]]  # tests, inline builds
         assert runs, path
