@@ -3,12 +3,18 @@
 # Where python3 already has torch, pandas, tabulate, yaml, scipy, matplotlib, pytest and pytest-xdist (the GPU
 # machines), it is used as is; otherwise a .venv is made with the CPU build of torch (CI and fresh machines).
 SHELL := /bin/bash
+# No shell of this file's reads BASH_ENV, which would run before the gate below (red team 52: a rank's script in an
+# A2A_RANK_WRITABLE folder, named by the operator's BASH_ENV, was sourced as root): bash in POSIX mode reads none, and
+# nothing this file starts gets it (a pyenv shim for python3 is a bash script too).
+.SHELLFLAGS := --posix -c
+unexport BASH_ENV
 # Every Python this file starts, starts behind the writable folders' name check (rank_writable.py), run by an
 # interpreter that reads no PYTHON* variable and no user site: started directly, root's interpreter ran a rank's
 # sitecustomize.py from a PYTHONPATH into an A2A_RANK_WRITABLE folder before any check (red team 50). The check
-# passes (always, without such a folder), and the command runs as given, in the gate's place.
-GATE := -E -s rank_writable.py
-HAVE_DEPS := $(shell python3 $(GATE) python3 -c 'import torch, triton, pandas, tabulate, yaml, scipy, matplotlib, pytest, xdist' >/dev/null 2>&1 && echo yes)
+# passes (always, without such a folder), and the command runs as given, in the gate's place. -B: the gate, which
+# reads no PYTHONDONTWRITEBYTECODE, writes no bytecode of its own (red team 52).
+GATE := -E -s -B rank_writable.py
+HAVE_DEPS := $(shell env -u BASH_ENV python3 $(GATE) python3 -c 'import torch, triton, pandas, tabulate, yaml, scipy, matplotlib, pytest, xdist' >/dev/null 2>&1 && echo yes)
 PYTHON := $(if $(HAVE_DEPS),python3,.venv/bin/python)
 JUDGE := $(PYTHON) $(GATE) $(PYTHON)
 # Triton's wheel carries its own compilers for NVIDIA and AMD (make check-device compiles v7 on with them, no GPU);
@@ -18,7 +24,8 @@ JUDGE := $(PYTHON) $(GATE) $(PYTHON)
 # reads, and splits every group (pytest-dev/pytest-xdist#1386; tests/test_suite.py fails where that happens).
 CPU_DEPS := torch==2.13.0 triton==3.6.0 ziglang==0.15.1 numpy pandas tabulate pyyaml "pytest<9.2" pytest-xdist matplotlib scipy
 # The newest version by default (and, for diff, the one before it).
-VERSIONS := $(basename $(notdir $(shell ls submissions/all2all/v*.py | sort -V)))
+# Only names a shell reads as one word (red team 52: a file `v99_x;id;.py` ran `id` as root under make trace).
+VERSIONS := $(basename $(notdir $(shell ls submissions/all2all/v*.py | grep -E '^submissions/all2all/v[0-9]+_[A-Za-z0-9_]+\.py$$' | sort -V)))
 V ?= $(lastword $(VERSIONS))
 A ?= $(word $(words $(wordlist 2,$(words $(VERSIONS)),$(VERSIONS))),$(VERSIONS))
 B ?= $(lastword $(VERSIONS))
@@ -100,7 +107,7 @@ sweep: setup
 # NCCL 2.30+ (several ranks on one GPU) built for this machine's GPU into build/nccl/, for world size 8 on fewer GPUs
 # when torch's own NCCL is older: NCCL_SRC=checkout-or-archive for a machine without network (docs/sharing.md).
 nccl:
-	tools/build_nccl.sh
+	python3 $(GATE) tools/build_nccl.sh
 
 clean:
 	rm -rf .venv .pytest_cache

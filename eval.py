@@ -148,7 +148,7 @@ LOGGED_CHARS = 20000  # one logged value at most: a failed case's errors, every 
 
 class PopcornOutput:
     def __init__(self, fd: int):
-        self.file = os.fdopen(fd, "w")
+        self.file = os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace")  # any locale (red team 52: 114)
         os.set_inheritable(fd, False)
 
     def __enter__(self):

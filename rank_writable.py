@@ -295,7 +295,7 @@ def _check_folders(env, ids: dict) -> None:
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in {kernels[0]}, a file system of the kernel's "
                              f"that the judge reads for itself, or is named through it (red team 50: /proc/self/cwd, "
                              f"another folder in each process); name a folder on a disk by its own path")
-        if owns := _judges_own(folder):
+        if owns := next(filter(None, map(_judges_own, [folder, *_other_names([folder])])), None):  # 52: a bind of it
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in {owns}, the judge's own (its build cache, a "
                              f"pool's run or a staged bundle: red team 51, 114 when the judge wrote there); name a "
                              f"folder of the operator's")
@@ -393,13 +393,13 @@ def cover(env=None, result_fds=()) -> list:
 
 
 def main(argv: list) -> int:
-    """`python -E -s rank_writable.py COMMAND...`: the name check (check) in an interpreter that read no PYTHON*
+    """`python -E -s -B rank_writable.py COMMAND...`: the name check (check) in an interpreter that read no PYTHON*
     variable and no user site, then COMMAND in this process's place. The Makefile starts every judge command so:
     started directly, root's interpreter ran a rank's sitecustomize.py from a PYTHONPATH into a writable folder before
     the command's own check could refuse it (red team 50). NOTES: the loader's variables (LD_PRELOAD) act before any
     interpreter; no process can guard its own start against them."""
     if not argv:
-        print("usage: python -E -s rank_writable.py COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: python -E -s -B rank_writable.py COMMAND [ARGS...]", file=sys.stderr)
         return 2
     try:
         check()

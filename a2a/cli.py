@@ -98,6 +98,10 @@ def run_cli(entry, argv=None) -> int:
     signal; an error in the harness itself exits 114 with one line saying where."""
     import traceback
 
+    if sys.flags.inspect:  # before any work: there is nothing yet to end or remove
+        os.write(2, b"error: PYTHONINSPECT (or -i) is set: every exit code would read 1 (a traceback of SystemExit), "
+                    b"or root would stop in a prompt holding the judge; unset it\n")
+        os._exit(core.EXIT_BAD_INPUT)  # red team 52: under it a SystemExit exits 1 whatever its code
     core.claim_run()  # a closed stdout (`>&-`) is /dev/null from here on
     core.install_signal_handlers()
     # A submission's message may hold any character (a lone surrogate): printing it must not end the run.

@@ -331,20 +331,43 @@ def test_the_makefiles_commands_start_behind_the_writable_folders_check(tmp_path
     writable, ran = tmp_path / "writable", tmp_path / "ran"
     writable.mkdir(mode=0o1777)
     (writable / "sitecustomize.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
-    env = {**os.environ, "PYTHONPATH": str(writable), "A2A_RANK_WRITABLE": str(writable)}
+    (writable / "env.sh").write_text(f"touch {str(ran)!r}\n")  # red team 52: sourced by make's shell
+    env = {**os.environ, "PYTHONPATH": str(writable), "A2A_RANK_WRITABLE": str(writable),
+           "BASH_ENV": str(writable / "env.sh")}
     result = subprocess.run(["make", "-s", "--no-print-directory", "diff", "A=v1", "B=v1"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
-    assert not ran.exists(), "a rank's sitecustomize.py ran before the check"
+    assert not ran.exists(), "a rank's sitecustomize.py or shell script ran before the check"
     assert result.returncode != 0 and "Error 113" in result.stderr, result.stdout + result.stderr
     assert result.stderr.startswith(f"error: A2A_RANK_WRITABLE folder '{writable}' holds"), result.stderr
-    passed = subprocess.run(["python3", "-E", "-s", "rank_writable.py", "sh", "-c", "exit 7"], cwd=ROOT)
+    passed = subprocess.run(["python3", "-E", "-s", "-B", "rank_writable.py", "sh", "-c", "exit 7"], cwd=ROOT)
     assert passed.returncode == 7
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "A2A_RANK_WRITABLE")}
     planned = subprocess.run(["make", "-n", "--no-print-directory", "test", "test-full", "test-gpu", "check-device",
-                              "leaderboard", "sol", "trace", "diff", "sweep", "stability"], cwd=ROOT, env=clean,
+                              "leaderboard", "sol", "trace", "diff", "sweep", "stability", "nccl"], cwd=ROOT, env=clean,
                              capture_output=True, text=True, timeout=300).stdout.splitlines()
-    pythons = [line for line in planned if " -m a2a.cli " in line or " -m pytest " in line]
-    assert len(pythons) >= 10 and all(" -E -s rank_writable.py " in line for line in pythons), planned
+    gated = [line for line in planned if any(run in line for run in (" -m a2a.cli ", " -m pytest ", "build_nccl.sh"))]
+    assert len(gated) >= 11 and all(" -E -s -B rank_writable.py " in line for line in gated), planned
+
+
+def test_the_makefile_picks_no_version_whose_name_a_shell_would_split(tmp_path):
+    """Red team 52: a submission file named `v99_x;id;.py`, the newest by name, ran `id` as root under `make trace`.
+    The Makefile's default versions are only names a shell reads as one word."""
+    (tmp_path / "submissions" / "all2all").mkdir(parents=True)
+    for name in ("v1_plain.py", "v99_x;touch ran;.py"):
+        (tmp_path / "submissions" / "all2all" / name).write_text("")
+    planned = subprocess.run(["make", "-n", "-f", str(ROOT / "Makefile"), "trace", "diff"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120).stdout
+    assert "eval trace v1_plain " in planned and "touch" not in planned, planned
+
+
+def test_an_interpreter_that_would_not_exit_with_the_verdict_is_bad_input():
+    """Red team 52: under PYTHONINSPECT a SystemExit exits 1 whatever its code (a pass, a fail and bad input alike),
+    or stops root in a prompt holding the judge. One line and 113 before any work, on every command's face."""
+    for command in (["eval.py", "test", "v1", "--cases", "tests:0"], ["diff.py", "v1", "v1"]):
+        done = subprocess.run([sys.executable, *command], cwd=ROOT, stdin=subprocess.DEVNULL, timeout=120,
+                              env={**os.environ, "PYTHONINSPECT": "1"}, capture_output=True, text=True)
+        assert done.returncode == EXIT_BAD_INPUT and done.stderr.startswith("error: PYTHONINSPECT"), done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_a_tool_is_imported_from_the_repository_never_the_working_folder(tmp_path):

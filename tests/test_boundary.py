@@ -1851,7 +1851,7 @@ def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_b
     with pytest.raises(ValueError, match="as TZ and TZDIR name it"):  # red team 49: a zone file of a rank's
         rank_writable.check({"A2A_RANK_WRITABLE": str(outer), "TZDIR": str(tmp_path), "TZ": "outer/zone"})
     probe = textwrap.dedent(f"""
-        import ctypes, sys
+        import ctypes, os, sys
         sys.path.insert(0, {str(ROOT)!r})
         import rank_writable
         libc = ctypes.CDLL(None, use_errno=True)
@@ -1861,9 +1861,19 @@ def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_b
             rank_writable.check({{"A2A_RANK_WRITABLE": {str(outer)!r}, "HOME": {str(tmp_path)!r}}})
         except ValueError as error:
             print(error)
+        # red team 52: the judge's cache under another name (a bind mount of its builds/), 114 before
+        os.makedirs(rank_writable.RANK_CACHE / "builds", exist_ok=True)
+        assert libc.mount(str(rank_writable.RANK_CACHE / "builds").encode(), {str(tmp_path / "alias").encode()!r},
+                          None, 0x1000, None) == 0
+        try:
+            rank_writable.check({{"A2A_RANK_WRITABLE": {str(tmp_path / "alias")!r}, "HOME": {str(tmp_path)!r}}})
+        except ValueError as error:
+            print(error)
     """)
+    (tmp_path / "alias").mkdir()
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and f"{outer / 'inner'} is mounted below" in result.stdout, result.stdout + result.stderr
+    assert "the judge's own" in result.stdout, result.stdout + result.stderr
 
 
 def test_an_overlay_layer_no_one_can_resolve_is_refused_and_a_loop_image_in_the_folder_is_its_name(monkeypatch):
