@@ -130,7 +130,8 @@ def leaderboard_png(frame: pd.DataFrame, meta: dict, summary: dict, path: Path, 
 
 
 def shapes_png(frame: pd.DataFrame, meta: dict, path: Path) -> Path:
-    """Per shape: the call time per entry with its interval, and the shape's mark and SOL here as lines."""
+    """Per shape: the owner's step per entry with its interval (the judge's figure: red team 52 had a rank's forged
+    1 µs call time drawn 3600x faster), and the shape's mark and SOL here as lines."""
     entries = list(dict.fromkeys(frame["version"]))
     kinds = _kinds(frame, entries)
     shapes = list(dict.fromkeys(frame["shape"]))
@@ -139,12 +140,11 @@ def shapes_png(frame: pd.DataFrame, meta: dict, path: Path) -> Path:
     fig, axes = plt.subplots(rows_of_panels, columns, figsize=(4.4 * columns, 3.6 * rows_of_panels), squeeze=False)
     for ax, shape in zip(axes.flat, shapes):
         rows = frame[frame["shape"] == shape].set_index("version")
-        values = [_number(rows["device_mean_us"].get(entry)) if "device_mean_us" in rows else float("nan")
-                  for entry in entries]
+        values = [_number(rows["mean_us"].get(entry)) if "mean_us" in rows else float("nan") for entry in entries]
         for i, (entry, value, kind) in enumerate(zip(entries, values, kinds)):
             if value == value:
-                low = _number(rows["device_low_us"].get(entry)) if "device_low_us" in rows else value
-                high = _number(rows["device_high_us"].get(entry)) if "device_high_us" in rows else value
+                low = _number(rows["low_us"].get(entry)) if "low_us" in rows else value
+                high = _number(rows["high_us"].get(entry)) if "high_us" in rows else value
                 low, high = (low if low == low and low > 0 else value), (high if high == high and high < math.inf
                                                                           else value)
                 ax.bar(i, value, 0.7, color=KIND_COLORS.get(kind, "tab:purple"),
@@ -157,7 +157,7 @@ def shapes_png(frame: pd.DataFrame, meta: dict, path: Path) -> Path:
         ax.set_xticklabels(_ticks(entries), rotation=35, ha="right", fontsize=6)
         _log_scale(ax, values)
         ax.set_title(shape, fontsize=8)
-        ax.set_ylabel("call time µs (95%)", fontsize=7)
+        ax.set_ylabel("the owner's step µs (95%)", fontsize=7)
     for ax in list(axes.flat)[len(shapes):]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()

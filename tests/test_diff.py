@@ -180,10 +180,10 @@ def test_a_version_against_itself_shows_no_difference(tmp_path, monkeypatch):
     for attempt in range(2):
         (tmp_path / str(attempt)).mkdir()
         timing, folder = _diff(tmp_path / str(attempt), "v1", "v1")
-        verdicts = [row["verdict"] for row in timing["rows"]]
+        verdicts = [row["verdict"] for row in timing["rows"] if row["timing"].startswith("the owner's")]
         if set(verdicts) == {"no difference within noise"}:
             break
-    assert len(verdicts) == 4 and set(verdicts) == {"no difference within noise"}, timing["rows"]
+    assert len(verdicts) == 2 and set(verdicts) == {"no difference within noise"}, timing["rows"]
     assert (folder / "ratios.png").is_file() and (folder / "code.diff").read_text() == ""
 
 
@@ -200,8 +200,11 @@ def test_a_planted_delay_shows_as_slower_on_every_shape(tmp_path, monkeypatch):
                                               f"    cfg, rank_data, rank, world_size = data\n    time.sleep({PLANTED_DELAY_S})\n", 1)
                        .replace("import torch\n", "import time\n\nimport torch\n", 1))
     timing, folder = _diff(tmp_path, "v1", str(delayed))
-    verdicts = [row["verdict"] for row in timing["rows"]]
-    assert len(verdicts) == 4 and all(v.startswith("B slower by") for v in verdicts), timing["rows"]
+    verdicts = {row["timing"]: row["verdict"] for row in timing["rows"]}
+    owners = [row["verdict"] for row in timing["rows"] if row["timing"].startswith("the owner's")]
+    assert len(owners) == 2 and all(v.startswith("B slower by") for v in owners), timing["rows"]
+    # red team 52: a rank's own figure is never judged (its forged 1 µs read "B faster by 100.0%")
+    assert verdicts["call time (the rank's)"] == diffing.RANKS_WORD, timing["rows"]
     assert "python: +3 -0 lines" in (folder / "diff.md").read_text()
 
 

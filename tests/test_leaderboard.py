@@ -193,12 +193,20 @@ META = {"device": "test", "world_size": 2, "placement": "2 ranks on 2 GPUs, one 
                    "held": {"round": 0.02, "pool": 0.04, "entries": 3, "rounds": 8}}}
 
 
-def test_pictures_at_a_glance_and_per_shape(tmp_path):
+def test_pictures_at_a_glance_and_per_shape(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
     frame, summary = _synthetic()
     glance = plots.leaderboard_png(frame, META, summary, tmp_path / "p.png", {"v1": 1311, "v2": 517})
+    drawn = []
+    bar = Axes.bar
+    monkeypatch.setattr(Axes, "bar", lambda ax, x, height, *args, **kw: drawn.append(height) or bar(ax, x, height,
+                                                                                                     *args, **kw))
     shapes = plots.shapes_png(frame, META, tmp_path / "s.png")
     assert glance.read_bytes()[:8] == PNG and glance.stat().st_size > 20_000
     assert shapes.read_bytes()[:8] == PNG and shapes.stat().st_size > 20_000
+    # per shape, the owner's step (red team 52: a rank's forged call time was the only figure drawn)
+    assert sorted(drawn) == sorted(frame["mean_us"]), (drawn, list(frame["mean_us"]))
 
 
 def test_tables_show_intervals_ties_the_mark_and_a_sync_fallback():
