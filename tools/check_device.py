@@ -390,16 +390,16 @@ def replicated_polls(ttgir: str) -> list[str]:
     return found
 
 
-def check_triton(path: Path, every_shape: bool = True) -> list[str]:
-    """Every kernel of a Triton version, every benchmark shape (or the largest alone), both targets; the trace build
-    on the largest."""
+def check_triton(path: Path, every_shape_on=tuple(TRITON_TARGETS)) -> list[str]:
+    """Every kernel of a Triton version for every target: every benchmark shape on the targets `every_shape_on`
+    names, the largest alone on the others; the trace build on the largest."""
     failures = []
     try:
         module = triton_module(path)
     except Exception as error:  # an import that fails is the finding
         return [f"{path.name}: import failed: {type(error).__name__}: {error}"]
-    shapes = benchmark_shapes() if every_shape else benchmark_shapes()[-1:]
     for target_name in TRITON_TARGETS:
+        shapes = benchmark_shapes() if target_name in every_shape_on else benchmark_shapes()[-1:]
         for build, trace, cases in (("", False, shapes), (" trace", True, shapes[-1:])):
             errors = []
             # A build stops at its first failure, the one reported (on 2 cores a vendor's failing build compiled
@@ -422,11 +422,11 @@ def check_triton(path: Path, every_shape: bool = True) -> list[str]:
     return failures
 
 
-def check(path: Path, nvcc: str, hipcc: str, every_shape: bool = True) -> list[str]:
+def check(path: Path, nvcc: str, hipcc: str, every_shape_on=tuple(TRITON_TARGETS)) -> list[str]:
     """Compiles the device code for every target; a file with timeline probes also in its trace build."""
     if is_triton(path):
         with _TRITON:
-            return check_triton(path, every_shape)
+            return check_triton(path, every_shape_on)
     source = kernels_of(path)
     if source is None:
         say(f"{path.name}: no KERNELS (PyTorch only), nothing to compile")
@@ -527,10 +527,10 @@ def missing_tools() -> list[str]:
     return missing
 
 
-def _checked(path: Path, nvcc: str, hipcc: str, every_shape: bool) -> tuple[list[str], list[str]]:
+def _checked(path: Path, nvcc: str, hipcc: str, every_shape_on) -> tuple[list[str], list[str]]:
     """One file's check in a pool thread: what it says, and its failures."""
     _said.lines = []
-    failures = check(path, nvcc, hipcc, every_shape)
+    failures = check(path, nvcc, hipcc, every_shape_on)
     return _said.lines, failures
 
 
@@ -543,9 +543,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--largest-shape", action="store_true",
                         help="a Triton file's timed build on the largest benchmark shape alone (the tests' planted "
                              "errors, which no shape changes)")
+    parser.add_argument("--every-shape-on", default=",".join(TRITON_TARGETS),
+                        help="the Triton targets built on every benchmark shape, the others on the largest alone "
+                             "(default: all; the suite: the AMD ones, whose only check this is: the GPU suite runs "
+                             "every shape on NVIDIA)")
     options = parser.parse_args(argv)
     files = options.files or (sorted((ROOT / "submissions").glob("*/v*.py"))
                                         + sorted((ROOT / "submissions").glob("*/ideas/*.py")) + [ROOT / "a2a" / "probes.py"])
+    every_shape_on = () if options.largest_shape else tuple(filter(None, options.every_shape_on.split(",")))
+    if unknown := sorted(set(every_shape_on) - set(TRITON_TARGETS)):
+        raise UserError(f"check-device: --every-shape-on {', '.join(unknown)}: the targets are "
+                        f"{', '.join(TRITON_TARGETS)}")
     missing = missing_tools()
     if missing:
         raise UserError(f"check-device: {', '.join(missing)} not found ({INSTALL_HINT})")
@@ -560,7 +568,7 @@ def main(argv: list[str]) -> int:
 
     failures = []
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        checks = [pool.submit(_checked, path, shutil.which("nvcc"), shutil.which("hipcc"), not options.largest_shape)
+        checks = [pool.submit(_checked, path, shutil.which("nvcc"), shutil.which("hipcc"), every_shape_on)
                   for path in files]
         if not options.device_only:
             checks.append(pool.submit(check_host, [path for path in files if path.suffix == ".py"]))
