@@ -249,7 +249,7 @@ def _named_paths(value: str, env) -> list:
     return found
 
 
-def check(env=None) -> None:
+def check(env=None) -> dict:
     """Nothing the judge runs, loads, reads its settings from, writes or keeps lies in (or leads through a link in)
     a RANK_WRITABLE folder, and no such folder lies in one the judge imports or loads from (ValueError for the
     first), nor is the working folder. NOTES: a rank writes there for the rest of the command, and the judge's next
@@ -258,10 +258,10 @@ def check(env=None) -> None:
     and matplotlib's font cache below MPLCONFIGDIR or XDG_CACHE_HOME, written by root through a rank's link onto a
     file of root's (44); /tmp writable hid the staged bundle from the ranks (41); fontconfig's ~/.fonts.conf.d, a
     rank's library by `LD_LIBRARY_PATH=../lib` from a bundle staged in one, and a bundle staged into a rank's
-    folder (46)."""
+    folder (46). Returns writable_ids, for the checks that follow it."""
     env = os.environ if env is None else env
     if not folders(env):
-        return
+        return {}
     ids = writable_ids(env)
     _check_folders(env, ids)
     if found := reach(os.getcwd(), ids)[1]:  # red team 45: a rank's ./matplotlibrc, 114 in every later command
@@ -277,6 +277,7 @@ def check(env=None) -> None:
         if entry := _holder(Path(folder).parent, imported):
             raise ValueError(f"{RANK_WRITABLE} folder {folder!r} lies in {entry!r}, which the judge imports "
                              f"from; a rank could plant a module there")
+    return ids
 
 
 def _check_folders(env, ids: dict) -> None:
@@ -312,12 +313,12 @@ def _check_folders(env, ids: dict) -> None:
                              f"it, and the judge read it under its other names; unmount it, or name another folder")
 
 
-def _check_result_file(fd: int, env) -> None:
+def _check_result_file(fd: int, ids: dict) -> None:
     """The protocol face's result descriptor (POPCORN_FD), where it is a file the kernel names by a path, lies in no
     RANK_WRITABLE folder, nor has another name that could (ValueError): the ranks could write its lines (red team 51:
     ranks appended `benchmark.0.mean: 1.0` to a result file in the folder, and the runner's parser, whose last value
-    wins, read it)."""
-    if not (ids := writable_ids(env)):
+    wins, read it). `ids`: writable_ids."""
+    if not ids:
         return
     with contextlib.suppress(OSError):
         where, info = os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd)
@@ -360,9 +361,9 @@ def cover(env=None, result_fds=()) -> list:
     face), or not as root (the ranks then write as the judge's uid anyway). NOTES: what the judge's interpreter
     loaded before this (its imports, LD_PRELOAD, its working folder) the name check alone holds."""
     env = os.environ if env is None else env
-    check(env)  # the command's one name check, as any user
+    ids = check(env)  # the command's one name check, as any user
     for fd in result_fds:
-        _check_result_file(fd, env)
+        _check_result_file(fd, ids)
     named = [folder for folder in folders(env) if os.path.isdir(folder)]
     if not named or os.geteuid() != 0 or not sys.platform.startswith("linux"):
         return []
