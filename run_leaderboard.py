@@ -518,7 +518,8 @@ def saved_run(folder) -> dict:
             figure = metrics.get(metric)
             if figure is None:
                 continue
-            if not isinstance(figure, dict) or not all(real(figure.get(k)) for k in ("center", "low", "high")):
+            if not isinstance(figure, dict) or not all(real(figure.get(k)) and math.isfinite(figure[k])
+                                                       for k in ("center", "low", "high")):  # red team 53: inf%
                 raise refused(f"entry {wire.as_text(name, 100)}'s {metric} is not an interval of numbers")
             if float(figure["center"]) <= 0:  # no figure
                 continue
@@ -527,7 +528,9 @@ def saved_run(folder) -> dict:
                               f"is not from {clock.SAVED_FIGURE_RANGE[0]:g} to {clock.SAVED_FIGURE_RANGE[1]:g}")
             kept[metric] = {k: float(figure[k]) for k in ("center", "low", "high")}
         if kept:
-            entries[wire.as_text(name, 200)] = kept
+            if (shown := wire.as_text(name, 200)) in entries:  # red team 53: "v1\n" and "v1\\n", merged silently
+                raise refused(f"two entries shown as {shown}: name them apart")
+            entries[shown] = kept
     return {"entries": entries, "meta": {key: wire.as_text(saved["meta"].get(key), 200) for key in SHOWN_META}}
 
 

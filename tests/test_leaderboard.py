@@ -536,6 +536,12 @@ def test_compare_refuses_figures_out_of_range_and_samples_past_its_bounds(tmp_pa
     run = _drifting_run(1.0)
     run["entries"]["v1_torch_sort"]["owner"]["center"] = 1e300
     hostile["center of 1e300"] = (run, r"v1_torch_sort's owner center 1e\+300 is not from 0.001 to 1e\+09")
+    run = _drifting_run(1.0)  # red team 53: an infinite bound was shown as a spread of inf%
+    run["entries"]["v1_torch_sort"]["owner"]["high"] = float("inf")
+    hostile["an infinite bound"] = (run, "v1_torch_sort's owner is not an interval of numbers")
+    run = _drifting_run(1.0)  # red team 53: two names shown alike, the second kept in the first's place
+    run["entries"]["v1\n"] = run["entries"]["v1\\n"] = run["entries"]["v1_torch_sort"]
+    hostile["two names shown alike"] = (run, "two entries shown as")
     run = _drifting_run(1.0)
     run["samples"] += [{"entry": f"e{n}", "case": 0, "round": 0, "owner": 1.0} for n in range(600)]
     hostile["600 entries in the samples"] = (run, "samples of 602 entries, more than the 500")

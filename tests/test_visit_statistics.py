@@ -70,8 +70,11 @@ def test_figures_out_of_range_and_runs_without_a_whole_round_are_refused_in_one_
     steady = _saved(tmp_path / "one", {0: [100.0] * 5})
     largest = _saved_entries(tmp_path / "largest", {"v1": {0: ((0, 1), [1.7976931348623157e308] * 2)}})
     scattered = _saved_entries(tmp_path / "scattered", {"a": {0: ((0,), [100.0])}, "b": {0: ((1,), [100.0])}})
+    # red team 53: one shape visited twice in a round counted as a visit of each
+    twice = _saved_entries(tmp_path / "twice", {"a": {0: ((0, 0), [100.0])}, "b": {0: ((1,), [100.0])}})
     for folder, says in ((largest, "a visit's step 1.7976931348623157e+308 is not a time from 0.001 to 1e+09"),
-                         (scattered, "no entry has a round with a visit of each of its 2 shapes")):
+                         (scattered, "no entry has a round with a visit of each of its 2 shapes"),
+                         (twice, "no entry has a round with a visit of each of its 2 shapes")):
         done = _tool(steady, folder)
         assert done.returncode == 113 and says in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
