@@ -228,7 +228,10 @@ def resolve_version(name: str) -> Path:
         _check_path(path.resolve(), f" (the file {wire.as_text(name, 100)} leads to)")
         return path.resolve()
     matches = [p for p in list_versions() if p.stem == name or p.stem.split("_")[0] == name]
-    if len(matches) != 1:
+    if len(matches) > 1:  # red team 53: a look-alike file beside v1's made `v1` "unknown"
+        raise UserError(f"version '{name}' names {len(matches)} files: "
+                        f"{', '.join(wire.as_text(p.name, 100) for p in matches)}; name one in full")
+    if not matches:
         known = ", ".join(p.stem for p in list_versions()) or "none"
         raise UserError(f"unknown version '{name}' (known: {known})")
     return matches[0]

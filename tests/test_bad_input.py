@@ -766,3 +766,15 @@ def test_a_preload_that_names_no_file_is_dropped_before_the_judge_starts_anythin
     said = (tmp_path / "out").read_bytes().decode(errors="replace")
     assert done.returncode == 0, said[-2000:] + done.stderr.decode(errors="replace")[-2000:]
     assert time.monotonic() - started < 60
+
+
+def test_a_version_name_two_files_answer_to_is_named_so(monkeypatch, tmp_path):
+    """Red team 53: v1's name with a Hangul filler (U+3164, drawn blank) beside v1's file made `v1` an "unknown
+    version"; it is ambiguous, and both files are named, escaped."""
+    from a2a import plan
+
+    look_alike = tmp_path / "v1_torch_sort\u3164.py"
+    monkeypatch.setattr(plan, "list_versions", lambda: [V1, look_alike])
+    said = r"version 'v1' names 2 files: v1_torch_sort\.py, v1_torch_sort\\u3164\.py"
+    with pytest.raises(plan.UserError, match=said):
+        plan.resolve_version("v1")

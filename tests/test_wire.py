@@ -257,6 +257,12 @@ def test_every_code_point_comes_out_as_one_writable_line():
     assert is_one_safe_line(wire.as_text(every, limit=10**6))
 
 
+def test_characters_drawn_blank_are_escaped():
+    """Red team 53: Hangul fillers, the Braille blank, the combining grapheme joiner and a wide space passed, and hid
+    `ok: all cases pass` among blanks."""
+    assert wire.as_text("a\u3164\u115f\u2800\u034f\u3000\u00a0b c") == "a\\u3164\\u115f\\u2800\\u034f\\u3000\\xa0b c"
+
+
 def test_lone_surrogates_and_undecodable_bytes_are_escaped():
     assert wire.as_text("a\ud800b") == "a\\ud800b"
     assert wire.as_text(b"ok \xff\xfe\n\xc3\xa9") == "ok \\xff\\xfe\\né"
