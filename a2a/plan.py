@@ -268,10 +268,27 @@ def submission_problem(path: Path) -> Optional[str]:
         return f"{path.name} does not parse: {type(exc).__name__} (nested too deeply)"
     except OSError as exc:
         return f"cannot read {path}: {exc.strerror}"
-    names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
-    names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
-    return None if "custom_kernel" in names else f"{path.name} defines no custom_kernel(data)"
+    return None if "custom_kernel" in _module_names(tree) else f"{path.name} defines no custom_kernel(data)"
+
+
+def _module_names(tree) -> set:
+    """The names a module binds in its own scope, in its compound statements too (red team 54: an annotated
+    assignment, a tuple's unpacking, an `if` or a `try` with an import's fallback each ran on the runner's face and
+    were refused here as defining no custom_kernel); a function's, class's or comprehension's body is its own."""
+    import ast
+
+    names, todo = set(), list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+        elif not isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            todo.extend(ast.iter_child_nodes(node))
+    return names
 
 
 def checked_version(name: str) -> Path:

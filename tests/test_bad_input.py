@@ -778,3 +778,19 @@ def test_a_version_name_two_files_answer_to_is_named_so(monkeypatch, tmp_path):
     said = r"version 'v1' names 2 files: v1_torch_sort\.py, v1_torch_sort\\u3164\.py"
     with pytest.raises(plan.UserError, match=said):
         plan.resolve_version("v1")
+
+
+@pytest.mark.parametrize("binding", ["custom_kernel: object = _impl", "custom_kernel, _unused = _impl, None",
+                                     "if True:\n    custom_kernel = _impl",
+                                     "try:\n    from fast import custom_kernel\nexcept ImportError:\n"
+                                     "    custom_kernel = _impl"])
+def test_a_custom_kernel_bound_any_way_the_module_runs_is_found(tmp_path, binding):
+    """Red team 54: an annotated assignment, a tuple's unpacking, an `if`, an import's fallback in a `try`: each ran
+    on the runner's face and was refused (113) as defining no custom_kernel. Bound inside a function, it is not."""
+    from a2a import plan
+
+    for text, found in ((f"def _impl(data):\n    return data\n\n{binding}\n", True),
+                        ("def _impl(data):\n    custom_kernel = data\n    return [custom_kernel for custom_kernel in data]\n",
+                         False)):
+        (tmp_path / "mine.py").write_text(text)
+        assert (plan.submission_problem(tmp_path / "mine.py") is None) == found, text
