@@ -134,12 +134,12 @@ def _other_names(named: list) -> dict:
     return found
 
 
-def writable_ids(env=None) -> dict:
+def writable_ids(env=None, others: Optional[dict] = None) -> dict:
     """(device, inode) -> the writable folder, of each writable folder and each other name a mount gives it or a
-    folder below it."""
+    folder below it (`others`: _other_names of the folders, where the caller has them)."""
     named = folders(env)
     ids = _ids(named)
-    for point, folder in _other_names(named).items():
+    for point, folder in (_other_names(named) if others is None else others).items():
         ids.update(dict.fromkeys(_ids([point]), folder))
     return ids
 
@@ -260,10 +260,11 @@ def check(env=None) -> dict:
     rank's library by `LD_LIBRARY_PATH=../lib` from a bundle staged in one, and a bundle staged into a rank's
     folder (46). Returns writable_ids, for the checks that follow it."""
     env = os.environ if env is None else env
-    if not folders(env):
+    if not (named := folders(env)):
         return {}
-    ids = writable_ids(env)
-    _check_folders(env, ids)
+    others = _other_names(named)
+    ids = writable_ids(env, others)
+    _check_folders(env, ids, others)
     if found := reach(os.getcwd(), ids)[1]:  # red team 45: a rank's ./matplotlibrc, 114 in every later command
         raise ValueError(f"the working folder lies in {RANK_WRITABLE} folder {found!r}; a rank could plant there "
                          f"what the judge reads (run the judge, a staged bundle too, from a folder of its own)")
@@ -280,12 +281,12 @@ def check(env=None) -> dict:
     return ids
 
 
-def _check_folders(env, ids: dict) -> None:
+def _check_folders(env, ids: dict, others: dict) -> None:
     """The writable folders themselves: each named by an absolute path, none on or through a file system of the
     kernel's, which the judge reads for itself (red team 48: /sys/fs/cgroup turned the pool's memory cap off, /proc
     ended the judge with 114), none in another or reached through a link in one (48: a rank made the inner one a
     link, and root took its target for the folder), and no mount below one (48: the ranks wrote it, and root read it
-    under its other name)."""
+    under its other name). `others`: _other_names of the folders."""
     given = [entry for entry in env.get(RANK_WRITABLE, "").split(os.pathsep) if entry]
     for entry, folder in zip(given, map(os.path.realpath, given)):
         if not os.path.isabs(entry):  # red team 49: a staged bundle's ranks read it from another folder
@@ -296,7 +297,8 @@ def _check_folders(env, ids: dict) -> None:
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in {kernels[0]}, a file system of the kernel's "
                              f"that the judge reads for itself, or is named through it (red team 50: /proc/self/cwd, "
                              f"another folder in each process); name a folder on a disk by its own path")
-        if owns := next(filter(None, map(_judges_own, [folder, *_other_names([folder])])), None):  # 52: a bind of it
+        names = [folder, *(path for path, shown in others.items() if shown == folder)]
+        if owns := next(filter(None, map(_judges_own, names)), None):  # red team 52: a bind of the judge's cache
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in {owns}, the judge's own (its build cache, a "
                              f"pool's run or a staged bundle: red team 51, 114 when the judge wrote there); name a "
                              f"folder of the operator's")
