@@ -292,7 +292,10 @@ def _check_folders(env, ids: dict, others: dict) -> None:
         if not os.path.isabs(entry):  # red team 49: a staged bundle's ranks read it from another folder
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} is relative, read from whatever folder a process runs "
                              f"in; name it by an absolute path")
-        ways = {Path(folder), *Path(folder).parents, *Path(os.path.normpath(entry)).parents}  # as resolved, as given
+        # each step as given and as resolved: normalized, /proc/self/cwd/../../.. leaves /proc (CI's deeper folder)
+        given_steps = [Path(*Path(entry).parts[:end]) for end in range(1, len(Path(entry).parts) + 1)]
+        steps = given_steps + [Path(os.path.realpath(step)) for step in given_steps]
+        ways = {*steps, *(parent for step in steps for parent in step.parents)}
         if kernels := [k for k in map(Path, ("/proc", "/sys", "/dev")) if k in ways]:
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in {kernels[0]}, a file system of the kernel's "
                              f"that the judge reads for itself, or is named through it (red team 50: /proc/self/cwd, "
