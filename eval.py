@@ -820,7 +820,7 @@ def profiled_steps(rank: int, world_size: int, cases: list, regions: dict) -> li
             synchronize(b)
         rows[:] = [{"key": str(event.key), "count": int(event.count),
                     **{name: float(next((getattr(event, a) for a in attrs if hasattr(event, a)), 0.0))
-                       for name, attrs in PROFILE_TOTALS.items()}} for event in prof.key_averages()]
+                       for name, attrs in wire.PROFILE_TOTALS.items()}} for event in prof.key_averages()]
         return output
 
     run_steps(rank, world_size, cases, regions, lambda _case: call)
@@ -1778,59 +1778,20 @@ def run_benchmarking(run: ProtocolRun, tests: list[TestCase], mode: str) -> int:
     return 0 if passed else EXIT_CHECK_FAILED
 
 
-# The totals a profile reports per operator, each from whichever attribute the installed torch names it by.
-PROFILE_TOTALS = {"self_cpu_us": ("self_cpu_time_total",), "cpu_us": ("cpu_time_total",),
-                  "self_device_us": ("self_device_time_total", "self_cuda_time_total"),
-                  "device_us": ("device_time_total", "cuda_time_total")}
-PROFILE_ROWS = 20
-
-
-PROFILE_VALUE_LIMIT = 1e18  # a row's count or µs: a sum over a million rows stays finite (int() of inf raises)
-
-
-def profile_rows_fit(rows) -> bool:
-    """Whether a rank's profile (its word) is rows profile_table can sum: each a dict with a str key and a finite
-    number from 0 to PROFILE_VALUE_LIMIT for the count and every total."""
-    return isinstance(rows, list) and all(
-        isinstance(row, dict) and isinstance(row.get("key"), str)
-        and all(type(row.get(name)) in (int, float) and 0 <= row[name] <= PROFILE_VALUE_LIMIT
-                for name in ("count", *PROFILE_TOTALS)) for row in rows)
-
-
-def profile_table(per_rank: list, on_gpu: bool) -> str:
-    """The operators of every rank's profile summed per key, the PROFILE_ROWS largest by self device time (CPU time
-    on a CPU run), as a fixed-width table (the bundle has no tabulate)."""
-    totals: dict = {}
-    for rows in per_rank:
-        for row in rows:
-            into = totals.setdefault(row["key"], dict.fromkeys(("count", *PROFILE_TOTALS), 0.0))
-            for name in into:
-                into[name] += row[name]
-    order = "self_device_us" if on_gpu else "self_cpu_us"
-    ranked = sorted(totals.items(), key=lambda item: -item[1][order])[:PROFILE_ROWS]
-    width = max([len("operator")] + [len(key[:60]) for key, _ in ranked])
-    header = f"{'operator':<{width}}  {'calls':>7}" + "".join(f"  {name:>15}" for name in PROFILE_TOTALS)
-    lines = [header, "-" * len(header)]
-    for key, row in ranked:
-        lines.append(f"{key[:60]:<{width}}  {int(row['count']):>7}" + "".join(f"  {row[n]:>15.1f}"
-                                                                             for n in PROFILE_TOTALS))
-    return " | ".join(wire.as_text(line, FAILURE_CHARS) for line in lines) + f"\n(summed over {len(per_rank)} ranks; µs)"
-
-
 def run_profiling(run: ProtocolRun, tests: list[TestCase]) -> int:
     passed = True
     run.logger.log("benchmark-count", len(tests))
     for idx, test in enumerate(tests):
         run.logger.log(f"benchmark.{idx}.spec", test.spec)
         results = run.checked_call(idx, test, "profile", profiled_steps)
-        unfit = [rank for rank, r in enumerate(results) if r.ok and not profile_rows_fit(r.value)]
+        unfit = [rank for rank, r in enumerate(results) if r.ok and not wire.profile_rows_fit(r.value)]
         if unfit or not all(r.ok for r in results):
             passed = False
             _log_failure(run.logger, idx, rank_failures(results) if not unfit else
                          f"rank {unfit[0]} - void: a profile that does not fit (a list of rows, each a str key and "
-                         f"finite numbers from 0 to {PROFILE_VALUE_LIMIT:g})")
+                         f"finite numbers from 0 to {wire.PROFILE_VALUE_LIMIT:g})")
             continue
-        report = profile_table([r.value for r in results], run.backend != "gloo")
+        report = wire.profile_table([r.value for r in results], run.backend != "gloo", FAILURE_CHARS)
         run.logger.log(f"benchmark.{idx}.report", base64.b64encode(report.encode("utf-8"), b"+*").decode("utf-8"))
     run.logger.log("check", "pass" if passed else "fail")
     return 0 if passed else EXIT_CHECK_FAILED

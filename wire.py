@@ -566,6 +566,44 @@ def build_failure(text: str) -> str:
     return f"{head}: {' | '.join(errors[:2]) or (lines[-1][:300] if lines else text[:200])}"
 
 
+# The totals a profile reports per operator, each from whichever attribute the installed torch names it by.
+PROFILE_TOTALS = {"self_cpu_us": ("self_cpu_time_total",), "cpu_us": ("cpu_time_total",),
+                  "self_device_us": ("self_device_time_total", "self_cuda_time_total"),
+                  "device_us": ("device_time_total", "cuda_time_total")}
+PROFILE_ROWS = 20
+PROFILE_VALUE_LIMIT = 1e18  # a row's count or µs: a sum over a million rows stays finite (int() of inf raises)
+
+
+def profile_rows_fit(rows) -> bool:
+    """Whether a rank's profile (its word) is rows profile_table can sum: each a dict with a str key and a finite
+    number from 0 to PROFILE_VALUE_LIMIT for the count and every total."""
+    return isinstance(rows, list) and all(
+        isinstance(row, dict) and isinstance(row.get("key"), str)
+        and all(type(row.get(name)) in (int, float) and 0 <= row[name] <= PROFILE_VALUE_LIMIT
+                for name in ("count", *PROFILE_TOTALS)) for row in rows)
+
+
+def profile_table(per_rank: list, on_gpu: bool, line_chars: int) -> str:
+    """The operators of every rank's profile (rows that fit: profile_rows_fit) summed per key, the PROFILE_ROWS
+    largest by self device time (CPU time on a CPU run), as a fixed-width table (the bundle has no tabulate), each
+    line as_text within `line_chars`."""
+    totals: dict = {}
+    for rows in per_rank:
+        for row in rows:
+            into = totals.setdefault(row["key"], dict.fromkeys(("count", *PROFILE_TOTALS), 0.0))
+            for name in into:
+                into[name] += row[name]
+    order = "self_device_us" if on_gpu else "self_cpu_us"
+    ranked = sorted(totals.items(), key=lambda item: -item[1][order])[:PROFILE_ROWS]
+    width = max([len("operator")] + [len(key[:60]) for key, _ in ranked])
+    header = f"{'operator':<{width}}  {'calls':>7}" + "".join(f"  {name:>15}" for name in PROFILE_TOTALS)
+    lines = [header, "-" * len(header)]
+    for key, row in ranked:
+        lines.append(f"{key[:60]:<{width}}  {int(row['count']):>7}" + "".join(f"  {row[n]:>15.1f}"
+                                                                             for n in PROFILE_TOTALS))
+    return " | ".join(as_text(line, line_chars) for line in lines) + f"\n(summed over {len(per_rank)} ranks; µs)"
+
+
 class TooLarge(Exception):
     """A message whose length says more than its reader takes."""
 
