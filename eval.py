@@ -182,7 +182,7 @@ class Stats:
 # The result contract: the official Stats fields for every timed case; with A2A_EXTRA, the quantiles of the official
 # (leaderboard-style) time (`benchmark.N.p50`, ...) and, for each extra kind, these statistics
 # (`benchmark.N.device_mean`, ...). The human face and the tables derive their columns from here (a2a/rows.py).
-EXTRA_STATS = ("device", "floor", "race")
+EXTRA_STATS = ("device", "floor", "race", "gap")
 QUANTILES = {"p50": 0.5, "p90": 0.9}
 
 
@@ -1677,30 +1677,41 @@ def run_testing(run: ProtocolRun, tests: list[TestCase]) -> int:
 def _timed_loop(run: ProtocolRun, steps: CaseSteps, idx: int, test: TestCase, fresh: bool,
                 max_time_ns: float) -> tuple:
     """The checked call, the floor steps (human face) and the runner's timed loop, every step the owner's: returns
-    (durations, device times, floor windows, race windows, the first output problem as (rank, step, why) or None).
-    Every output is checked; the loop stops at the runner's rules, on the owner's times."""
+    (durations, device times, floor windows, race windows, gaps, the first output problem as (rank, step, why) or
+    None). Every output is checked, the timed steps' after their bank (judge.draw_bank, Steps.defer), so that the
+    owner neither draws nor checks between two timed steps; the loop stops at the runner's rules, on the owner's
+    times."""
     first = run.inputs(test, run.seeds.case_seed(idx, test.args["seed"]))
     result = steps.step(judge.CALL, 0, first)
     if any(result.problems):
-        return [], [], [], [], next((r, "the checked call", p) for r, p in enumerate(result.problems) if p)
+        return [], [], [], [], [], next((r, "the checked call", p) for r, p in enumerate(result.problems) if p)
     floor = [steps.step(judge.FLOOR, 0, first).window_ns for _ in range(FLOOR_STEPS if run.extra else 0)]
-    durations, device, race = [], [], []
+    durations, device, race, gap = [], [], [], []
+    draw = (lambda step: run.inputs(test, run.seeds.step_seed(idx, test.args["seed"], step))) if fresh else \
+        (lambda _: first)
+    bank, base, problem, budget = [], 0, None, judge.bank_budget_bytes()
     loop_start = time.perf_counter_ns()
     for step in range(MAX_REPEATS):
-        inputs = run.inputs(test, run.seeds.step_seed(idx, test.args["seed"], step)) if fresh else first
-        result = steps.step(judge.CALL, 0, inputs)
-        if any(result.problems):
-            return durations, device, floor, race, next((r, f"timed call {step}", p)
-                                                        for r, p in enumerate(result.problems) if p)
+        if not bank:
+            if problem := steps.steps.settle():
+                break
+            base, bank = step, judge.draw_bank(draw, step, MAX_REPEATS - step, budget)
+            steps.steps.defer()
+        result = steps.step(judge.CALL, 0, bank.pop(0))
+        if any(result.problems):  # a rank's own word on its output, read at once
+            problem = next((step - base, r, p) for r, p in enumerate(result.problems) if p)
+            break
         durations.append(result.window_ns)
         device.append(max(result.call_ns))  # the slowest rank's own figure (NaN where a rank gave none)
         race.append(result.race_ns)
+        gap.append(result.gap_ns)
         if len(durations) > 2:
             stats = calculate_stats(durations)
             if (stats.err / stats.mean < 0.001 or stats.mean * stats.runs > max_time_ns
                     or time.perf_counter_ns() - loop_start > 120e9):
                 break
-    return durations, device, floor, race, None
+    problem = min(filter(None, (steps.steps.settle(), problem)), default=None)  # the earlier step's
+    return durations, device, floor, race, gap, problem and (problem[1], f"timed call {base + problem[0]}", problem[2])
 
 
 def _benchmark(run: ProtocolRun, idx: int, test: TestCase, recheck: bool, max_time_ns: float, mode: str):
@@ -1710,18 +1721,18 @@ def _benchmark(run: ProtocolRun, idx: int, test: TestCase, recheck: bool, max_ti
     with contextlib.suppress(judge.RankEnded, judge.Missed):  # the ranks' failures are read below
         timed = _timed_loop(run, steps, idx, test, recheck or run.fresh, max_time_ns)
     results = run.ended(steps.finish(), steps.started)
-    if timed is not None and timed[4] is not None:
-        rank, where, why = timed[4]
+    if timed is not None and timed[5] is not None:
+        rank, where, why = timed[5]
         results = step_failures(results, [why if r == rank else None for r in range(len(results))], where)
     if timed is None and all(r.ok for r in results):  # the steps ended without a rank's word: never a pass
         results = [RankResult(False, RankFailure("the ranks left the steps before the owner stopped them"))]
     if not all(r.ok for r in results):
         return rank_failures(results)
-    durations, device, floor, race, _ = timed
+    durations, device, floor, race, gap, _ = timed
     out = {"stats": calculate_stats(durations)}
     if run.extra:
         out.update(host=calculate_extra_stats(durations), floor=calculate_extra_stats(floor))
-        for name, values in (("device", device), ("race", race)):
+        for name, values in (("device", device), ("race", race), ("gap", gap)):
             values = [v for v in values if v == v]
             if values:
                 out[name] = calculate_extra_stats(values)

@@ -15,7 +15,8 @@ runs as a uid the ranks cannot signal, ptrace or write to):
 
 One timed step, as the owner runs it (`Steps.step`): clear the output buffers (untimed); start the clock; for each
 rank, place its input and raise its `go`; wait until every rank has raised `done`; copy every output out of the
-shared buffers; stop the clock; check each copy against its expected output (untimed). A rank that says "done"
+shared buffers; stop the clock; check each copy against its expected output (untimed; in a timed loop after its
+last step, Steps.defer, so that no check lies between two timed steps). A rank that says "done"
 before its output is complete either finished its work inside the window anyway or is checked on an incomplete
 output: what it can gain is bounded by the owner's reaction (docs/judge.md, "The threat model").
 
@@ -135,6 +136,35 @@ def check(output, expected) -> Optional[str]:
 
     good, message = check_output(output, expected, RTOL, ATOL)
     return None if good else message
+
+
+# The most a timed loop holds at once of its steps' inputs, answers and the owner's output copies: its inputs are
+# drawn before its first step and its outputs checked after its last (Steps.defer), in banks of what fits.
+BANK_MAX_BYTES = 8 << 30
+
+
+def bank_budget_bytes() -> int:
+    """A bank's size: BANK_MAX_BYTES, or a quarter of the memory available now where that is less."""
+    with open("/proc/meminfo") as meminfo:
+        available = next((int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:")), None)
+    return min(BANK_MAX_BYTES, (available or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 4)
+
+
+def draw_bank(draw, first: int, most: int, budget: int) -> list:
+    """The next timed steps' inputs, `draw(step)` (one RankInput per rank) for steps first.., at most `most` of them
+    and at least one, as many as `budget` bytes hold: each input new to the bank, its answer and the owner's copy of
+    each output. NOTES: drawn before the bank's first step, so that no draw lies between two of its steps."""
+    bank, held, seen = [], 0, set()
+    while len(bank) < most:
+        inputs = draw(first + len(bank))
+        size = sum(i.expected.nbytes * 2 + (0 if id(i) in seen else i.x.nbytes + i.indices.nbytes + i.weights.nbytes)
+                   for i in inputs)
+        if bank and held + size > budget:
+            break
+        bank.append(inputs)
+        held += size
+        seen.update(map(id, inputs))
+    return bank
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -343,13 +373,15 @@ class StepResult:
     after a rank said `done` (its own monotonic clock, which is the owner's too) the owner was still copying that
     rank's output, the largest over the ranks: the most that work finished after `done` could still reach the
     copy, so the most a rank could gain by saying `done` early (the rank's stamp is its word; a lie only moves
-    this diagnostic)."""
+    this diagnostic). `gap_ns`: from the end of the owner's previous step to this one's start, the time a rank could
+    work unseen between two steps (NaN for a case's first)."""
     window_ns: int
     problems: list
     call_ns: list
     held_ns: list
     held_ok: list
     race_ns: float = math.nan
+    gap_ns: float = math.nan
 
 
 class RankEnded(Exception):
@@ -421,6 +453,9 @@ class Steps:
         torch.set_num_threads(1)
         self.channels, self.cases, self.watch = channels, cases, set(watch)
         self.seq = 0
+        self.ended_ns = None  # the end of the last step, for the next one's gap_ns
+        self.deferred = None  # while deferring (defer): each kept output to check, with its step and rank
+        self.deferred_steps = 0
         self.hold_cycles = HOLD_START_CYCLES
         self.anatomy = [] if os.environ.get(ANATOMY_ENV) == "1" else None
         self.spin_ns = spin_budget_ns(len(channels), "A2A_SPIN_US", 2000)
@@ -463,9 +498,11 @@ class Steps:
         end = clock()
         if self.anatomy is not None:
             self._dissect(start, placed, end)
-        result = self._result(kind, inputs, [output.cpu() for output in outputs], end - start, check_outputs)
+        result = self._result(kind, inputs, outputs, end - start, check_outputs)
         races = [stop - channel.field(DONE_AT_NS) for stop, channel in zip(copied, self.channels)]
         result.race_ns = max(races) if all(0 <= r <= result.window_ns for r in races) else math.nan
+        result.gap_ns = math.nan if self.ended_ns is None else start - self.ended_ns
+        self.ended_ns = end
         if kind == HELD:
             self.hold_cycles = next_hold_cycles(self.hold_cycles, result.held_ok)
         return result
@@ -525,8 +562,11 @@ class Steps:
                 problems.append(None)
             elif status:
                 problems.append(OUTPUT_PROBLEMS.get(status, f"said its output was wrong (status {status})"))
+            elif self.deferred is not None:
+                self.deferred.append((self.deferred_steps, len(problems), output, inp.expected))
+                problems.append(None)
             else:
-                problems.append(check(output, inp.expected))
+                problems.append(check(output.cpu(), inp.expected))
             call, held = channel.real(CALL_NS), channel.real(HELD_NS)
             # NOTES: a rank's own figures are its word; one larger than the owner's window cannot be true, and one
             # under a nanosecond (0, a denormal) is no call's: logs of 1e-318 overflowed the clock's intervals (red
@@ -534,7 +574,22 @@ class Steps:
             calls.append(call if 1 <= call <= window else float("nan"))
             helds.append(held if 1 <= held <= window else float("nan"))
             held_ok.append(bool(channel.field(HELD_OK)))
+        self.deferred_steps += self.deferred is not None
         return StepResult(window, problems, calls, helds, held_ok)
+
+    def defer(self) -> None:
+        """From the next step on, each output the owner copies is kept and checked in settle(), not after its step:
+        the owner's check between two timed steps is time a rank could work unseen (red team 54: a 32 MiB zeroing
+        moved after `done` lowered the human face's mean 9-26%). A rank's own word on its output (`status`) is still
+        read at once."""
+        self.deferred, self.deferred_steps = [], 0
+
+    def settle(self) -> Optional[tuple]:
+        """The outputs kept since defer() checked, in step order, and deferring ended: (step since defer, rank, its
+        problem) for the first wrong one, else None."""
+        kept, self.deferred = self.deferred or [], None
+        return next(((step, rank, problem) for step, rank, output, expected in kept
+                     if (problem := check(output.cpu(), expected))), None)
 
     def _dissect(self, start: int, placed: int, end: int) -> None:
         """Where a step's window went (profiling, ANATOMY_ENV): placing the inputs; from raising the first go until

@@ -75,6 +75,10 @@ def saved_figure(value) -> bool:
     return type(value) in (int, float) and low <= value <= high  # NaN fails too
 
 
+def _wrong_output(rank: int, why: str, case: int) -> str:
+    return f"rank {rank} - case {case}: the output the owner copied at 'done' {why}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Entry:
     """What a row times: a version file (`kind` "version"), or the harness's own rows (`kind` "empty",
@@ -483,7 +487,7 @@ class Clock:
             return None
         problem = next(((rank, why) for rank, why in enumerate(result.problems) if why), None)
         if problem:
-            live.failure = f"rank {problem[0]} - case {index}: the output the owner copied at 'done' {problem[1]}"
+            live.failure = _wrong_output(*problem, index)
             return None
         return result
 
@@ -500,6 +504,7 @@ class Clock:
     def _visit_steps(self, live: _Live, index: int, round_index: int, bank: list) -> None:
         live.steps.case.extend(VISIT_TIMEOUT_S)
         inputs = iter(bank[index][1:])  # the ready step had the first
+        live.steps.steps.defer()  # the outputs checked after the visit: no check between two of its steps
         for _ in range(self.settings.warmup):
             if self._step(live, judge.CALL, index, next(inputs)) is None:
                 return
@@ -517,6 +522,9 @@ class Clock:
                     # a held step whose stream was never held but that still gave its time: the rank ran it on an
                     # idle stream (its call synchronizes inside)
                     synced = synced or any(v == v and not ok for v, ok in zip(result.held_ns, result.held_ok))
+        if problem := live.steps.steps.settle():
+            live.failure = _wrong_output(*problem[1:], index)
+            return
         clocks = gpu_clocks(self.devices) if self.plan.backend == "nccl" else None
         self.clocks.append(clocks)
         if clocks and min(clocks["sm_mhz"]) < THROTTLE_FRACTION * max(clocks["max_mhz"]):

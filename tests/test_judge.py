@@ -1739,6 +1739,48 @@ def test_forged_figures_in_the_shared_header_change_no_time(tmp_path, face, mode
     assert shown and min(shown) >= floor, (shown, floor, str(outcome))
 
 
+# A case whose inputs cost the owner tens of ms to draw and check on a CPU, beside a call of a few ms.
+HEAVY_DRAW_LINE = "num_experts: 16; experts_per_token: 8; hidden_dim: 7168; max_num_tokens: 128; seed: 5; world_size: 2"
+CLOSED_FORM = '''
+from reference import closed_form_output
+
+
+def custom_kernel(data):
+    return closed_form_output(data, on_cpu=True)
+'''
+
+
+def test_the_owner_neither_draws_nor_checks_between_two_timed_steps(tmp_path):
+    """Red team 54: a rank's work that is not output (a 32 MiB zeroing), moved after `done`, ran while the owner
+    checked that step and drew the next one's input, off its clock, and lowered the mean by 9-26%. The timed steps'
+    inputs are drawn before the first and their outputs checked after the last: the gap between two timed steps
+    (`gap_p50`, the owner's own figure) is a small part of what that work costs the owner here."""
+    args = dict(item.split(": ") for item in HEAVY_DRAW_LINE.split("; "))
+    args = {key: int(value) for key, value in args.items()}
+    sys.path[:0] = [str(ROOT / "reference" / "all2all"), str(ROOT / "problems" / "all2all")]
+    try:
+        import judge
+
+        owner_work_ns = []
+        for seed in range(3):
+            started = time.perf_counter_ns()
+            for rank in range(2):
+                drawn = judge.make_input(args, 1000 + seed, rank)
+                judge.check(drawn.expected.clone(), drawn.expected)
+            owner_work_ns.append(time.perf_counter_ns() - started)
+    finally:
+        del sys.path[:2]
+    bundle = stage(V1, shared_folder(tmp_path) / "bundle", test_files=False)
+    (bundle / "submission.py").write_text(CLOSED_FORM)
+    (bundle / "cases.txt").write_text(HEAVY_DRAW_LINE + "\n")
+    code, out, err = run_bundle(bundle, "leaderboard", "cases.txt", {"A2A_EXTRA": "1"})
+    keys = result_rows.parse_popcorn(out)
+    assert code == 0 and keys.get("benchmark.0.status") != "fail", (code, out[-3000:], err[-3000:])
+    gap_ns, work_ns = float(keys["benchmark.0.gap_p50"]), min(owner_work_ns)
+    assert gap_ns < work_ns / 4, (f"the gap between timed steps, p50 {gap_ns / 1e3:.0f} µs, against the owner's draw "
+                                  f"and check of a step, {work_ns / 1e3:.0f} µs", out[-3000:])
+
+
 # A hostile body's count of where a call is: the case (a new harness channel in the caller's frame: per process, and
 # every worker runs every case) and the call's place in it (0: the case's checked call, untimed).
 STEP_PLACE = '''
