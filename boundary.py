@@ -232,10 +232,11 @@ def write_owners_only(path: Path, data: bytes, closed_folder: bool = False) -> N
         os.close(folder)
 
 
-def keep_newest(folder: Path, prefix: str, count: int, spared: set) -> None:
-    """Of the plain files in `folder` (the owner's alone: _owners_folder) named `prefix`..., all but the `count`
-    newest go, never one named in `spared`; those kept are made 0600 (an older harness wrote them at 0644). Links
-    and anything else are left as they are, unfollowed."""
+def keep_newest(folder: Path, prefix: str, count: int, spared: set, group=lambda name: name) -> None:
+    """Of the plain files in `folder` (the owner's alone: _owners_folder) named `prefix`..., taken in groups
+    (`group(name)`: a run's logs), all but the `count` newest groups go (a group as new as its newest file), never
+    one with a file named in `spared`; those kept are made 0600 (an older harness wrote them at 0644). Links and
+    anything else are left as they are, unfollowed."""
     try:
         fd = _owners_folder(folder, False)
     except OSError:
@@ -248,9 +249,13 @@ def keep_newest(folder: Path, prefix: str, count: int, spared: set) -> None:
                 if entry.name.startswith(prefix) and stat.S_ISREG(info.st_mode):
                     found.append((info.st_mtime_ns, entry.name, info.st_mode))
         found.sort(reverse=True)
-        for index, (_, name, mode) in enumerate(found):
+        newest: dict = {}  # group -> its place, newest first
+        for _, name, _ in found:
+            newest.setdefault(group(name), len(newest))
+        kept = set(map(group, spared))
+        for _, name, mode in found:
             with contextlib.suppress(OSError):
-                if index >= count and name not in spared:
+                if newest[group(name)] >= count and group(name) not in kept:
                     os.unlink(name, dir_fd=fd)
                 elif mode & 0o077:
                     file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)

@@ -1438,7 +1438,10 @@ LOG_DIR_ENV = "A2A_LOG_DIR"  # where the owner writes failed builds' logs (defau
 # entry of a clock run spent the whole run's and another's log was not written), and none of them whole.
 BUILD_LOGS_PER_RUN = 8
 BUILD_LOG_BYTES_PER_RUN = 4 << 20
-BUILD_LOGS_KEPT = 32  # over every run: past it, the oldest logs go (no run keeps the folder growing)
+# Over every run, the logs of the newest BUILD_LOG_RUNS_KEPT runs are kept (no run keeps the folder growing), a run's
+# as one: a rank's text is a log's, so counted by files a run's 8 took older runs' logs (red team 54).
+BUILD_LOG_RUNS_KEPT = 32
+_RUN_KEY = f"{time.time_ns():016x}p{os.getpid()}"  # this run's logs' group, oldest first by name too
 _build_logs: dict = {}  # path -> bytes, the logs this process wrote
 _logs_of: dict = {}  # entry -> {path: bytes}, its share of them
 
@@ -1449,7 +1452,7 @@ def write_build_log(text: str, entry: str = "") -> str:
     path, or why it was not written."""
     data = text[-BUILD_LOG_CHARS:].encode("utf-8", errors="replace")
     folder = Path(os.environ.get(LOG_DIR_ENV) or HERE / "build" / "logs")  # the default one only its owner lists
-    path = folder / f"build-{owners_name(data)}.log"
+    path = folder / f"build-{_RUN_KEY}-{owners_name(data)}.log"
     mine = _logs_of.setdefault(entry, {})
     if path in mine:
         return str(path)
@@ -1461,7 +1464,8 @@ def write_build_log(text: str, entry: str = "") -> str:
     except OSError as exc:
         return f"not written: {exc.strerror}"
     _build_logs[path] = mine[path] = len(data)
-    keep_newest(folder, "build-", BUILD_LOGS_KEPT, {p.name for p in _build_logs if p.parent == folder})
+    keep_newest(folder, "build-", BUILD_LOG_RUNS_KEPT, {p.name for p in _build_logs if p.parent == folder},
+                lambda name: name.rsplit("-", 1)[0] if name.count("-") > 1 else name)  # an older harness's alone
     return str(path)
 
 

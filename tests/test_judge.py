@@ -2862,9 +2862,9 @@ def test_no_timed_input_repeats_a_warm_up_input(tmp_path, mode):
 
 
 def test_past_the_cap_over_every_run_the_oldest_build_logs_go(tmp_path, monkeypatch):
-    """A folder that earlier runs filled with BUILD_LOGS_KEPT + 8 logs: writing one more keeps the newest
-    BUILD_LOGS_KEPT, the new one among them, and removes the oldest (red team 13: up to 8 logs and 4 MiB a run,
-    never deleted)."""
+    """A folder that an older harness filled with BUILD_LOG_RUNS_KEPT + 8 logs (one run's each): writing one more
+    keeps the newest BUILD_LOG_RUNS_KEPT, the new one among them, and removes the oldest (red team 13: up to 8 logs
+    and 4 MiB a run, never deleted)."""
     import eval as core
 
     logs = tmp_path / "logs"  # the judge's alone (one others may write gets no log)
@@ -2872,14 +2872,39 @@ def test_past_the_cap_over_every_run_the_oldest_build_logs_go(tmp_path, monkeypa
     monkeypatch.setenv("A2A_LOG_DIR", str(logs))
     monkeypatch.setattr(core, "_build_logs", {})
     monkeypatch.setattr(core, "_logs_of", {})
-    old = [logs / f"build-{n:016x}.log" for n in range(core.BUILD_LOGS_KEPT + 8)]
+    old = [logs / f"build-{n:016x}.log" for n in range(core.BUILD_LOG_RUNS_KEPT + 8)]
     for age, log in enumerate(old):
         log.write_text("an earlier run's log")
         os.utime(log, ns=(10**18 - age * 10**9,) * 2)  # old[0] the newest
     written = Path(core.write_build_log("this run's failed build"))
     kept = sorted(logs.glob("build-*.log"))
-    assert written in kept and len(kept) == core.BUILD_LOGS_KEPT, len(kept)
-    assert set(kept) == {written, *old[:core.BUILD_LOGS_KEPT - 1]}
+    assert written in kept and len(kept) == core.BUILD_LOG_RUNS_KEPT, len(kept)
+    assert set(kept) == {written, *old[:core.BUILD_LOG_RUNS_KEPT - 1]}
+
+
+def test_a_run_that_writes_its_every_build_log_removes_no_newer_runs_logs(tmp_path, monkeypatch):
+    """Red team 54: a rank's error text that starts like a failed build is written as a build log, 8 a run, and the
+    32 kept were counted by files, so one such run removed 8 of the operator's older logs. Logs are kept by run:
+    a run that writes all it may removes at most the oldest run's, whole."""
+    import eval as core
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    monkeypatch.setenv("A2A_LOG_DIR", str(logs))
+    monkeypatch.setattr(core, "_build_logs", {})
+    monkeypatch.setattr(core, "_logs_of", {})
+    earlier = {}
+    for run in range(core.BUILD_LOG_RUNS_KEPT):  # the newest runs kept, two logs each, run 0 the oldest
+        earlier[run] = [logs / f"build-{run:016x}p1-{n:016x}.log" for n in range(2)]
+        for log in earlier[run]:
+            log.write_text("an earlier run's log")
+            os.utime(log, ns=(10**18 + run * 10**9,) * 2)
+    for n in range(core.BUILD_LOGS_PER_RUN):
+        core.write_build_log(f"Error building extension 'flood{n}': " + "x" * 1000)
+    left = set(logs.glob("build-*.log"))
+    assert not left & set(earlier[0]) and all(set(logs_of) <= left for run, logs_of in earlier.items() if run), \
+        sorted(p.name for p in left)
+    assert len(left) == 2 * (core.BUILD_LOG_RUNS_KEPT - 1) + core.BUILD_LOGS_PER_RUN
 
 
 def test_one_entry_spends_only_its_own_share_of_the_build_logs(tmp_path, monkeypatch):
