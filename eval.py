@@ -1684,7 +1684,9 @@ def _timed_loop(run: ProtocolRun, steps: CaseSteps, idx: int, test: TestCase, fr
     (durations, device times, floor windows, race windows, gaps, the first output problem as (rank, step, why) or
     None). Every output is checked, the timed steps' after their bank (judge.draw_bank, Steps.defer), so that the
     owner neither draws nor checks between two timed steps; the loop stops at the runner's rules, on the owner's
-    times."""
+    times. NOTES: a bank's first timed step follows an untimed call of its own input (a lead-in), not the owner's
+    draw and checks: a rank's work left running after `done` overlaps a timed step there too (red team 55: the
+    work's thread, done in the gap, gave the case its best step)."""
     first = run.inputs(test, run.seeds.case_seed(idx, test.args["seed"]))
     result = steps.step(judge.CALL, 0, first)
     if any(result.problems):
@@ -1694,6 +1696,11 @@ def _timed_loop(run: ProtocolRun, steps: CaseSteps, idx: int, test: TestCase, fr
     draw = (lambda step: run.inputs(test, run.seeds.step_seed(idx, test.args["seed"], step))) if fresh else \
         (lambda _: first)
     bank, base, problem, budget = [], 0, None, judge.bank_budget_bytes()
+
+    def said_wrong(result: judge.StepResult, k: int) -> Optional[tuple]:
+        """A rank's own word on its output, read at once: (k, the step since the bank's defer; rank; why)."""
+        return next(((k, r, p) for r, p in enumerate(result.problems) if p), None)
+
     loop_start = time.perf_counter_ns()
     for step in range(MAX_REPEATS):
         if not bank:
@@ -1701,9 +1708,10 @@ def _timed_loop(run: ProtocolRun, steps: CaseSteps, idx: int, test: TestCase, fr
                 break
             base, bank = step, judge.draw_bank(draw, step, MAX_REPEATS - step, budget)
             steps.steps.defer()
+            if problem := said_wrong(steps.step(judge.CALL, 0, draw(MAX_REPEATS + step)), 0):  # the lead-in
+                break
         result = steps.step(judge.CALL, 0, bank.pop(0))
-        if any(result.problems):  # a rank's own word on its output, read at once
-            problem = next((step - base, r, p) for r, p in enumerate(result.problems) if p)
+        if problem := said_wrong(result, step - base + 1):
             break
         durations.append(result.window_ns)
         device.append(max(result.call_ns))  # the slowest rank's own figure (NaN where a rank gave none)
@@ -1715,7 +1723,10 @@ def _timed_loop(run: ProtocolRun, steps: CaseSteps, idx: int, test: TestCase, fr
                     or time.perf_counter_ns() - loop_start > 120e9):
                 break
     problem = min(filter(None, (steps.steps.settle(), problem)), default=None)  # the earlier step's
-    return durations, device, floor, race, gap, problem and (problem[1], f"timed call {base + problem[0]}", problem[2])
+    if problem:
+        k, rank, why = problem
+        problem = rank, f"timed call {base + k - 1}" if k else f"the untimed call before timed call {base}", why
+    return durations, device, floor, race, gap, problem
 
 
 def _benchmark(run: ProtocolRun, idx: int, test: TestCase, recheck: bool, max_time_ns: float, mode: str):

@@ -1753,8 +1753,9 @@ def custom_kernel(data):
 def test_the_owner_neither_draws_nor_checks_between_two_timed_steps(tmp_path):
     """Red team 54: a rank's work that is not output (a 32 MiB zeroing), moved after `done`, ran while the owner
     checked that step and drew the next one's input, off its clock, and lowered the mean by 9-26%. The timed steps'
-    inputs are drawn before the first and their outputs checked after the last: the gap between two timed steps
-    (`gap_p50`, the owner's own figure) is a small part of what that work costs the owner here."""
+    inputs are drawn before the first and their outputs checked after the last, and the first follows an untimed
+    call (red team 55: else the work, done in the draw's gap, gave that step the case's best): the gap before a
+    timed step (`gap_*`, the owner's own figure) is a small part of what that work costs the owner here."""
     args = dict(item.split(": ") for item in HEAVY_DRAW_LINE.split("; "))
     args = {key: int(value) for key, value in args.items()}
     sys.path[:0] = [str(ROOT / "reference" / "all2all"), str(ROOT / "problems" / "all2all")]
@@ -1776,9 +1777,11 @@ def test_the_owner_neither_draws_nor_checks_between_two_timed_steps(tmp_path):
     code, out, err = run_bundle(bundle, "leaderboard", "cases.txt", {"A2A_EXTRA": "1"})
     keys = result_rows.parse_popcorn(out)
     assert code == 0 and keys.get("benchmark.0.status") != "fail", (code, out[-3000:], err[-3000:])
-    gap_ns, work_ns = float(keys["benchmark.0.gap_p50"]), min(owner_work_ns)
-    assert gap_ns < work_ns / 4, (f"the gap between timed steps, p50 {gap_ns / 1e3:.0f} µs, against the owner's draw "
-                                  f"and check of a step, {work_ns / 1e3:.0f} µs", out[-3000:])
+    work_ns = min(owner_work_ns)
+    for stat in ("p50", "mean"):  # the mean holds the first timed step's gap: after an untimed call, not the draw
+        gap_ns = float(keys[f"benchmark.0.gap_{stat}"])
+        assert gap_ns < work_ns / 4, (f"the gap between timed steps, {stat} {gap_ns / 1e3:.0f} µs, against the "
+                                      f"owner's draw and check of a step, {work_ns / 1e3:.0f} µs", out[-3000:])
 
 
 # A hostile body's count of where a call is: the case (a new harness channel in the caller's frame: per process, and
