@@ -36,6 +36,13 @@ HOME_FOLDERS = (".config", ".cache", ".local", ".local/share", ".local/state")
 HOME_ENTRIES_CHECKED = 10_000  # a home of more entries than this in those trees is followed this far
 
 
+# File systems the kernel makes, whatever path shows them: the judge reads its own facts there (its memory cap in
+# cgroup2, its processes in proc), so none may be a rank's to write.
+KERNEL_FILE_SYSTEMS = {"proc", "sysfs", "cgroup", "cgroup2", "devtmpfs", "devpts", "debugfs", "tracefs", "securityfs",
+                       "bpf", "configfs", "pstore", "mqueue", "binfmt_misc", "efivarfs", "fusectl", "nsfs",
+                       "selinuxfs", "autofs", "rpc_pipefs", "hugetlbfs"}
+
+
 def folders(env=None) -> list:
     env = os.environ if env is None else env
     return [os.path.realpath(f) for f in env.get(RANK_WRITABLE, "").split(os.pathsep) if f]
@@ -89,18 +96,23 @@ def _loop_file(source: str) -> Optional[Path]:
     return None
 
 
+def _mount_of(folder: Path, mounts: list) -> Optional[tuple]:
+    """The mount (a _mounts entry) that holds `folder`, resolved: the top one at the deepest point above it."""
+    points = [m for m in mounts if m[4] == folder or m[4] in folder.parents]
+    deepest = [m for m in points if len(m[4].parts) == max((len(p[4].parts) for p in points), default=0)]
+    covered = {m[1] for m in deepest}  # a mount over another at the same point names it as its parent
+    top = [m for m in deepest if m[0] not in covered]
+    return top[-1] if top else None
+
+
 def _names_of(folder: Path, mounts: list) -> list:
     """The other paths at which a mount shows `folder`, or a part of it: a bind mount of a folder below it (red team
     45) or above it (48), an overlay with it, or a folder above or below it, as a layer (48, 49: named through a link),
     and a loop device's file system whose image lies in it (49). ValueError for an overlay whose layer is named by a
     relative path found from no folder above it (49: root imported a rank's module through one)."""
-    points = [m for m in mounts if m[4] == folder or m[4] in folder.parents]
-    deepest = [m for m in points if len(m[4].parts) == max((len(p[4].parts) for p in points), default=0)]
-    covered = {m[1] for m in deepest}  # a mount over another at the same point names it as its parent
-    top = [m for m in deepest if m[0] not in covered]
-    if not top:
+    if (top := _mount_of(folder, mounts)) is None:
         return []
-    _, _, device, root, point = top[-1][:5]
+    _, _, device, root, point = top[:5]
     inside = root / folder.relative_to(point)  # the folder's place within its file system
     found = []
     for _, _, other_device, other_root, other_point, kind, source, options in mounts:
@@ -287,7 +299,7 @@ def _check_folders(env, ids: dict, others: dict) -> None:
     ended the judge with 114), none in another or reached through a link in one (48: a rank made the inner one a
     link, and root took its target for the folder), and no mount below one (48: the ranks wrote it, and root read it
     under its other name). `others`: _other_names of the folders."""
-    given = [entry for entry in env.get(RANK_WRITABLE, "").split(os.pathsep) if entry]
+    given, mounts = [entry for entry in env.get(RANK_WRITABLE, "").split(os.pathsep) if entry], _mounts()
     for entry, folder in zip(given, map(os.path.realpath, given)):
         if not os.path.isabs(entry):  # red team 49: a staged bundle's ranks read it from another folder
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} is relative, read from whatever folder a process runs "
@@ -295,12 +307,19 @@ def _check_folders(env, ids: dict, others: dict) -> None:
         # each step as given and as resolved: normalized, /proc/self/cwd/../../.. leaves /proc (CI's deeper folder)
         given_steps = [Path(*Path(entry).parts[:end]) for end in range(1, len(Path(entry).parts) + 1)]
         steps = given_steps + [Path(os.path.realpath(step)) for step in given_steps]
+        names = [folder, *(path for path, shown in others.items() if shown == folder)]  # and a mount's other names
+        steps += map(Path, names[1:])  # red team 55: a bind of /sys/fs/cgroup at a path on a disk
         ways = {*steps, *(parent for step in steps for parent in step.parents)}
         if kernels := [k for k in map(Path, ("/proc", "/sys", "/dev")) if k in ways]:
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in {kernels[0]}, a file system of the kernel's "
-                             f"that the judge reads for itself, or is named through it (red team 50: /proc/self/cwd, "
-                             f"another folder in each process); name a folder on a disk by its own path")
-        names = [folder, *(path for path, shown in others.items() if shown == folder)]
+                             f"that the judge reads for itself, is named through it (red team 50: /proc/self/cwd, "
+                             f"another folder in each process) or is one of its folders under another name; name a "
+                             f"folder on a disk by its own path")
+        if (held := _mount_of(Path(folder), mounts)) and held[5] in KERNEL_FILE_SYSTEMS:
+            raise ValueError(f"{RANK_WRITABLE} folder {entry!r} is on a {held[5]} file system, the kernel's, which the "
+                             f"judge reads for itself (red team 55: a bind of /sys/fs/cgroup at another path turned "
+                             f"the pool's memory cap off, one of /proc ended the judge with 114); name a folder on a "
+                             f"disk")
         if owns := next(filter(None, map(_judges_own, names)), None):  # red team 52: a bind of the judge's cache
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in {owns}, the judge's own (its build cache, a "
                              f"pool's run or a staged bundle: red team 51, 114 when the judge wrote there); name a "
@@ -312,7 +331,7 @@ def _check_folders(env, ids: dict, others: dict) -> None:
         if found := lies_in or through:
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in another, {found!r}, where a rank could make "
                              f"it a link; name the outer one alone")
-    for mount in _mounts():
+    for mount in mounts:
         if holder := next((f for f in ids.values() if Path(f) in mount[4].parents), None):
             raise ValueError(f"{mount[4]} is mounted below {RANK_WRITABLE} folder {holder!r}: the ranks would write "
                              f"it, and the judge read it under its other names; unmount it, or name another folder")

@@ -1871,11 +1871,26 @@ def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_b
             rank_writable.check({{"A2A_RANK_WRITABLE": {str(tmp_path / "alias")!r}, "HOME": {str(tmp_path)!r}}})
         except ValueError as error:
             print(error)
+        # red team 55: the kernel's file systems at a path on a disk (/sys/fs/cgroup's turned the memory cap off,
+        # /proc's ended the judge with 114)
+        for kernels in ("/proc", "/sys", "/sys/fs/cgroup"):
+            shown = {str(tmp_path)!r} + "/shown" + kernels.replace("/", "-")
+            if not os.path.isdir(kernels):  # CI's container has no /sys/fs/cgroup
+                continue
+            os.makedirs(shown)
+            assert libc.mount(kernels.encode(), shown.encode(), None, 0x1000, None) == 0
+            try:
+                rank_writable.check({{"A2A_RANK_WRITABLE": shown, "HOME": {str(tmp_path)!r}}})
+                print("PASSED", kernels)
+            except ValueError as error:
+                print("refused", kernels, "kernel's" in str(error))
     """)
     (tmp_path / "alias").mkdir()
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and f"{outer / 'inner'} is mounted below" in result.stdout, result.stdout + result.stderr
     assert "the judge's own" in result.stdout, result.stdout + result.stderr
+    refused = re.findall(r"refused (\S+) True", result.stdout)
+    assert "PASSED" not in result.stdout and "/proc" in refused and "/sys" in refused, result.stdout + result.stderr
 
 
 def test_an_overlay_layer_no_one_can_resolve_is_refused_and_a_loop_image_in_the_folder_is_its_name(monkeypatch):
