@@ -584,12 +584,16 @@ class Steps:
         read at once."""
         self.deferred, self.deferred_steps = [], 0
 
-    def settle(self) -> Optional[tuple]:
-        """The outputs kept since defer() checked, in step order, and deferring ended: (step since defer, rank, its
-        problem) for the first wrong one, else None."""
-        kept, self.deferred = self.deferred or [], None
+    def settle(self, again: bool = False) -> Optional[tuple]:
+        """The outputs kept since defer() checked, in step order, and deferring ended (`again`: begun anew, its steps
+        counted on): (step since defer, rank, its problem) for the first wrong one, else None."""
+        kept, self.deferred = self.deferred or [], [] if again else None
         return next(((step, rank, problem) for step, rank, output, expected in kept
                      if (problem := check(output.cpu(), expected))), None)
+
+    def kept_bytes(self) -> int:
+        """The bytes of the outputs kept for settle(), with their answers."""
+        return sum(output.nbytes + expected.nbytes for _, _, output, expected in self.deferred or ())
 
     def _dissect(self, start: int, placed: int, end: int) -> None:
         """Where a step's window went (profiling, ANATOMY_ENV): placing the inputs; from raising the first go until

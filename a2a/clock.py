@@ -417,6 +417,7 @@ class Clock:
         self.nursery = None
         self.devices = sorted({plan.placement.device_index(r) for r in range(plan.world_size)}) \
             if plan.backend == "nccl" else []
+        self.kept_max_bytes = judge.bank_budget_bytes()  # of a visit's outputs kept for their check (Steps.defer)
 
     def _bank(self, round_index: int, sets: range) -> list:
         """Per case, the round's input sets `sets` (one input per rank each). An entry takes a case's sets in order,
@@ -486,6 +487,9 @@ class Clock:
             live.broken = True
             return None
         problem = next(((rank, why) for rank, why in enumerate(result.problems) if why), None)
+        if not problem and live.steps.steps.kept_bytes() > self.kept_max_bytes:  # a long visit, checked in parts
+            settled = live.steps.steps.settle(again=True)
+            problem = settled[1:] if settled else None
         if problem:
             live.failure = _wrong_output(*problem, index)
             return None

@@ -188,21 +188,29 @@ def test_rounds_visit_every_entry_on_every_shape_in_fresh_processes_in_a_recorde
     assert run.stopped == {"A": "3 rounds", "B": "3 rounds"}  # no targets: every round asked for runs
 
 
-def test_a_visits_outputs_are_checked_after_it_and_a_wrong_one_fails_its_entry(tmp_path):
-    """The owner checks a visit's outputs after its last step (no check between two of its steps: red team 54), and
-    still every one: an entry right in its ready steps and wrong in its visits fails, its rank and case named, with
-    no figure; the other entry keeps its own."""
+@pytest.mark.parametrize("kept_max_bytes", [None, 1], ids=["whole", "in-parts"])
+def test_a_visits_outputs_are_checked_after_it_and_a_wrong_one_fails_its_entry(tmp_path, monkeypatch, kept_max_bytes):
+    """The owner checks a visit's outputs after its last step (no check between two of its steps: red team 54), or
+    in parts where they pass the memory it may keep, and still every one: an entry right in its ready steps and
+    wrong in one step of a visit fails, its rank and case named, with no figure; the other entry keeps its own."""
+    import judge
+
+    parts, settle = [], judge.Steps.settle
+    if kept_max_bytes:
+        monkeypatch.setattr(judge, "bank_budget_bytes", lambda: kept_max_bytes)
+        monkeypatch.setattr(judge.Steps, "settle", lambda self, again=False: parts.append(again) or settle(self, again))
     plan = make_plan(["v1"], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
     wrong = tmp_path / "wrong_later.py"
     wrong.write_text(Path(plan.versions[0]).read_text() + "\n\n_calls = [0]\n_right = custom_kernel\n\n\n"
                      "def custom_kernel(data):\n    _calls[0] += 1\n    out = _right(data)\n"
-                     "    return out if _calls[0] <= 2 else out * 0  # right in the two ready steps alone\n")
+                     "    return out * 0 if _calls[0] == 4 else out  # wrong in one step of the first visit alone\n")
     entries = [clock.Entry("right", "version", str(plan.versions[0])), clock.Entry("wrong", "version", str(wrong))]
     settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
     run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
     assert re.search(r"rank \d - case \d: the output the owner copied at 'done' .*mismatch", run.failed.get("wrong", "")), \
         run.failed
     assert "right" not in run.failed and {name for (name, _), rounds in run.samples.items() if rounds} == {"right"}
+    assert bool(kept_max_bytes) == any(parts), parts  # checked in parts only where the outputs pass the memory
 
 
 def test_an_entry_stops_once_its_targets_are_met_and_says_so(tmp_path):
