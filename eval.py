@@ -1706,8 +1706,8 @@ def _timed_loop(run: ProtocolRun, steps: CaseSteps, idx: int, test: TestCase, fr
         if not bank:
             if problem := steps.steps.settle():
                 break
-            base, bank = step, judge.draw_bank(draw, step, MAX_REPEATS - step, budget)
-            steps.steps.defer()
+            base, bank = step, judge.draw_bank(draw, step, MAX_REPEATS - step, budget, steps.steps.slot_bytes(0))
+            steps.steps.defer(0, 1 + len(bank))  # the lead-in's slot and the bank's
             if problem := said_wrong(steps.step(judge.CALL, 0, draw(MAX_REPEATS + step)), 0):  # the lead-in
                 break
         result = steps.step(judge.CALL, 0, bank.pop(0))

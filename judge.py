@@ -150,15 +150,16 @@ def bank_budget_bytes() -> int:
     return min(BANK_MAX_BYTES, (available or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 4)
 
 
-def draw_bank(draw, first: int, most: int, budget: int) -> list:
+def draw_bank(draw, first: int, most: int, budget: int, slot_bytes: int) -> list:
     """The next timed steps' inputs, `draw(step)` (one RankInput per rank) for steps first.., at most `most` of them
-    and at least one, as many as `budget` bytes hold: each input new to the bank, its answer and the owner's copy of
-    each output. NOTES: drawn before the bank's first step, so that no draw lies between two of its steps."""
+    and at least one, as many as `budget` bytes hold: each input new to the bank with its answer, and the owner's
+    room for a step's copies (`slot_bytes`, Steps.slot_bytes). NOTES: drawn before the bank's first step, so that no
+    draw lies between two of its steps."""
     bank, held, seen = [], 0, set()
     while len(bank) < most:
         inputs = draw(first + len(bank))
-        size = sum(i.expected.nbytes * 2 + (0 if id(i) in seen else i.x.nbytes + i.indices.nbytes + i.weights.nbytes)
-                   for i in inputs)
+        size = slot_bytes + sum(0 if id(i) in seen else i.x.nbytes + i.indices.nbytes + i.weights.nbytes
+                                + i.expected.nbytes for i in inputs)
         if bank and held + size > budget:
             break
         bank.append(inputs)
@@ -456,6 +457,7 @@ class Steps:
         self.ended_ns = None  # the end of the last step, for the next one's gap_ns
         self.deferred = None  # while deferring (defer): each kept output to check, with its step and rank
         self.deferred_steps = 0
+        self.room, self.slot = None, 0  # while deferring: per rank, the owner's copies' room made beforehand
         self.hold_cycles = HOLD_START_CYCLES
         self.anatomy = [] if os.environ.get(ANATOMY_ENV) == "1" else None
         self.spin_ns = spin_budget_ns(len(channels), "A2A_SPIN_US", 2000)
@@ -544,9 +546,12 @@ class Steps:
         import torch
 
         outputs, copied = [], []
-        for view in views:
-            outputs.append(torch.empty_like(view["out"]).copy_(view["out"]))
+        room = self.room if self.deferred is not None and not self.full() else None
+        for rank, view in enumerate(views):
+            into = room[rank][self.slot][:len(view["out"])] if room else torch.empty_like(view["out"])
+            outputs.append(into.copy_(view["out"]))
             copied.append(clock())
+        self.slot += room is not None
         if self._on_gpu():
             self._synchronize()
             copied = [clock()] * len(views)
@@ -577,23 +582,37 @@ class Steps:
         self.deferred_steps += self.deferred is not None
         return StepResult(window, problems, calls, helds, held_ok)
 
-    def defer(self) -> None:
+    def slot_bytes(self, case: int) -> int:
+        """The owner's room for one step's copies of case `case`, every rank's (defer)."""
+        return len(self.channels) * self.cases[case]["max_num_tokens"] * self.cases[case]["hidden_dim"] * 2
+
+    def defer(self, case: int, slots: int) -> None:
         """From the next step on, each output the owner copies is kept and checked in settle(), not after its step:
         the owner's check between two timed steps is time a rank could work unseen (red team 54: a 32 MiB zeroing
-        moved after `done` lowered the human face's mean 9-26%). A rank's own word on its output (`status`) is still
-        read at once."""
-        self.deferred, self.deferred_steps = [], 0
+        moved after `done` lowered the human face's mean 9-26%). The copies go into room made now for `slots` steps
+        of case `case` (full() once they are taken): kept copies each in memory of its own would allocate inside
+        the steps' windows (on GPUs the caching allocator's cudaMalloc). A rank's own word on its output (`status`)
+        is still read at once."""
+        import torch
+
+        args = self.cases[case]
+        self.deferred, self.deferred_steps, self.slot = [], 0, 0
+        self.room = [torch.empty((slots, args["max_num_tokens"], args["hidden_dim"]), dtype=torch.float16,
+                                 device=self._views(channel.views, case, 1)["out"].device) for channel in self.channels]
+
+    def full(self) -> bool:
+        """Whether every slot of the room defer() made holds a kept copy (settle(again=True) empties it)."""
+        return self.room is not None and self.slot >= len(self.room[0])
 
     def settle(self, again: bool = False) -> Optional[tuple]:
-        """The outputs kept since defer() checked, in step order, and deferring ended (`again`: begun anew, its steps
-        counted on): (step since defer, rank, its problem) for the first wrong one, else None."""
-        kept, self.deferred = self.deferred or [], [] if again else None
+        """The outputs kept since defer() checked, in step order, and deferring ended (`again`: begun anew in the
+        same room, its steps counted on): (step since defer, rank, its problem) for the first wrong one, else
+        None."""
+        kept, self.deferred, self.slot = self.deferred or [], [] if again else None, 0
+        if not again:
+            self.room = None
         return next(((step, rank, problem) for step, rank, output, expected in kept
                      if (problem := check(output.cpu(), expected))), None)
-
-    def kept_bytes(self) -> int:
-        """The bytes of the outputs kept for settle(), with their answers."""
-        return sum(output.nbytes + expected.nbytes for _, _, output, expected in self.deferred or ())
 
     def _dissect(self, start: int, placed: int, end: int) -> None:
         """Where a step's window went (profiling, ANATOMY_ENV): placing the inputs; from raising the first go until

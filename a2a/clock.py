@@ -487,7 +487,7 @@ class Clock:
             live.broken = True
             return None
         problem = next(((rank, why) for rank, why in enumerate(result.problems) if why), None)
-        if not problem and live.steps.steps.kept_bytes() > self.kept_max_bytes:  # a long visit, checked in parts
+        if not problem and live.steps.steps.full():  # a long visit, checked in parts
             settled = live.steps.steps.settle(again=True)
             problem = settled[1:] if settled else None
         if problem:
@@ -508,7 +508,10 @@ class Clock:
     def _visit_steps(self, live: _Live, index: int, round_index: int, bank: list) -> None:
         live.steps.case.extend(VISIT_TIMEOUT_S)
         inputs = iter(bank[index][1:])  # the ready step had the first
-        live.steps.steps.defer()  # the outputs checked after the visit: no check between two of its steps
+        # the outputs checked after the visit, no check between two of its steps; in parts past the memory it may keep
+        steps = live.steps.steps
+        fit = self.kept_max_bytes // steps.slot_bytes(index)
+        steps.defer(index, max(1, min(self.settings.warmup + 2 * self.settings.steps, fit)))
         for _ in range(self.settings.warmup):
             if self._step(live, judge.CALL, index, next(inputs)) is None:
                 return

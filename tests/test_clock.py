@@ -207,8 +207,8 @@ def test_a_visits_outputs_are_checked_after_it_and_a_wrong_one_fails_its_entry(t
     entries = [clock.Entry("right", "version", str(plan.versions[0])), clock.Entry("wrong", "version", str(wrong))]
     settings = clock.Settings(steps=2, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
     run = clock.time_entries(plan, entries, settings, progress=lambda _: None)
-    assert re.search(r"rank \d - case \d: the output the owner copied at 'done' .*mismatch", run.failed.get("wrong", "")), \
-        run.failed
+    failed = run.failed.get("wrong", "")
+    assert re.search(r"rank \d - case \d: the output the owner copied at 'done' .*mismatch", failed), run.failed
     assert "right" not in run.failed and {name for (name, _), rounds in run.samples.items() if rounds} == {"right"}
     assert bool(kept_max_bytes) == any(parts), parts  # checked in parts only where the outputs pass the memory
 

@@ -1784,6 +1784,38 @@ def test_the_owner_neither_draws_nor_checks_between_two_timed_steps(tmp_path):
                                       f"owner's draw and check of a step, {work_ns / 1e3:.0f} µs", out[-3000:])
 
 
+def test_the_owners_kept_copies_go_into_room_made_before_the_steps():
+    """The owner's copies of outputs it keeps for their check (Steps.defer) go into room it made before the loop,
+    not memory of their own inside each step's window (on GPUs the caching allocator's cudaMalloc there, every step
+    of the first bank at world size 8); past the room, a step's copy gets its own, and settle(again=True) empties
+    it."""
+    import types
+
+    import torch
+
+    import judge
+
+    steps = judge.Steps.__new__(judge.Steps)
+    steps.cases = [{"max_num_tokens": 8, "hidden_dim": 4, "experts_per_token": 1}]
+    steps.channels = [types.SimpleNamespace(gpu=None, views=judge.Views(torch.zeros(4096, dtype=torch.uint8),
+                                                                         judge.layout(steps.cases)))
+                      for _ in range(2)]
+    steps.deferred = None
+    steps.defer(0, 2)
+    room = [(r.data_ptr(), r.data_ptr() + r.nbytes) for r in steps.room]
+    copied = []
+    for tokens in (5, 7, 3):
+        views = [{"out": torch.full((tokens, 4), float(tokens), dtype=torch.float16)} for _ in steps.channels]
+        outputs, _ = steps._collect(views, time.perf_counter_ns)
+        copied.append([low <= out.data_ptr() < high for out, (low, high) in zip(outputs, room)])
+        assert all(torch.equal(out, view["out"]) for out, view in zip(outputs, views))
+    assert copied == [[True, True], [True, True], [False, False]] and steps.full(), copied
+    steps.settle(again=True)
+    assert not steps.full() and steps.room is not None
+    steps.settle()
+    assert steps.room is None and steps.deferred is None
+
+
 # A hostile body's count of where a call is: the case (a new harness channel in the caller's frame: per process, and
 # every worker runs every case) and the call's place in it (0: the case's checked call, untimed).
 STEP_PLACE = '''
