@@ -516,19 +516,23 @@ class Clock:
             if self._step(live, judge.CALL, index, next(inputs)) is None:
                 return
         owner, call, held, synced = [], [], [], False
-        for k in range(self.settings.steps):
-            for kind in (judge.CALL, judge.HELD) if k % 2 == 0 else (judge.HELD, judge.CALL):
-                result = self._step(live, kind, index, next(inputs))
-                if result is None:
-                    return
-                if kind == judge.CALL:
-                    owner.append(result.window_ns)
-                    call.append(max(result.call_ns))
-                else:
-                    held.append(max(result.held_ns))
-                    # a held step whose stream was never held but that still gave its time: the rank ran it on an
-                    # idle stream (its call synchronizes inside)
-                    synced = synced or any(v == v and not ok for v, ok in zip(result.held_ns, result.held_ok))
+        # NOTES: the ranked (idle-stream) steps in one run after the warm-up, the held ones after them. Taking turns,
+        # a rank that reads each step's kind (the header says it: a held step's rank holds its own stream) did its
+        # per-call work in the unranked held steps between ranked ones: red team 56, with two workspaces, ranked 47%
+        # under its twin doing the same work. Work prepared ahead now needs room for every ranked step of a visit, as
+        # in the warm-up (docs/judge.md, "What stays open").
+        for kind in (judge.CALL,) * self.settings.steps + (judge.HELD,) * self.settings.steps:
+            result = self._step(live, kind, index, next(inputs))
+            if result is None:
+                return
+            if kind == judge.CALL:
+                owner.append(result.window_ns)
+                call.append(max(result.call_ns))
+            else:
+                held.append(max(result.held_ns))
+                # a held step whose stream was never held but that still gave its time: the rank ran it on an idle
+                # stream (its call synchronizes inside)
+                synced = synced or any(v == v and not ok for v, ok in zip(result.held_ns, result.held_ok))
         if problem := live.steps.steps.settle():
             live.failure = _wrong_output(*problem[1:], index)
             return

@@ -188,6 +188,33 @@ def test_rounds_visit_every_entry_on_every_shape_in_fresh_processes_in_a_recorde
     assert run.stopped == {"A": "3 rounds", "B": "3 rounds"}  # no targets: every round asked for runs
 
 
+def test_a_visits_ranked_steps_run_together_with_no_unranked_step_between(tmp_path, monkeypatch):
+    """Red team 56: with idle (ranked) and held (unranked) steps taking turns, a rank that read each step's kind did
+    its per-call work in the held steps between ranked ones and ranked 47% under its twin doing the same work. A
+    visit is its warm-up, then every ranked step, then every held step."""
+    import judge
+
+    plan = make_plan(["v1"], _cases_file(tmp_path), 2, "gloo", gpu_only="keep")
+    visits, step, visit = [], clock.Clock._step, clock.Clock._visit
+
+    def visiting(self, live, index, round_index, bank):
+        visits.append([])
+        return visit(self, live, index, round_index, bank)
+
+    def stepping(self, live, kind, index, inputs):
+        if visits:
+            visits[-1].append(kind)
+        return step(self, live, kind, index, inputs)
+
+    monkeypatch.setattr(clock.Clock, "_visit", visiting)
+    monkeypatch.setattr(clock.Clock, "_step", stepping)
+    settings = clock.Settings(steps=3, warmup=1, min_rounds=1, max_rounds=1, time_cap_s=math.inf, targets=())
+    run = clock.time_entries(plan, [clock.Entry("A", "version", str(plan.versions[0]))], settings,
+                             progress=lambda _: None)
+    assert not run.failed and len(visits) == 2, (run.failed, visits)
+    assert all(kinds == [judge.CALL] * 4 + [judge.HELD] * 3 for kinds in visits), visits
+
+
 @pytest.mark.parametrize("kept_max_bytes", [None, 1], ids=["whole", "in-parts"])
 def test_a_visits_outputs_are_checked_after_it_and_a_wrong_one_fails_its_entry(tmp_path, monkeypatch, kept_max_bytes):
     """The owner checks a visit's outputs after its last step (no check between two of its steps: red team 54), or
