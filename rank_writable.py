@@ -286,10 +286,11 @@ def check(env=None) -> dict:
             raise ValueError(f"{RANK_WRITABLE} folder {found!r} holds {path!r}, which the judge {what}; a rank "
                              f"could plant there what the judge runs or reads")
     imported = _ids(_loaded(env))
-    for folder in ids.values():
-        if entry := _holder(Path(folder).parent, imported):
-            raise ValueError(f"{RANK_WRITABLE} folder {folder!r} lies in {entry!r}, which the judge imports "
-                             f"from; a rank could plant a module there")
+    for name, folder in [*((f, f) for f in named), *others.items()]:  # red team 57: a bind of the judge's a2a/
+        if entry := _holder(Path(name).parent, imported):
+            shown = "" if name == folder else f" (shown at {name!r})"
+            raise ValueError(f"{RANK_WRITABLE} folder {folder!r}{shown} lies in {entry!r}, which the judge imports "
+                             f"from; a rank could plant a module or its bytecode there")
     return ids
 
 

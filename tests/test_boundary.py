@@ -1871,6 +1871,15 @@ def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_b
             rank_writable.check({{"A2A_RANK_WRITABLE": {str(tmp_path / "alias")!r}, "HOME": {str(tmp_path)!r}}})
         except ValueError as error:
             print(error)
+        # red team 57: a bind of the judge's own package, where a rank wrote a2a/__pycache__ and root ran it
+        package = {str(tmp_path)!r} + "/package-alias"
+        os.makedirs(package)
+        assert libc.mount({str(ROOT / "a2a").encode()!r}, package.encode(), None, 0x1000, None) == 0
+        try:
+            rank_writable.check({{"A2A_RANK_WRITABLE": package, "HOME": {str(tmp_path)!r}}})
+            print("PASSED package")
+        except ValueError as error:
+            print("refused package", "which the judge imports from" in str(error))
         # red team 55: the kernel's file systems at a path on a disk (/sys/fs/cgroup's turned the memory cap off,
         # /proc's ended the judge with 114)
         for kernels in ("/proc", "/sys", "/sys/fs/cgroup"):
@@ -1891,6 +1900,7 @@ def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_b
     assert "the judge's own" in result.stdout, result.stdout + result.stderr
     refused = re.findall(r"refused (\S+) True", result.stdout)
     assert "PASSED" not in result.stdout and "/proc" in refused and "/sys" in refused, result.stdout + result.stderr
+    assert "refused package True" in result.stdout, result.stdout + result.stderr
 
 
 def test_an_overlay_layer_no_one_can_resolve_is_refused_and_a_loop_image_in_the_folder_is_its_name(monkeypatch):
