@@ -192,13 +192,38 @@ def reach(path, ids: dict) -> tuple:
     return current, _holder(current, ids), through
 
 
+def _interpreter_folders() -> list:
+    """The folders the judge's interpreter reads before any code of the judge's: its own and its target's (a `._pth`
+    file there is honoured, whatever -E or -I say: red team 58), and its prefix (`pyvenv.cfg`)."""
+    return [os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable)), sys.prefix]
+
+
+def _git_folders(root: Optional[Path] = None) -> list:
+    """The repository's git folder and, for a worktree, the common one, read from `.git` itself (no git runs: a rank
+    could have planted its hooks or config; red team 58, a bind of .git: root's next commit ran a rank's hook).
+    `root`: the repository's folder, this file's by default."""
+    found, dot = [], (root or Path(__file__).resolve().parent) / ".git"
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        if dot.is_file():
+            named = dot.read_text().strip().removeprefix("gitdir:").strip()
+            found.append(os.path.normpath(dot.parent / named))
+            common = Path(found[0]) / "commondir"
+            if common.is_file():
+                found.append(os.path.normpath(Path(found[0]) / common.read_text().strip()))
+        elif dot.is_dir():
+            found.append(str(dot))
+    return found
+
+
 def _loaded(env) -> list:
     """Where the judge's Python finds code: sys.path (a missing entry, such as the user site, counts: the next
-    process puts it there once it exists), the bytecode prefix, the extension and Triton caches, preloads."""
+    process puts it there once it exists), its interpreter's folders, the bytecode prefix, the extension and Triton
+    caches, preloads; and the repository's git folders, whose hooks and config root's git runs."""
     import site
 
     return [p for p in [*(entry or os.getcwd() for entry in sys.path), *([site.getusersitepackages()]
-            if site.ENABLE_USER_SITE else []), sys.pycache_prefix or "", *(str(judge_cache(name) or "")
+            if site.ENABLE_USER_SITE else []), *_interpreter_folders(), *_git_folders(), sys.pycache_prefix or "",
+            *(str(judge_cache(name) or "")
             for name in CACHE_FOLDERS), *(str(found) for found in map(_preload_file, _preload_entries(
                 env.get("LD_PRELOAD", ""))) if found)] if p]
 

@@ -55,7 +55,9 @@ def judges_git(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     GIT_TIMEOUT_S, its words as bytes."""
     env = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD" and not name.startswith("GIT_")}
     env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, PATH=folder_entries(env.get("PATH", "")))
-    return subprocess.run(["git", "-c", "safe.directory=*", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+    # no hook and no fsmonitor command: the repository's own config could name one (red team 58)
+    return subprocess.run(["git", "-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null", "-c",
+                           "core.fsmonitor=false", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, timeout=GIT_TIMEOUT_S)
 
 

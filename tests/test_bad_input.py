@@ -201,6 +201,25 @@ def test_the_judges_own_git_reads_no_setting_of_the_users_and_finds_git_by_no_re
     assert not ran.exists()
 
 
+def test_the_judges_own_git_runs_no_command_the_repositorys_config_names(tmp_path):
+    """Red team 58: root's git read the repository's own config, where a rank that could write the git folder (a
+    writable folder bound onto it) could name a fsmonitor command or a hooks folder. The judge's git takes neither."""
+    from a2a import plan
+
+    ran = tmp_path / "ran"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
+    hook.chmod(0o755)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    committer = ["-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], [*committer, "commit", "-q", "--allow-empty", "-m", "x"],
+                 ["config", "core.fsmonitor", str(hook)]):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, timeout=60)
+    done = plan.judges_git("status", "--porcelain", cwd=repo)
+    assert done.returncode == 0 and not ran.exists(), done.stderr[-2000:]
+
+
 def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
     """Each found before a rank starts: one line, 113, nothing saved."""
     a_file = Path(_file(tmp_path, "a_file", ""))

@@ -1871,15 +1871,21 @@ def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_b
             rank_writable.check({{"A2A_RANK_WRITABLE": {str(tmp_path / "alias")!r}, "HOME": {str(tmp_path)!r}}})
         except ValueError as error:
             print(error)
-        # red team 57: a bind of the judge's own package, where a rank wrote a2a/__pycache__ and root ran it
-        package = {str(tmp_path)!r} + "/package-alias"
-        os.makedirs(package)
-        assert libc.mount({str(ROOT / "a2a").encode()!r}, package.encode(), None, 0x1000, None) == 0
-        try:
-            rank_writable.check({{"A2A_RANK_WRITABLE": package, "HOME": {str(tmp_path)!r}}})
-            print("PASSED package")
-        except ValueError as error:
-            print("refused package", "which the judge imports from" in str(error))
+        # red team 57: a bind of the judge's own package, where a rank wrote a2a/__pycache__ and root ran it; 58: of
+        # the interpreter's folder (a ._pth there is honoured) and of the repository's git folder (its hooks)
+        for name, source in (("package", {str(ROOT / "a2a")!r}),
+                             ("interpreter", os.path.dirname(os.path.realpath(sys.executable))),
+                             ("git", {str(ROOT / ".git")!r})):
+            if not os.path.isdir(source):  # a worktree's .git is a file
+                continue
+            alias = {str(tmp_path)!r} + "/alias-" + name
+            os.makedirs(alias)
+            assert libc.mount(source.encode(), alias.encode(), None, 0x1000, None) == 0
+            try:
+                rank_writable.check({{"A2A_RANK_WRITABLE": alias, "HOME": {str(tmp_path)!r}}})
+                print("PASSED", name)
+            except ValueError as error:
+                print("refused", name, "judge" in str(error))
         # red team 55: the kernel's file systems at a path on a disk (/sys/fs/cgroup's turned the memory cap off,
         # /proc's ended the judge with 114)
         for kernels in ("/proc", "/sys", "/sys/fs/cgroup"):
@@ -1900,7 +1906,22 @@ def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_b
     assert "the judge's own" in result.stdout, result.stdout + result.stderr
     refused = re.findall(r"refused (\S+) True", result.stdout)
     assert "PASSED" not in result.stdout and "/proc" in refused and "/sys" in refused, result.stdout + result.stderr
-    assert "refused package True" in result.stdout, result.stdout + result.stderr
+    assert "refused package True" in result.stdout and "refused interpreter True" in result.stdout, result.stdout
+
+
+def test_a_worktrees_git_folders_are_read_from_its_dot_git_file(tmp_path):
+    """Red team 58: a worktree's git folder lies outside it (its `.git` is a file), where a writable folder could be
+    its other name and a rank plant hooks root's git runs. The judge reads both its git folder and the common one from
+    the file, running no git."""
+    import rank_writable
+
+    (tmp_path / "repo" / ".git" / "worktrees" / "w").mkdir(parents=True)
+    (tmp_path / "repo" / ".git" / "worktrees" / "w" / "commondir").write_text("../..\n")
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / ".git").write_text(f"gitdir: {tmp_path / 'repo' / '.git' / 'worktrees' / 'w'}\n")
+    assert rank_writable._git_folders(tmp_path / "w") == [str(tmp_path / "repo" / ".git" / "worktrees" / "w"),
+                                                          str(tmp_path / "repo" / ".git")]
+    assert rank_writable._git_folders(tmp_path / "repo") == [str(tmp_path / "repo" / ".git")]
 
 
 def test_an_overlay_layer_no_one_can_resolve_is_refused_and_a_loop_image_in_the_folder_is_its_name(monkeypatch):

@@ -84,10 +84,11 @@ def test_eval_all_is_exactly_what_the_library_uses():
     used = set()
     for path in [*(ROOT / "a2a").glob("*.py"), *(ROOT / "tools").glob("*.py"),
                  ROOT / "run_leaderboard.py", ROOT / "diff.py"]:
-        text = path.read_text()
-        used |= set(re.findall(r"\bcore\.([A-Za-z_]\w*)", text))
-        for names in re.findall(r"^\s*from eval import ([\w, ]+)", text, flags=re.M):
-            used |= {name.strip() for name in names.split(",")}
+        for node in ast.walk(ast.parse(path.read_text())):  # the code's names, not a string's (git's core.*)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "core":
+                used.add(node.attr)
+            elif isinstance(node, ast.ImportFrom) and node.module == "eval":
+                used |= {alias.name for alias in node.names}
     assert used == set(core.__all__), (sorted(used - set(core.__all__)), sorted(set(core.__all__) - used))
     assert all(hasattr(core, name) for name in core.__all__)
 
