@@ -33,6 +33,12 @@ _ABSOLUTE = re.compile(r"/[^\s:,;'\"=})]*")  # every absolute path in a value (a
 # their entries are followed too, as are the home's own. Red team 46 went past a list of names (fontconfig's
 # ~/.fonts.conf.d, pip's ~/.pip): every entry there is one a tool may read.
 HOME_FOLDERS = (".config", ".cache", ".local", ".local/share", ".local/state")
+# The system's and its tools' trees, which root's programs read by fixed names before or around the judge (pyenv's
+# hooks in /usr/local/etc/pyenv.d, a compiler's /usr/local/include, an interpreter's site folder, ld.so's conf): a
+# writable folder lies in none of them, by any name (red team 59: each such folder, made 1777, had root run a rank's
+# code). With root's home's dot-folders (~/.pyenv), they are refused as trees, not one name at a time.
+SYSTEM_TREES = ("/usr", "/etc", "/opt", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/var/lib",
+                "/var/cache", "/var/spool", "/snap")
 HOME_ENTRIES_CHECKED = 10_000  # a home of more entries than this in those trees is followed this far
 
 
@@ -334,6 +340,10 @@ def _check_folders(env, ids: dict, others: dict) -> None:
         given_steps = [Path(*Path(entry).parts[:end]) for end in range(1, len(Path(entry).parts) + 1)]
         steps = given_steps + [Path(os.path.realpath(step)) for step in given_steps]
         names = [folder, *(path for path, shown in others.items() if shown == folder)]  # and a mount's other names
+        if tree := _system_tree(names, env):
+            raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in {tree}, a folder of the system's or its "
+                             f"tools', which root's programs read by fixed names (red team 59: pyenv's hooks, a "
+                             f"compiler's headers, a site folder's .pth); name a folder made for the ranks")
         steps += map(Path, names[1:])  # red team 55: a bind of /sys/fs/cgroup at a path on a disk
         ways = {*steps, *(parent for step in steps for parent in step.parents)}
         if kernels := [k for k in map(Path, ("/proc", "/sys", "/dev")) if k in ways]:
@@ -361,6 +371,16 @@ def _check_folders(env, ids: dict, others: dict) -> None:
         if holder := next((f for f in ids.values() if Path(f) in mount[4].parents), None):
             raise ValueError(f"{mount[4]} is mounted below {RANK_WRITABLE} folder {holder!r}: the ranks would write "
                              f"it, and the judge read it under its other names; unmount it, or name another folder")
+
+
+def _system_tree(names: list, env) -> Optional[str]:
+    """The first of SYSTEM_TREES, or of root's home's dot-folders, that one of `names` is or lies in, else None."""
+    home = Path(os.path.realpath(_home(env)))
+    trees = [*map(Path, SYSTEM_TREES)]
+    with contextlib.suppress(OSError), os.scandir(home) as entries:
+        trees += [home / entry.name for entry in entries if entry.name.startswith(".")]
+    return next((str(tree) for name in map(Path, names) for tree in trees if tree == name or tree in name.parents),
+                None)
 
 
 def _check_result_file(fd: int, ids: dict) -> None:

@@ -1839,6 +1839,7 @@ def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_b
     outer = tmp_path / "outer"
     (outer / "inner").mkdir(parents=True)
     (tmp_path / "disk").mkdir()
+    (tmp_path / ".pyenv" / "pyenv.d").mkdir(parents=True)  # a tool's dot-folder in root's home (HOME below)
     for folders, said in (("/sys/fs/cgroup", "a file system of the kernel's"), ("/proc", "of the kernel's"),
                           (f"{outer}:{outer / 'inner'}", "lies in another"),
                           (os.path.relpath(outer), "is relative"),  # red team 49: read again from a bundle
@@ -1847,7 +1848,10 @@ def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_b
                           ("/proc/self/cwd/" + "../" * (len(Path.cwd().parts) + 2) + str(outer)[1:], "named through"),
                           (str(tmp_path / "none"), "is not a folder"),  # CI's container: no /sys/fs/cgroup either
                           (str(rank_writable.RANK_CACHE / "builds"), "the judge's own"),  # red team 51: 114
-                          ("/var/tmp/a2a-run-60001/home", "the judge's own")):
+                          ("/var/tmp/a2a-run-60001/home", "the judge's own"),
+                          # red team 59: pyenv's hooks, a compiler's headers, ld.so's conf, a tool's folder in HOME
+                          ("/usr/local/etc", "a folder of the system's"), ("/usr/local/include", "of the system's"),
+                          ("/etc/ld.so.conf.d", "of the system's"), (str(tmp_path / ".pyenv" / "pyenv.d"), "system's")):
         with pytest.raises(ValueError, match=said):
             rank_writable.check({"A2A_RANK_WRITABLE": folders, "HOME": str(tmp_path)})
     with pytest.raises(ValueError, match="as TZ and TZDIR name it"):  # red team 49: a zone file of a rank's
