@@ -173,15 +173,20 @@ def test_the_judges_own_git_runs_without_the_operators_preload(tmp_path, preload
     assert done.returncode == 0 and said and b"unknown" not in said, (said, done.stderr[-2000:])
 
 
+def _touching_hook(folder: Path) -> tuple:
+    """(a script that leaves a file when something runs it, that file's path)."""
+    ran, hook = folder / "ran", folder / "hook.sh"
+    hook.write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
+    hook.chmod(0o755)
+    return hook, ran
+
+
 @pytest.mark.parametrize("setting", ["~/.gitconfig", "GIT_CONFIG_PARAMETERS", "a relative PATH entry"])
 def test_the_judges_own_git_reads_no_setting_of_the_users_and_finds_git_by_no_relative_path(tmp_path, setting):
     """Red team 47: root's git read `include.path` in ~/.gitconfig, the operator's git parameters, and found `git`
     by a relative PATH entry from the repository, each leading to a rank's file: a fsmonitor command or a `git` of
     its own ran as root. The judge's git reads the repository's settings only and finds git by absolute entries."""
-    ran = tmp_path / "ran"
-    hook = tmp_path / "hook.sh"
-    hook.write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
-    hook.chmod(0o755)
+    hook, ran = _touching_hook(tmp_path)
     home = tmp_path / "home"
     home.mkdir()
     env = {**os.environ, "HOME": str(home)}
@@ -206,10 +211,7 @@ def test_the_judges_own_git_runs_no_command_the_repositorys_config_names(tmp_pat
     writable folder bound onto it) could name a fsmonitor command or a hooks folder. The judge's git takes neither."""
     from a2a import plan
 
-    ran = tmp_path / "ran"
-    hook = tmp_path / "hook.sh"
-    hook.write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
-    hook.chmod(0o755)
+    hook, ran = _touching_hook(tmp_path)
     repo = tmp_path / "repo"
     repo.mkdir()
     committer = ["-c", "user.name=t", "-c", "user.email=t@t"]

@@ -1876,41 +1876,29 @@ def test_a_writable_folder_the_kernel_keeps_one_in_another_or_one_with_a_mount_b
         except ValueError as error:
             print(error)
         # red team 57: a bind of the judge's own package, where a rank wrote a2a/__pycache__ and root ran it; 58: of
-        # the interpreter's folder (a ._pth there is honoured) and of the repository's git folder (its hooks)
-        for name, source in (("package", {str(ROOT / "a2a")!r}),
-                             ("interpreter", os.path.dirname(os.path.realpath(sys.executable))),
-                             ("git", {str(ROOT / ".git")!r})):
-            if not os.path.isdir(source):  # a worktree's .git is a file
+        # the interpreter's folder (a ._pth there is honoured) and of the repository's git folder (its hooks); 55:
+        # the kernel's file systems at a path on a disk (/sys/fs/cgroup's turned the memory cap off, /proc's: 114)
+        for name, source, said in (("package", {str(ROOT / "a2a")!r}, "judge"),
+                                   ("interpreter", os.path.dirname(os.path.realpath(sys.executable)), "judge"),
+                                   ("git", {str(ROOT / ".git")!r}, "judge"), ("/proc", "/proc", "kernel's"),
+                                   ("/sys", "/sys", "kernel's"), ("/sys/fs/cgroup", "/sys/fs/cgroup", "kernel's")):
+            if not os.path.isdir(source):  # a worktree's .git is a file; CI's container has no /sys/fs/cgroup
                 continue
-            alias = {str(tmp_path)!r} + "/alias-" + name
+            alias = {str(tmp_path)!r} + "/alias" + name.replace("/", "-")
             os.makedirs(alias)
             assert libc.mount(source.encode(), alias.encode(), None, 0x1000, None) == 0
             try:
                 rank_writable.check({{"A2A_RANK_WRITABLE": alias, "HOME": {str(tmp_path)!r}}})
                 print("PASSED", name)
             except ValueError as error:
-                print("refused", name, "judge" in str(error))
-        # red team 55: the kernel's file systems at a path on a disk (/sys/fs/cgroup's turned the memory cap off,
-        # /proc's ended the judge with 114)
-        for kernels in ("/proc", "/sys", "/sys/fs/cgroup"):
-            shown = {str(tmp_path)!r} + "/shown" + kernels.replace("/", "-")
-            if not os.path.isdir(kernels):  # CI's container has no /sys/fs/cgroup
-                continue
-            os.makedirs(shown)
-            assert libc.mount(kernels.encode(), shown.encode(), None, 0x1000, None) == 0
-            try:
-                rank_writable.check({{"A2A_RANK_WRITABLE": shown, "HOME": {str(tmp_path)!r}}})
-                print("PASSED", kernels)
-            except ValueError as error:
-                print("refused", kernels, "kernel's" in str(error))
+                print("refused", name, said in str(error))
     """)
     (tmp_path / "alias").mkdir()
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and f"{outer / 'inner'} is mounted below" in result.stdout, result.stdout + result.stderr
     assert "the judge's own" in result.stdout, result.stdout + result.stderr
     refused = re.findall(r"refused (\S+) True", result.stdout)
-    assert "PASSED" not in result.stdout and "/proc" in refused and "/sys" in refused, result.stdout + result.stderr
-    assert "refused package True" in result.stdout and "refused interpreter True" in result.stdout, result.stdout
+    assert "PASSED" not in result.stdout and {"/proc", "/sys", "package", "interpreter"} <= set(refused), result.stdout
 
 
 def test_a_worktrees_git_folders_are_read_from_its_dot_git_file(tmp_path):
