@@ -1686,7 +1686,7 @@ def _timed_loop(run: ProtocolRun, steps: CaseSteps, idx: int, test: TestCase, fr
     owner neither draws nor checks between two timed steps; the loop stops at the runner's rules, on the owner's
     times. NOTES: a bank's first timed step follows an untimed call of its own input (a lead-in), not the owner's
     draw and checks: a rank's work left running after `done` overlaps a timed step there too (red team 55: the
-    work's thread, done in the gap, gave the case its best step)."""
+    bank's draw, about 0.1 s, sat before the first timed step, free for such work)."""
     first = run.inputs(test, run.seeds.case_seed(idx, test.args["seed"]))
     result = steps.step(judge.CALL, 0, first)
     if any(result.problems):

@@ -1754,7 +1754,7 @@ def test_the_owner_neither_draws_nor_checks_between_two_timed_steps(tmp_path):
     """Red team 54: a rank's work that is not output (a 32 MiB zeroing), moved after `done`, ran while the owner
     checked that step and drew the next one's input, off its clock, and lowered the mean by 9-26%. The timed steps'
     inputs are drawn before the first and their outputs checked after the last, and the first follows an untimed
-    call (red team 55: else the work, done in the draw's gap, gave that step the case's best): the gap before a
+    call (red team 55: else the bank's draw sat before it, free for such work): the gap before a
     timed step (`gap_*`, the owner's own figure) is a small part of what that work costs the owner here."""
     args = dict(item.split(": ") for item in HEAVY_DRAW_LINE.split("; "))
     args = {key: int(value) for key, value in args.items()}
