@@ -1689,8 +1689,8 @@ def _timed_loop(run: ProtocolRun, steps: CaseSteps, idx: int, test: TestCase, fr
     bank's draw, about 0.1 s, sat before the first timed step, free for such work)."""
     first = run.inputs(test, run.seeds.case_seed(idx, test.args["seed"]))
     result = steps.step(judge.CALL, 0, first)
-    if any(result.problems):
-        return [], [], [], [], [], next((r, "the checked call", p) for r, p in enumerate(result.problems) if p)
+    if wrong := result.wrong():
+        return [], [], [], [], [], (wrong[0], "the checked call", wrong[1])
     floor = [steps.step(judge.FLOOR, 0, first).window_ns for _ in range(FLOOR_STEPS if run.extra else 0)]
     durations, device, race, gap = [], [], [], []
     draw = (lambda step: run.inputs(test, run.seeds.step_seed(idx, test.args["seed"], step))) if fresh else \
@@ -1699,7 +1699,7 @@ def _timed_loop(run: ProtocolRun, steps: CaseSteps, idx: int, test: TestCase, fr
 
     def said_wrong(result: judge.StepResult, k: int) -> Optional[tuple]:
         """A rank's own word on its output, read at once: (k, the step since the bank's defer; rank; why)."""
-        return next(((k, r, p) for r, p in enumerate(result.problems) if p), None)
+        return (k, *wrong) if (wrong := result.wrong()) else None
 
     loop_start = time.perf_counter_ns()
     for step in range(MAX_REPEATS):

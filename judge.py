@@ -384,6 +384,10 @@ class StepResult:
     race_ns: float = math.nan
     gap_ns: float = math.nan
 
+    def wrong(self) -> Optional[tuple]:
+        """(rank, its problem) of the first rank whose output the step found wrong, else None."""
+        return next(((rank, why) for rank, why in enumerate(self.problems) if why), None)
+
 
 class RankEnded(Exception):
     """A rank's worker sent its result or died in the middle of the steps: the case is over (its result says why)."""

@@ -258,9 +258,7 @@ def _home_entries(home: str) -> list:
     entry of its HOME_FOLDERS' trees, the shallower first (red team 47: ~/.config/git/config a link; 48: one three
     levels down), links and missing targets included (where a tool would make its folder), at most
     HOME_ENTRIES_CHECKED."""
-    found, below = [], [os.path.join(home, folder) for folder in HOME_FOLDERS]
-    with contextlib.suppress(OSError), os.scandir(home) as entries:
-        found += [entry.path for entry in entries if entry.name.startswith(".")]
+    found, below = _dot_entries(home), [os.path.join(home, folder) for folder in HOME_FOLDERS]
     while below and len(found) < HOME_ENTRIES_CHECKED:
         folder = below.pop(0)
         with contextlib.suppress(OSError), os.scandir(folder) as entries:
@@ -269,6 +267,13 @@ def _home_entries(home: str) -> list:
                 if entry.is_dir(follow_symlinks=False):
                     below.append(entry.path)
     return [*(os.path.join(home, folder) for folder in HOME_FOLDERS), *found[:HOME_ENTRIES_CHECKED]]
+
+
+def _dot_entries(home: str) -> list:
+    """The paths of the dot-entries of `home` (none where it cannot be listed)."""
+    with contextlib.suppress(OSError), os.scandir(home) as entries:
+        return [entry.path for entry in entries if entry.name.startswith(".")]
+    return []
 
 
 def _expanded(value: str, env) -> str:
@@ -332,6 +337,7 @@ def _check_folders(env, ids: dict, others: dict) -> None:
     link, and root took its target for the folder), and no mount below one (48: the ranks wrote it, and root read it
     under its other name). `others`: _other_names of the folders."""
     given, mounts = [entry for entry in env.get(RANK_WRITABLE, "").split(os.pathsep) if entry], _mounts()
+    trees = [*map(Path, SYSTEM_TREES), *map(Path, _dot_entries(os.path.realpath(_home(env))))]
     for entry, folder in zip(given, map(os.path.realpath, given)):
         if not os.path.isabs(entry):  # red team 49: a staged bundle's ranks read it from another folder
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} is relative, read from whatever folder a process runs "
@@ -340,7 +346,7 @@ def _check_folders(env, ids: dict, others: dict) -> None:
         given_steps = [Path(*Path(entry).parts[:end]) for end in range(1, len(Path(entry).parts) + 1)]
         steps = given_steps + [Path(os.path.realpath(step)) for step in given_steps]
         names = [folder, *(path for path, shown in others.items() if shown == folder)]  # and a mount's other names
-        if tree := _system_tree(names, env):
+        if tree := next((t for name in map(Path, names) for t in trees if t == name or t in name.parents), None):
             raise ValueError(f"{RANK_WRITABLE} folder {entry!r} lies in {tree}, a folder of the system's or its "
                              f"tools', which root's programs read by fixed names (red team 59: pyenv's hooks, a "
                              f"compiler's headers, a site folder's .pth); name a folder made for the ranks")
@@ -371,16 +377,6 @@ def _check_folders(env, ids: dict, others: dict) -> None:
         if holder := next((f for f in ids.values() if Path(f) in mount[4].parents), None):
             raise ValueError(f"{mount[4]} is mounted below {RANK_WRITABLE} folder {holder!r}: the ranks would write "
                              f"it, and the judge read it under its other names; unmount it, or name another folder")
-
-
-def _system_tree(names: list, env) -> Optional[str]:
-    """The first of SYSTEM_TREES, or of root's home's dot-folders, that one of `names` is or lies in, else None."""
-    home = Path(os.path.realpath(_home(env)))
-    trees = [*map(Path, SYSTEM_TREES)]
-    with contextlib.suppress(OSError), os.scandir(home) as entries:
-        trees += [home / entry.name for entry in entries if entry.name.startswith(".")]
-    return next((str(tree) for name in map(Path, names) for tree in trees if tree == name or tree in name.parents),
-                None)
 
 
 def _check_result_file(fd: int, ids: dict) -> None:

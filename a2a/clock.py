@@ -486,7 +486,7 @@ class Clock:
             live.failure = f"the owner's step of it raised {type(exc).__name__}: {str(exc)[:300]}"
             live.broken = True
             return None
-        problem = next(((rank, why) for rank, why in enumerate(result.problems) if why), None)
+        problem = result.wrong()
         if not problem and live.steps.steps.full():  # a long visit, checked in parts
             settled = live.steps.steps.settle(again=True)
             problem = settled[1:] if settled else None
