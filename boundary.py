@@ -447,6 +447,9 @@ PR_SET_NO_NEW_PRIVS = 38
 # one file (a build's shared object is tens of MB), and open files per process (20 000 were inherited: red team 16
 # held a million eventfds, 40% of its machine's file-max, in 4.6 s; a rank of torch and NCCL uses some hundreds).
 RANK_LIMITS = {"RLIMIT_NPROC": 4096, "RLIMIT_FSIZE": 4 << 30, "RLIMIT_NOFILE": 8192}
+# Pseudo-terminals a rank may hold at once: its /dev/pts is an instance of its own with this cap (red team 60: two
+# ranks held 4095 of the machine's 4096 through /dev/ptmx, and root's `script` failed until the pool ended).
+RANK_PTYS = 16
 
 # A pool's ranks share one memory cap, a cgroup of the pool's own (the memory controller of cgroup v1, or v2's),
 # which every rank joins before it drops root: without it one rank that takes the host's memory starves the owner and
@@ -1916,6 +1919,19 @@ def _lift_judges_covers(libc) -> None:
             _fail(f"lifting the judge's cover of {point}")
 
 
+def _own_terminals(libc) -> None:
+    """/dev/pts as a devpts instance of the rank's own, at most RANK_PTYS terminals (/dev/ptmx opens the instance
+    at /dev/pts beside it); where the kernel refuses one, no new terminal at all."""
+    if not os.path.isdir("/dev/pts"):
+        return
+    options = f"newinstance,ptmxmode=0666,mode=0600,max={RANK_PTYS}".encode()
+    if not libc.mount(b"devpts", b"/dev/pts", b"devpts", MS_NOSUID | MS_NOEXEC, options):
+        return
+    for path in (b"/dev/ptmx", b"/dev/pts/ptmx"):
+        if os.path.exists(path) and libc.mount(b"/dev/null", path, None, MS_BIND, None):
+            _fail(f"closing {path.decode()}")
+
+
 def enter_rank_sandbox(sandbox: Optional[RankSandbox]) -> None:
     """A worker's first act, before torch or a submission: a mount namespace in which the judge's covers are lifted
     and it writes only its run's folders and the RANK_WRITABLE ones (_cover_scratch), with its own /proc (only the
@@ -1940,6 +1956,7 @@ def enter_rank_sandbox(sandbox: Optional[RankSandbox]) -> None:
             _cover_scratch(libc, sandbox)
         if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None):
             _fail("mounting /proc")
+        _own_terminals(libc)
         _expose(libc, sandbox.expose)
         for path in sandbox.hide:  # NOTES: read-only is not hidden (red team 35: a rival entry's source, read by path)
             if os.path.isfile(path) and libc.mount(b"/dev/null", os.fsencode(path), None, MS_BIND, None):  # in sight

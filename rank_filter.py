@@ -15,9 +15,11 @@ PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 # per architecture the harness runs on: its audit arch, and the numbers of the calls the filter looks at
 _SYSCALLS = {"x86_64": (0xC000003E, {"clone": 56, "unshare": 272, "clone3": 435, "add_key": 248,
-                                     "request_key": 249, "keyctl": 250, "ptrace": 101, "ioctl": 16}),
+                                     "request_key": 249, "keyctl": 250, "ptrace": 101, "ioctl": 16, "io_setup": 206,
+                                     "io_uring_setup": 425}),
              "aarch64": (0xC00000B7, {"clone": 220, "unshare": 97, "clone3": 435, "add_key": 217,
-                                      "request_key": 218, "keyctl": 219, "ptrace": 117, "ioctl": 29})}
+                                      "request_key": 218, "keyctl": 219, "ptrace": 117, "ioctl": 29, "io_setup": 0,
+                                      "io_uring_setup": 425})}
 CLONE_PARENT = 0x00008000
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C  # a terminal's input pushed by ioctl (red team 23: typed into the operator's shell)
 _X32_BIT = 0x40000000
@@ -36,7 +38,9 @@ def rank_filter(machine: str) -> list:
     """The filter's instructions (code, jt, jf, k): clone and unshare with CLONE_NEWUSER fail with EPERM, and clone
     with CLONE_PARENT (red team 19: a child of the rank's parent, the owner under spawn, which never reaps it, so the
     namespace could not end and the owner waited on it forever); clone3, whose flags a filter cannot read, fails
-    with ENOSYS (glibc then falls back to clone); ptrace fails with EPERM, every request of it (red team 19:
+    with ENOSYS (glibc then falls back to clone), as do the kernel's asynchronous I/O contexts (io_setup, io_uring_setup:
+    red team 60: 15 contexts held the machine's whole fs.aio-max-nr, and root's io_setup failed until the pool ended;
+    a caller falls back to plain reads and writes); ptrace fails with EPERM, every request of it (red team 19:
     PTRACE_TRACEME made the owner the rank's tracer, and a stop it then read as its worker's exit ended the run with
     114; red team 28: two workers that seized each other hid their exits from their parent, whose wait never ended);
     the kernel's keyrings
@@ -48,7 +52,8 @@ def rank_filter(machine: str) -> list:
     arch, number = _SYSCALLS[machine]
     program = [  # (code, label if true, label if false, k); a label is an instruction's name below
         (_LOAD, None, None, 4), (_JEQ, "native", "deny", arch),
-        ("native", _LOAD, None, None, 0), (_JGE, "deny", None, _X32_BIT), (_JEQ, "absent", None, number["clone3"]),
+        ("native", _LOAD, None, None, 0), (_JGE, "deny", None, _X32_BIT),
+        *((_JEQ, "absent", None, number[name]) for name in ("clone3", "io_setup", "io_uring_setup")),
         *((_JEQ, "deny", None, number[name]) for name in ("add_key", "request_key", "keyctl")),
         (_JEQ, "deny", None, number["ptrace"]), (_JEQ, "terminal", None, number["ioctl"]),
         (_JEQ, "flags", None, number["clone"]), (_JEQ, "flags", "allow", number["unshare"]),

@@ -419,6 +419,24 @@ def test_ranks_sharing_gpus_have_network_and_ipc_namespaces_of_their_own_too():
         assert "the machine's" not in seen[kind][2].replace("the machine's /dev/shm", ""), seen
 
 
+def test_a_rank_holds_few_terminals_and_no_asynchronous_io_context():
+    """Red team 60: two ranks held 4095 of the machine's 4096 pseudo-terminals, and 15 AIO contexts its whole
+    fs.aio-max-nr; root's `script` and `io_setup` failed until the pool ended. A rank's /dev/pts is an instance of
+    its own, capped at RANK_PTYS, and its filter answers io_setup and io_uring_setup as absent (ENOSYS)."""
+    import errno
+
+    probe = ("import ctypes, rank_filter\nheld = []\ntry:\n    while len(held) < 4 * boundary.RANK_PTYS:\n"
+             "        held.append(os.openpty())\nexcept OSError as error:\n    print('ptys', len(held), error.errno)\n"
+             "libc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+             "numbers = rank_filter._SYSCALLS[os.uname().machine][1]\ncontext, params = ctypes.c_ulong(0), "
+             "ctypes.create_string_buffer(120)\n"
+             "for name, args in (('io_setup', (128, ctypes.byref(context))), ('io_uring_setup', (8, params))):\n"
+             "    print(name, libc.syscall(numbers[name], *args), ctypes.get_errno())")
+    said = _each_pool({"pool": {}}, probe)["pool"][0].splitlines()
+    assert said[0] == f"ptys {boundary.RANK_PTYS} {errno.ENOSPC}", said
+    assert said[1:] == [f"io_setup -1 {errno.ENOSYS}", f"io_uring_setup -1 {errno.ENOSYS}"], said
+
+
 TERMINAL_PROBE = """
 import fcntl as _fcntl
 import os as _os
