@@ -12,7 +12,6 @@ import dataclasses
 import errno
 import fcntl
 import hashlib
-import math
 import os
 import re
 import resource  # here, not in a rank: a worker imports nothing after it lifts the covers (red team 50)
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from env_secrets import is_secret
+from pool_memory import (CGROUP_ROOT, POOL_MEMORY_ENV, TCP_SHARE, make_memory_group, memory_cap_hit,  # noqa: F401
+                         memory_group, pool_memory_bytes, remove_pool_groups)
 from rank_filter import install_rank_filter
 
 HERE = Path(__file__).resolve().parent
@@ -451,188 +452,6 @@ RANK_LIMITS = {"RLIMIT_NPROC": 4096, "RLIMIT_FSIZE": 4 << 30, "RLIMIT_NOFILE": 8
 # ranks held 4095 of the machine's 4096 through /dev/ptmx, and root's `script` failed until the pool ended).
 RANK_PTYS = 16
 
-# A pool's ranks share one memory cap, a cgroup of the pool's own (the memory controller of cgroup v1, or v2's),
-# which every rank joins before it drops root: without it one rank that takes the host's memory starves the owner and
-# every other pool. A2A_POOL_MEMORY_GB sets it; by default half the machine's memory.
-POOL_MEMORY_ENV = "A2A_POOL_MEMORY_GB"
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-# The least cap taken: v1 passed under 0.1 GiB at world size 2 on gloo (this project's CPU machine, 2026-11-29, its
-# ranks forked from a zygote that had imported torch), where 0.0001 failed it as the submission's (red team 51).
-POOL_MEMORY_MIN_GIB = 0.1
-
-
-def pool_memory_bytes() -> int:
-    """A pool's memory cap in bytes; ValueError naming the variable when it is set to anything but a number of GiB
-    from POOL_MEMORY_MIN_GIB to the machine's memory (red team 51: 1e-300 rounded to a cap the kernel refused, and
-    the pool ran with none; 0.0001 failed the honest v1 as the submission's; 1e300 ended the judge with 114)."""
-    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    text = os.environ.get(POOL_MEMORY_ENV)
-    if text:
-        try:
-            gib = float(text)
-        except ValueError:
-            gib = math.nan
-        if not (POOL_MEMORY_MIN_GIB <= gib <= machine / (1 << 30)):
-            raise ValueError(f"{POOL_MEMORY_ENV}={text!r}: must be a number of GiB from {POOL_MEMORY_MIN_GIB} to "
-                             f"this machine's {machine / (1 << 30):.1f}")
-        return int(gib * (1 << 30))
-    return machine // 2
-
-
-def _own_v1_group(controller: str) -> Path:
-    """This process's own group in cgroup v1's hierarchy of `controller` (its root where /proc says none or the
-    folder is not there)."""
-    root = CGROUP_ROOT / controller
-    own = ""
-    with contextlib.suppress(OSError):
-        own = next((line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
-                    if controller in line.split(":")[1].split(",")), "")
-    group = root / own.strip().lstrip("/") if own.strip() else root
-    return group if group.is_dir() else root
-
-
-TCP_SHARE = 0.125  # of a pool's memory cap, its TCP buffers' (cgroup v1 only, which counts them apart)
-
-
-def _memory_controller() -> Optional[tuple]:
-    """(the folder pools' groups go under, {its limit files: their share of the cap}, its OOM files) or None. Under
-    cgroup v1 the groups go below this process's own memory group, whose limits then hold them too; v2 gives a group
-    with processes no controllers for its children, so there they go below the hierarchy's root."""
-    if (CGROUP_ROOT / "memory" / "memory.limit_in_bytes").exists():
-        # NOTES: v1 counts a socket's TCP buffers apart from the group's memory, and only once their own limit is
-        # set (red team 17: 1.2 GiB of loopback buffers passed a 1 GiB cap without it; red team 21, with it: 0.8 GiB
-        # of memory and 1.0 GiB of buffers both within their own limits): the cap is split between the two
-        return (_own_v1_group("memory"), {"memory.limit_in_bytes": 1 - TCP_SHARE, "memory.kmem.tcp.limit_in_bytes":
-                                          TCP_SHARE}, ("memory.oom_control", "memory.failcnt"))
-    for root in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
-        with contextlib.suppress(OSError):
-            if "memory" in (root / "cgroup.subtree_control").read_text().split():
-                return root, {"memory.max": 1.0}, ("memory.events",)
-    return None
-
-
-def memory_group(uid: int) -> Optional[Path]:
-    found = _memory_controller()
-    return found[0] / f"a2a-pool-{uid}" if found else None
-
-
-def make_memory_group(uid: int, limit: int) -> tuple:
-    """The pool's memory group, capped at `limit` bytes (an earlier pool's of this uid removed first): (its folder,
-    "") or (None, why there is none)."""
-    found, group = _memory_controller(), memory_group(uid)
-    if found is None:
-        return None, "no memory cgroup here"
-    remove_pool_groups(uid)
-    try:
-        group.mkdir()
-        for name, share in found[1].items():
-            if (group / name).exists():
-                (group / name).write_text(str(int(limit * share)))
-        _try_joining(group)
-    except OSError as error:
-        remove_pool_groups(uid)
-        return None, f"no memory cgroup ({group}: {error.strerror})"
-    return group, ""
-
-
-def _try_joining(group: Path) -> None:
-    """A forked child joins the group and ends (a kernel may make the group and refuse members): OSError if it
-    could not. Only system calls in the child: the owner may have threads."""
-    child = os.fork()
-    if child == 0:
-        code = 1
-        try:
-            fd = os.open(group / "cgroup.procs", os.O_WRONLY)
-            os.write(fd, b"0")
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(child, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise OSError(errno.EPERM, "the kernel refused a process into it")
-
-
-GROUP_EMPTY_WAIT_S = 5.0  # for a released pool's last tasks to exit before its groups are removed
-
-
-def remove_pool_groups(uid: int) -> bool:
-    """Removes the uid's memory group: every task still in it killed, what the kernel still holds for it freed
-    (_freed), and removed once empty (waiting up to GROUP_EMPTY_WAIT_S in all). Whether it is gone (red team 20: a
-    group removed at once, while its tasks were still exiting, stayed, and no later command tried again)."""
-    groups = [group for group in (memory_group(uid),) if group is not None]
-    deadline = time.monotonic() + GROUP_EMPTY_WAIT_S
-    freed = False
-    while True:
-        for group in groups:
-            with contextlib.suppress(OSError):
-                tasks = (group / "cgroup.procs").read_text().split()
-                for pid in tasks:
-                    with contextlib.suppress(ProcessLookupError, ValueError):
-                        os.kill(int(pid), signal.SIGKILL)
-                if not tasks and not freed:
-                    _freed(group, deadline)
-                    freed = True
-            with contextlib.suppress(OSError):
-                group.rmdir()
-        groups = [group for group in groups if group.exists()]
-        if not groups or time.monotonic() > deadline:
-            return not groups
-        time.sleep(0.02)
-
-
-SETTLED_S = 0.1  # a group's usage that has not fallen by a MiB for this long is what stays charged (page cache)
-
-
-def _freed(group: Path, deadline: float) -> None:
-    """Asks the kernel's unix-socket collector to run, then waits until the group's memory use stops falling (at most
-    until `deadline`). NOTES: memory a rank sent in flight in a unix socket's queue, every descriptor then closed,
-    is freed only by that collector, which runs when a socket holding descriptors in flight is released; left alone it
-    stayed for minutes, and once freed it drained through the next entry's visits (red team 22: 3 GiB)."""
-    import array
-    import socket
-
-    name = "memory.usage_in_bytes" if (group / "memory.usage_in_bytes").exists() else "memory.current"
-    with contextlib.suppress(OSError):
-        sender, receiver = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-        read_end, write_end = os.pipe()
-        try:
-            sender.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [read_end]))])
-        finally:
-            for fd in (read_end, write_end):
-                os.close(fd)
-            sender.close()
-            receiver.close()
-    try:
-        last, quiet_since = int((group / name).read_text()), time.monotonic()
-        while time.monotonic() - quiet_since < SETTLED_S and time.monotonic() < deadline:
-            time.sleep(0.02)
-            now = int((group / name).read_text())
-            if last - now > 1 << 20:
-                quiet_since = time.monotonic()
-            last = now
-    except (OSError, ValueError):
-        pass
-
-
-def memory_cap_hit(uid: Optional[int]) -> bool:
-    """Whether the kernel killed a process of the pool at the pool's own cap: an OOM kill in the group while its
-    usage met its limit (a kill by the system's own OOM killer counts in the group too, red team 17)."""
-    found = _memory_controller()
-    if uid is None or found is None:
-        return False
-    counts = {}
-    for name in found[2]:
-        with contextlib.suppress(OSError):
-            text = (memory_group(uid) / name).read_text()
-            lines = [line.split() for line in text.splitlines()]
-            counts.update({fields[0]: fields[1] for fields in lines if len(fields) == 2})
-            counts.update({name: fields[0] for fields in lines if len(fields) == 1})
-    met = counts.get("memory.failcnt", counts.get("oom", "0"))  # v1: charges refused at the limit; v2: its OOMs
-    return counts.get("oom_kill", "0") != "0" and met != "0"
-
-
 # The ranks' uids: one per live pool, claimed by creating its record (UID_RECORDS), so two pools (two entries of
 # run_leaderboard.py's clock side by side) never share files, a uid to signal or an MPS server.
 RANK_UID_BASE, RANK_UID_SPAN = 60000, 5000
@@ -682,7 +501,7 @@ if child == 0:  # the init: reaps every orphan as it ends
             pass
         signal.sigwait({signal.SIGCHLD})
 print(child, read_only or "-", apart.replace(" ", "_") or "apart", flush=True)
-told = sys.stdin.readline()
+told = boundary.watch_file_table(child, sys.stdin, float(sys.argv[5]), float(sys.argv[6]))
 os.kill(child, signal.SIGKILL)
 os.waitpid(child, 0)
 if told:
@@ -693,6 +512,49 @@ if told:
         pass
 boundary.release_uid(uid, owner_mark)
 """
+
+
+# The machine's open-file table (fs.file-max) is every user's, and no limit of a uid or a cgroup bounds a pool's part
+# of it: 8192 files a process and 4096 processes pass it (red team 60: a pool held 2.47 M of this project's 2.47 M,
+# and another user's process could not load libc). Root is exempt, the ranks of every other pool are not, so the
+# guardian watches the table: once the machine's use passes FILE_TABLE_ALARM of it, a pool whose processes' file
+# tables together pass FILE_TABLE_SHARE of it is ended, and the guardian says so ("files HELD MOST").
+FILE_TABLE_ALARM, FILE_TABLE_SHARE = 0.5, 0.125
+FILE_WATCH_S = 0.05
+
+
+def file_table() -> tuple:
+    """(files open machine-wide, fs.file-max)."""
+    allocated, free, most = (int(field) for field in Path("/proc/sys/fs/file-nr").read_text().split()[:3])
+    return allocated - free, most
+
+
+def files_held(init: int) -> int:
+    """The size of every file table in `init`'s PID namespace, nested ones included (FDSize: the descriptors a
+    process holds at most; a count above what it holds counts against it alone)."""
+    inode, held = _ns_inode(init), 0
+    known = {inode: True}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _within(int(entry), inode, known):
+            with contextlib.suppress(OSError, ValueError):
+                held += int(next(line.split()[1] for line in Path(f"/proc/{entry}/status").read_text().splitlines()
+                                 if line.startswith("FDSize:")))
+    return held
+
+
+def watch_file_table(init: int, told, alarm: float, share: float) -> str:
+    """The guardian's wait for its owner's line (returned, "" at the pipe's end), meanwhile ending the namespace of
+    `init` if it holds more than `share` of the machine's file table while the machine's use passes `alarm` of it."""
+    import select
+
+    while not select.select([told], [], [], FILE_WATCH_S)[0]:
+        with contextlib.suppress(OSError, ValueError):
+            used, most = file_table()
+            if used > alarm * most and (held := files_held(init)) > share * most:
+                os.kill(init, signal.SIGKILL)
+                print("files", held, most, flush=True)
+                break
+    return told.readline()
 
 
 def _libc():
@@ -857,6 +719,7 @@ class Sandbox:
         self.parent: Optional[Any] = None
         self.init_pid: Optional[int] = None
         self.inode: Optional[int] = None
+        self.files_over: Optional[tuple] = None  # (files held, fs.file-max) when the guardian ended the pool for them
         self._namespaces: dict = {}  # CLONE_NEW* -> (the ranks' namespace, this thread's own), descriptors
         self._rendezvous: Optional[Path] = None
         self._temporary = contextlib.ExitStack()  # the folders this pool made that go with it
@@ -975,7 +838,7 @@ class Sandbox:
 
         env = {k: v for k, v in os.environ.items() if k != RUN_OWNER}  # no orphan sweep may end it mid-clean
         self.parent = subprocess.Popen([sys.executable, "-c", _NAMESPACE_INIT, str(os.getpid()), str(HERE),
-                                        str(self.uid), _own_mark()],
+                                        str(self.uid), _own_mark(), str(FILE_TABLE_ALARM), str(FILE_TABLE_SHARE)],
                                        stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, env=env,
                                        start_new_session=True)  # a kill of the run's process group spares it
         answer = self.parent.stdout.readline().split()
@@ -1065,6 +928,24 @@ class Sandbox:
             time.sleep(0.005)
         return sorted(killed)
 
+    def _guardians_word(self) -> str:
+        """The first word of the guardian's next line, and what its "files" line says kept in `files_over`."""
+        said = self.parent.stdout.readline().split()
+        if said[:1] == ["files"] and len(said) == 3 and all(field.isdigit() for field in said[1:]):
+            self.files_over = (int(said[1]), int(said[2]))
+        return said[0] if said else ""
+
+    def ended_for_files(self, wait_s: float) -> Optional[tuple]:
+        """(files held, fs.file-max) when the guardian ended this pool for its part of the machine's file table
+        (watch_file_table), waiting up to `wait_s` for its word; else None."""
+        import select
+
+        if self.files_over is None and self.parent is not None:
+            with contextlib.suppress(OSError, ValueError):
+                if select.select([self.parent.stdout], [], [], wait_s)[0]:
+                    self._guardians_word()
+        return self.files_over
+
     def _ended_said(self) -> bool:
         """Waits, up to ENDED_TIMEOUT_S, for the guardian to say the namespace ended, meanwhile reaping any child of
         this process the namespace held: a PID namespace ends only once each of its processes is reaped, and one
@@ -1075,7 +956,9 @@ class Sandbox:
         deadline = time.monotonic() + ENDED_TIMEOUT_S
         while time.monotonic() < deadline:
             if select.select([self.parent.stdout], [], [], 0.05)[0]:
-                return self.parent.stdout.readline().strip() == "ended"
+                word = self._guardians_word()
+                if word != "files":  # its "ended" follows that one
+                    return word == "ended"
             for pid in self._namespace_pids():
                 with contextlib.suppress(OSError, IndexError, ValueError, ChildProcessError):
                     if process_stat(pid)[:2] == ["Z", str(os.getpid())]:

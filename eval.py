@@ -1012,12 +1012,16 @@ def _send_result(conn, result: RankResult) -> None:
             os._exit(3)
 
 
-def _death_message(exitcode: Optional[int], guards=None) -> str:
-    """What a rank's end says (None: alive past its connection's end); a SIGKILL at its pool's memory cap says so."""
-    cap = ""
+def _death_message(exitcode: Optional[int], sandbox=None) -> str:
+    """What a rank's end says (None: alive past its connection's end); a SIGKILL at its pool's memory cap, or by its
+    guardian for its part of the machine's file table, says so."""
+    cap, guards = "", sandbox.guards if sandbox is not None else None
     if exitcode == -signal.SIGKILL and guards is not None and guards.memory_bytes and memory_cap_hit(guards.uid):
         cap = (f"; the kernel killed a process of its pool at the pool's memory cap, "
                f"{guards.memory_bytes / (1 << 30):.1f} GiB ({POOL_MEMORY_ENV})")
+    elif exitcode == -signal.SIGKILL and sandbox is not None and (files := sandbox.ended_for_files(0.5)):
+        cap = (f"; its pool was ended holding file tables of {files[0]} descriptors, past its share of the "
+               f"machine's open-file table (fs.file-max {files[1]})")
     with contextlib.suppress(ValueError, TypeError):
         if exitcode < 0:
             return f"rank process died (exit code {exitcode}, {signal.Signals(-exitcode).name}{cap})"
@@ -1077,7 +1081,7 @@ class CaseRun:
             return
         except EOFError:
             join_within(process, 5)  # the pipe closes before the dying process is reaped: wait for its code
-            self.results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode, self.pool.guards)))
+            self.results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode, self.pool.sandbox)))
             return
         if len(raws) > 1:  # NOTES: the harness sends exactly one result per case
             self.violation = self.violation or (f"rank {rank} sent the evaluator a message outside any case (a "
