@@ -28,9 +28,13 @@ POOL_MEMORY_MIN_GIB = 0.1
 def pool_memory_bytes() -> int:
     """A pool's memory cap in bytes; ValueError naming the variable when it is set to anything but a number of GiB
     from POOL_MEMORY_MIN_GIB to the machine's memory (red team 51: 1e-300 rounded to a cap the kernel refused, and
-    the pool ran with none; 0.0001 failed the honest v1 as the submission's; 1e300 ended the judge with 114)."""
+    the pool ran with none; 0.0001 failed the honest v1 as the submission's; 1e300 ended the judge with 114), or
+    set on a machine with no memory cgroup to hold it (its pools would have run with none)."""
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     text = os.environ.get(POOL_MEMORY_ENV)
+    if text and _memory_controller() is None:
+        raise ValueError(f"{POOL_MEMORY_ENV}={text!r}: this machine has no memory cgroup to hold a pool's cap "
+                         f"(cgroup v1's memory controller, or v2's with memory delegated); unset it to run without one")
     if text:
         try:
             gib = float(text)

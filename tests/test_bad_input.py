@@ -222,6 +222,20 @@ def test_the_judges_own_git_runs_no_command_the_repositorys_config_names(tmp_pat
     assert done.returncode == 0 and not ran.exists(), done.stderr[-2000:]
 
 
+def test_a_memory_cap_no_cgroup_can_hold_is_bad_input(monkeypatch):
+    """A2A_POOL_MEMORY_GB set where there is no memory cgroup: the pools would have run with no cap at all, the
+    operator's number said nowhere but in the boundary line's "no memory cap". Refused before any work (eval.py's
+    start checks call pool_memory_bytes); unset, the default stands."""
+    import pool_memory
+
+    monkeypatch.setattr(pool_memory, "_memory_controller", lambda: None)
+    monkeypatch.setenv(pool_memory.POOL_MEMORY_ENV, "2")
+    with pytest.raises(ValueError, match="A2A_POOL_MEMORY_GB='2': this machine has no memory cgroup"):
+        pool_memory.pool_memory_bytes()
+    monkeypatch.delenv(pool_memory.POOL_MEMORY_ENV)
+    assert pool_memory.pool_memory_bytes() == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
 def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
     """Each found before a rank starts: one line, 113, nothing saved."""
     a_file = Path(_file(tmp_path, "a_file", ""))
