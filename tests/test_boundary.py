@@ -437,22 +437,37 @@ def test_a_rank_holds_few_terminals_and_no_asynchronous_io_context():
     assert said[1:] == [f"io_setup -1 {errno.ENOSYS}", f"io_uring_setup -1 {errno.ENOSYS}"], said
 
 
-def test_a_pool_past_its_share_of_the_machines_file_table_is_ended_and_named(monkeypatch):
+# A rank that holds COUNT descriptors in its own table, or in the table of a thread that unshared its own (red team
+# 61: the process's FDSize did not show it), then sleeps SLEEP_S.
+FILES_HELD = """import ctypes, threading, time
+def hold():
+    if {in_thread}:
+        assert ctypes.CDLL(None, use_errno=True).unshare(0x400) == 0  # CLONE_FILES
+    held = [os.open('/dev/null', os.O_RDONLY) for _ in range({count})]
+    time.sleep({sleep_s})
+worker = threading.Thread(target=hold)
+worker.start()
+worker.join()
+print('alive')
+"""
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["process", "thread"])
+def test_a_pool_past_its_share_of_the_machines_file_table_is_ended_and_named(monkeypatch, in_thread):
     """Red team 60: a pool held all 2.47 M of the machine's open files (8192 a process, 340 processes), and another
     user's process could not load libc; no uid or cgroup limit bounds it. The guardian ends a pool whose file tables
     pass FILE_TABLE_SHARE of fs.file-max while the machine's use passes FILE_TABLE_ALARM. Here the alarm is always on
     and the share 4096 descriptors: a rank holding 6000 is ended, and its death names the table; one holding 200 is
-    not."""
+    not. Red team 61: the same in a thread's own table."""
     import eval as harness
 
     monkeypatch.setattr(boundary, "FILE_TABLE_ALARM", 0.0)
     monkeypatch.setattr(boundary, "FILE_TABLE_SHARE", 4096 / boundary.file_table()[1])
-    hold = "held = [os.open('/dev/null', os.O_RDONLY) for _ in range({})]\nimport time\ntime.sleep({})\nprint('alive')"
     seen = {}
     for count, sleep_s in ((6000, 30), (200, 1)):
         sandbox = boundary.Sandbox()
         try:
-            done = _in_sandbox(sandbox, hold.format(count, sleep_s))
+            done = _in_sandbox(sandbox, FILES_HELD.format(in_thread=in_thread, count=count, sleep_s=sleep_s))
             seen[count] = (done.returncode, done.stdout.strip(), sandbox.ended_for_files(2),
                            harness._death_message(-signal.SIGKILL, sandbox))
         finally:
