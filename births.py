@@ -492,10 +492,20 @@ class Zygote:
                 return
             timeout = 0
             if what == _BORN and self.unborn:
-                child = self.unborn.popleft()
+                child = self.unborn[0]
                 child.inner_pid = pid
-                child.outer_pid = _outer_pid(self.process.pid, pid, {c.outer_pid for c in self.children.values()})
-                self.children[pid] = child
+                try:
+                    child.outer_pid = _outer_pid(self.process.pid, pid, {c.outer_pid for c in self.children.values()})
+                except RuntimeError:
+                    # NOTES: a worker's entry stays (a zombie until its owner asks the reap) while its zygote lives;
+                    # one gone means the zygote's namespace ended meanwhile (red team 61: the guardian's end of a
+                    # pool past its share of the file table read as the judge's own error, 114)
+                    self.process.join(timeout=KILLED_WAIT_S)
+                    if self.process.is_alive():
+                        raise
+                    self._end_all()
+                    return
+                self.children[pid] = self.unborn.popleft()
             elif what == _EXITED and pid in self.children:
                 self.children[pid].exitcode = code
 

@@ -477,6 +477,40 @@ def test_a_pool_past_its_share_of_the_machines_file_table_is_ended_and_named(mon
     assert seen[200][:3] == (0, "alive", None) and "file table" not in seen[200][3], seen
 
 
+def test_a_worker_born_into_a_namespace_already_ended_reads_as_killed():
+    """Red team 61: the guardian ended a pool (its file-table share) just after its zygote said a worker was born;
+    the worker's entry was gone when the owner looked for it, and the human face ended with 114, "the pool's zygote
+    forked a worker ... that is not there". With its zygote gone too, every worker of the pool now reads as
+    killed; with the zygote alive, it is still the judge's own error."""
+    import collections
+    import multiprocessing
+
+    import births
+
+    class Zygote:
+        def __init__(self, alive: bool):
+            self.alive, self.pid = alive, 0x3FFFFFFF  # no process has it
+
+        def join(self, timeout=None):
+            pass
+
+        def is_alive(self):
+            return self.alive
+
+    for alive in (False, True):
+        zygote = object.__new__(births.Zygote)
+        zygote.conn, said = multiprocessing.Pipe()
+        zygote.process, zygote.children, zygote.ended = Zygote(alive), {}, False
+        zygote.unborn = collections.deque([births.Forked(zygote)])
+        said.send_bytes(births._ZYGOTE_SAYS.pack(births._BORN, 4, 0))
+        if alive:
+            with pytest.raises(RuntimeError, match="forked a worker"):
+                zygote.hear(1.0)
+        else:
+            zygote.hear(1.0)
+            assert zygote.ended and zygote.unborn[0].exitcode == -signal.SIGKILL and not zygote.unborn[0].is_alive()
+
+
 TERMINAL_PROBE = """
 import fcntl as _fcntl
 import os as _os
