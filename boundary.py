@@ -12,6 +12,7 @@ import dataclasses
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import re
 import resource  # here, not in a rank: a worker imports nothing after it lifts the covers (red team 50)
@@ -477,7 +478,7 @@ MPS_DEFAULT_PIPE = "/tmp/nvidia-mps"  # where an MPS client looks when CUDA_MPS_
 # pipe is closed (the owner has copied the builds back) removes the run's folders and frees the uid. Signals to the
 # run's process group leave it.
 _NAMESPACE_INIT = r"""
-import ctypes, os, signal, sys
+import ctypes, json, os, signal, sys
 owner, here, uid, owner_mark = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 sys.path.insert(0, here)
 import boundary
@@ -501,7 +502,7 @@ if child == 0:  # the init: reaps every orphan as it ends
             pass
         signal.sigwait({signal.SIGCHLD})
 print(child, read_only or "-", apart.replace(" ", "_") or "apart", flush=True)
-told = boundary.watch_file_table(child, sys.stdin, float(sys.argv[5]), float(sys.argv[6]))
+told = boundary.watch_tables(child, sys.stdin, json.loads(sys.argv[5]))
 os.kill(child, signal.SIGKILL)
 os.waitpid(child, 0)
 if told:
@@ -514,19 +515,45 @@ boundary.release_uid(uid, owner_mark)
 """
 
 
-# The machine's open-file table (fs.file-max) is every user's, and no limit of a uid or a cgroup bounds a pool's part
-# of it: 8192 files a process and 4096 processes pass it (red team 60: a pool held 2.47 M of this project's 2.47 M,
-# and another user's process could not load libc). Root is exempt, the ranks of every other pool are not, so the
-# guardian watches the table: once the machine's use passes FILE_TABLE_ALARM of it, a pool whose processes' file
-# tables together pass FILE_TABLE_SHARE of it is ended, and the guardian says so ("files HELD MOST").
-FILE_TABLE_ALARM, FILE_TABLE_SHARE = 0.5, 0.125
-FILE_WATCH_S = 0.05
+# Tables of the machine's that every user shares and no limit of a uid or a cgroup bounds a pool's part of: the
+# open-file table (fs.file-max; 8192 files a process and 4096 processes pass it: red team 60 held 2.47 M of this
+# project's 2.47 M, and another user's process could not load libc) and TCP buffers (tcp_mem; red team 62 held
+# 2.26 GiB, past the kernel's hard mark, and every socket of the machine slowed 2-10x). Root is exempt from neither
+# wholly, the ranks of every other pool from none, so the pool's guardian watches both (watch_tables): once the
+# machine's use passes a table's alarm, a pool holding more than its share of the table is ended, and the guardian
+# says so ("<table> HELD MOST"). NOTES: each share is of the table's limit, and counted only past the alarm.
+TABLES = {"files": (0.5, 0.125), "tcp": (1.0, 0.25)}  # table: (alarm, share), of fs.file-max / tcp_mem's pressure
+TABLE_WATCH_S = 0.05
 
 
 def file_table() -> tuple:
     """(files open machine-wide, fs.file-max)."""
     allocated, free, most = (int(field) for field in Path("/proc/sys/fs/file-nr").read_text().split()[:3])
     return allocated - free, most
+
+
+def tcp_table() -> tuple:
+    """(bytes of TCP buffers machine-wide, the kernel's pressure mark in bytes: tcp_mem's second). NOTES: tcp_mem is
+    the machine's, shown only in its first network namespace (not the guardian's); the count in sockstat is the
+    machine's in every one."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    fields = next(line.split() for line in Path("/proc/net/sockstat").read_text().splitlines()
+                  if line.startswith("TCP:"))
+    used = int(fields[fields.index("mem") + 1]) * page
+    with contextlib.suppress(OSError):
+        return used, int(Path("/proc/sys/net/ipv4/tcp_mem").read_text().split()[1]) * page
+    return used, None
+
+
+def table_limits() -> dict:
+    """{table: (alarm, share, its limit)} for the guardian, the limits read here (TABLES). A table whose limit
+    cannot be read is not watched."""
+    limits = {}
+    for table, (alarm, share) in TABLES.items():
+        with contextlib.suppress(OSError, ValueError, StopIteration):
+            if (most := _WATCHED[table][0]()[1]) is not None:
+                limits[table] = (alarm, share, most)
+    return limits
 
 
 KCMP_FILES = 2
@@ -540,17 +567,18 @@ def _table_size(task: str) -> int:
 
 
 def files_held(init: int) -> int:
-    """The size of every file table in `init`'s PID namespace, nested ones included: each process's, and each of
-    its threads' that is not the process's own (a thread that unshared its table: red team 61 held 1.46 M files in
-    the tables of 180 such threads, which the process's FDSize did not show). A size above what a table holds, or a
-    thread kcmp cannot compare, counts against the pool alone."""
+    """What `init`'s PID namespace, nested ones included, can hold of the file table: each process's table size,
+    each of its threads' that is not the process's own (a thread that unshared its table: red team 61 held 1.46 M
+    files in the tables of 180 such threads, which the process's FDSize did not show), and each process's mappings
+    (a mapping holds its file after the descriptor is closed: red team 62 held 1.32 M so). A size above what a table
+    holds, an anonymous mapping, or a thread kcmp cannot compare, counts against the pool alone."""
     libc, kcmp = _libc(), _KCMP.get(os.uname().machine)
     inode, held = _ns_inode(init), 0
     known = {inode: True}
     for entry in os.listdir("/proc"):
         if entry.isdigit() and _within(int(entry), inode, known):
             with contextlib.suppress(OSError, ValueError, StopIteration):
-                held += _table_size(entry)
+                held += _table_size(entry) + Path(f"/proc/{entry}/maps").read_bytes().count(b"\n")
                 for thread in os.listdir(f"/proc/{entry}/task"):
                     if thread != entry and (kcmp is None or libc.syscall(kcmp, int(entry), int(thread), KCMP_FILES,
                                                                          0, 0) != 0):
@@ -559,18 +587,34 @@ def files_held(init: int) -> int:
     return held
 
 
-def watch_file_table(init: int, told, alarm: float, share: float) -> str:
+def tcp_held(init: int) -> int:
+    """Bytes queued in the TCP sockets of `init`'s network namespace (the pool's own: loopback alone), both ways."""
+    held = 0
+    for name in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{init}/net/{name}").read_text().splitlines()[1:]:
+                queued = line.split()[4].split(":")
+                held += int(queued[0], 16) + int(queued[1], 16)
+    return held
+
+
+_WATCHED = {"files": (file_table, files_held), "tcp": (tcp_table, tcp_held)}
+
+
+def watch_tables(init: int, told, limits: dict) -> str:
     """The guardian's wait for its owner's line (returned, "" at the pipe's end), meanwhile ending the namespace of
-    `init` if it holds more than `share` of the machine's file table while the machine's use passes `alarm` of it."""
+    `init` where it holds more than its share of a machine's table whose use passes its alarm (`limits`:
+    table_limits)."""
     import select
 
-    while not select.select([told], [], [], FILE_WATCH_S)[0]:
-        with contextlib.suppress(OSError, ValueError):
-            used, most = file_table()
-            if used > alarm * most and (held := files_held(init)) > share * most:
-                os.kill(init, signal.SIGKILL)
-                print("files", held, most, flush=True)
-                break
+    while not select.select([told], [], [], TABLE_WATCH_S)[0]:
+        for table, (alarm, share, most) in limits.items():
+            with contextlib.suppress(OSError, ValueError, StopIteration):
+                used = _WATCHED[table][0]()[0]
+                if used > alarm * most and (held := _WATCHED[table][1](init)) > share * most:
+                    os.kill(init, signal.SIGKILL)
+                    print(table, held, most, flush=True)
+                    return told.readline()
     return told.readline()
 
 
@@ -736,7 +780,7 @@ class Sandbox:
         self.parent: Optional[Any] = None
         self.init_pid: Optional[int] = None
         self.inode: Optional[int] = None
-        self.files_over: Optional[tuple] = None  # (files held, fs.file-max) when the guardian ended the pool for them
+        self.over: Optional[tuple] = None  # (table, held, its limit) when the guardian ended the pool for its part
         self._namespaces: dict = {}  # CLONE_NEW* -> (the ranks' namespace, this thread's own), descriptors
         self._rendezvous: Optional[Path] = None
         self._temporary = contextlib.ExitStack()  # the folders this pool made that go with it
@@ -855,7 +899,7 @@ class Sandbox:
 
         env = {k: v for k, v in os.environ.items() if k != RUN_OWNER}  # no orphan sweep may end it mid-clean
         self.parent = subprocess.Popen([sys.executable, "-c", _NAMESPACE_INIT, str(os.getpid()), str(HERE),
-                                        str(self.uid), _own_mark(), str(FILE_TABLE_ALARM), str(FILE_TABLE_SHARE)],
+                                        str(self.uid), _own_mark(), json.dumps(table_limits())],
                                        stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, env=env,
                                        start_new_session=True)  # a kill of the run's process group spares it
         answer = self.parent.stdout.readline().split()
@@ -946,22 +990,22 @@ class Sandbox:
         return sorted(killed)
 
     def _guardians_word(self) -> str:
-        """The first word of the guardian's next line, and what its "files" line says kept in `files_over`."""
+        """The first word of the guardian's next line, and what a table's line says kept in `over`."""
         said = self.parent.stdout.readline().split()
-        if said[:1] == ["files"] and len(said) == 3 and all(field.isdigit() for field in said[1:]):
-            self.files_over = (int(said[1]), int(said[2]))
+        if said[:1] and said[0] in TABLES and len(said) == 3 and all(field.isdigit() for field in said[1:]):
+            self.over = (said[0], int(said[1]), int(said[2]))
         return said[0] if said else ""
 
-    def ended_for_files(self, wait_s: float) -> Optional[tuple]:
-        """(files held, fs.file-max) when the guardian ended this pool for its part of the machine's file table
-        (watch_file_table), waiting up to `wait_s` for its word; else None."""
+    def ended_for(self, wait_s: float) -> Optional[tuple]:
+        """(table, held, the table's limit) when the guardian ended this pool for its part of a machine's table
+        (watch_tables), waiting up to `wait_s` for its word; else None."""
         import select
 
-        if self.files_over is None and self.parent is not None:
+        if self.over is None and self.parent is not None:
             with contextlib.suppress(OSError, ValueError):
                 if select.select([self.parent.stdout], [], [], wait_s)[0]:
                     self._guardians_word()
-        return self.files_over
+        return self.over
 
     def _ended_said(self) -> bool:
         """Waits, up to ENDED_TIMEOUT_S, for the guardian to say the namespace ended, meanwhile reaping any child of
@@ -974,7 +1018,7 @@ class Sandbox:
         while time.monotonic() < deadline:
             if select.select([self.parent.stdout], [], [], 0.05)[0]:
                 word = self._guardians_word()
-                if word != "files":  # its "ended" follows that one
+                if word not in TABLES:  # its "ended" follows a table's line
                     return word == "ended"
             for pid in self._namespace_pids():
                 with contextlib.suppress(OSError, IndexError, ValueError, ChildProcessError):

@@ -1014,14 +1014,16 @@ def _send_result(conn, result: RankResult) -> None:
 
 def _death_message(exitcode: Optional[int], sandbox=None) -> str:
     """What a rank's end says (None: alive past its connection's end); a SIGKILL at its pool's memory cap, or by its
-    guardian for its part of the machine's file table, says so."""
+    guardian for its part of a machine's table (boundary.watch_tables), says so."""
     cap, guards = "", sandbox.guards if sandbox is not None else None
     if exitcode == -signal.SIGKILL and guards is not None and guards.memory_bytes and memory_cap_hit(guards.uid):
         cap = (f"; the kernel killed a process of its pool at the pool's memory cap, "
                f"{guards.memory_bytes / (1 << 30):.1f} GiB ({POOL_MEMORY_ENV})")
-    elif exitcode == -signal.SIGKILL and sandbox is not None and (files := sandbox.ended_for_files(0.5)):
-        cap = (f"; its pool was ended holding file tables of {files[0]} descriptors, past its share of the "
-               f"machine's open-file table (fs.file-max {files[1]})")
+    elif exitcode == -signal.SIGKILL and sandbox is not None and (over := sandbox.ended_for(0.5)):
+        cap = (f"; its pool was ended holding file tables of {over[1]} descriptors, past its share of the machine's "
+               f"open-file table (fs.file-max {over[2]})" if over[0] == "files" else
+               f"; its pool was ended holding {over[1]} bytes in its TCP buffers, past its share of the machine's "
+               f"(tcp_mem's pressure mark, {over[2]} bytes)")
     with contextlib.suppress(ValueError, TypeError):
         if exitcode < 0:
             return f"rank process died (exit code {exitcode}, {signal.Signals(-exitcode).name}{cap})"

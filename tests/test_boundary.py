@@ -437,44 +437,89 @@ def test_a_rank_holds_few_terminals_and_no_asynchronous_io_context():
     assert said[1:] == [f"io_setup -1 {errno.ENOSYS}", f"io_uring_setup -1 {errno.ENOSYS}"], said
 
 
-# A rank that holds COUNT descriptors in its own table, or in the table of a thread that unshared its own (red team
-# 61: the process's FDSize did not show it), then sleeps SLEEP_S.
+# A rank that holds COUNT files in its own table, in the table of a thread that unshared its own (red team 61: the
+# process's FDSize did not show it), or as mappings of files it closed (red team 62), then sleeps SLEEP_S.
 FILES_HELD = """import ctypes, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
 def hold():
-    if {in_thread}:
-        assert ctypes.CDLL(None, use_errno=True).unshare(0x400) == 0  # CLONE_FILES
-    held = [os.open('/dev/null', os.O_RDONLY) for _ in range({count})]
+    if {how!r} == 'thread':
+        assert libc.unshare(0x400) == 0  # CLONE_FILES
+    held = []
+    with open('/tmp/page', 'wb') as page:
+        page.write(bytes(4096))
+    for _ in range({count}):
+        fd = os.open('/tmp/page' if {how!r} == 'mappings' else '/dev/null', os.O_RDWR)
+        if {how!r} == 'mappings':  # libc's own: Python's mmap keeps a descriptor of its own
+            held.append(libc.mmap(None, 4096, 1, 1, fd, 0))  # PROT_READ, MAP_SHARED
+            os.close(fd)
+        else:
+            held.append(fd)
     time.sleep({sleep_s})
 worker = threading.Thread(target=hold)
 worker.start()
 worker.join()
 print('alive')
 """
+# A rank that queues BYTES in a loopback TCP connection it never reads, then sleeps SLEEP_S.
+TCP_HELD = """import socket, time
+server = socket.create_server(('127.0.0.1', 0))
+sender = socket.create_connection(server.getsockname())
+receiver, _ = server.accept()
+sender.setblocking(False)
+queued = 0
+try:
+    while queued < {count}:
+        queued += sender.send(bytes(min(65536, {count} - queued)))
+except BlockingIOError:
+    pass
+time.sleep({sleep_s})
+print('alive')
+"""
 
 
-@pytest.mark.parametrize("in_thread", [False, True], ids=["process", "thread"])
-def test_a_pool_past_its_share_of_the_machines_file_table_is_ended_and_named(monkeypatch, in_thread):
-    """Red team 60: a pool held all 2.47 M of the machine's open files (8192 a process, 340 processes), and another
-    user's process could not load libc; no uid or cgroup limit bounds it. The guardian ends a pool whose file tables
-    pass FILE_TABLE_SHARE of fs.file-max while the machine's use passes FILE_TABLE_ALARM. Here the alarm is always on
-    and the share 4096 descriptors: a rank holding 6000 is ended, and its death names the table; one holding 200 is
-    not. Red team 61: the same in a thread's own table."""
+def _ended_or_not(monkeypatch, table: str, share: float, probe: str, counts: tuple) -> dict:
+    """{count: (exit code, what the rank printed, the guardian's word, the death's text)} for a rank running `probe`
+    holding each of `counts`, its pool's guardian alarmed at once over `table` with a share of `share`."""
     import eval as harness
 
-    monkeypatch.setattr(boundary, "FILE_TABLE_ALARM", 0.0)
-    monkeypatch.setattr(boundary, "FILE_TABLE_SHARE", 4096 / boundary.file_table()[1])
+    monkeypatch.setattr(boundary, "TABLES", {table: (0.0, share)})
     seen = {}
-    for count, sleep_s in ((6000, 30), (200, 1)):
+    for count, sleep_s in zip(counts, (30, 1)):
         sandbox = boundary.Sandbox()
         try:
-            done = _in_sandbox(sandbox, FILES_HELD.format(in_thread=in_thread, count=count, sleep_s=sleep_s))
-            seen[count] = (done.returncode, done.stdout.strip(), sandbox.ended_for_files(2),
+            done = _in_sandbox(sandbox, probe.format(count=count, sleep_s=sleep_s))
+            seen[count] = (done.returncode, done.stdout.strip(), sandbox.ended_for(2),
                            harness._death_message(-signal.SIGKILL, sandbox))
         finally:
             sandbox.close()
-    assert seen[6000][:2] == (-signal.SIGKILL, "") and seen[6000][2][0] > 4096, seen
-    assert "past its share of the machine's open-file table" in seen[6000][3], seen
-    assert seen[200][:3] == (0, "alive", None) and "file table" not in seen[200][3], seen
+    return seen
+
+
+@pytest.mark.parametrize("how", ["process", "thread", "mappings"])
+def test_a_pool_past_its_share_of_the_machines_file_table_is_ended_and_named(monkeypatch, how):
+    """Red team 60: a pool held all 2.47 M of the machine's open files (8192 a process, 340 processes), and another
+    user's process could not load libc; no uid or cgroup limit bounds it. The guardian ends a pool holding more than
+    its share of fs.file-max while the machine's use passes the alarm (boundary.TABLES). Here the alarm is always on
+    and the share 4096 files: a rank holding 6000 is ended, and its death names the table; one holding 200 is not.
+    Red team 61: the same in a thread's own table; red team 62: in mappings of closed files."""
+    seen = _ended_or_not(monkeypatch, "files", 4096 / boundary.file_table()[1],
+                         FILES_HELD.replace("{how!r}", repr(how)), (6000, 200))
+    assert seen[6000][:2] == (-signal.SIGKILL, "") and seen[6000][2][:1] == ("files",), seen
+    assert seen[6000][2][1] > 4096 and "past its share of the machine's open-file table" in seen[6000][3], seen
+    assert seen[200][:3] == (0, "alive", None) and "table" not in seen[200][3], seen
+
+
+def test_a_pool_past_its_share_of_the_machines_tcp_buffers_is_ended_and_named(monkeypatch):
+    """Red team 62: a pool's unread loopback connections held 2.26 GiB of TCP buffers, past the kernel's hard mark
+    (tcp_mem), and every socket of the machine slowed 2-10x; its memory cgroup did not hold them. The guardian ends
+    a pool whose own sockets queue more than its share of the pressure mark while the machine is past it. Here the
+    alarm is always on and the share 1 MiB: a rank queueing 8 MiB is ended and named; one queueing 64 KiB is not."""
+    seen = _ended_or_not(monkeypatch, "tcp", (1 << 20) / boundary.tcp_table()[1], TCP_HELD, (8 << 20, 64 << 10))
+    assert seen[8 << 20][:2] == (-signal.SIGKILL, "") and seen[8 << 20][2][:1] == ("tcp",), seen
+    assert seen[8 << 20][2][1] > 1 << 20 and "in its TCP buffers, past its share" in seen[8 << 20][3], seen
+    assert seen[64 << 10][:3] == (0, "alive", None) and "TCP" not in seen[64 << 10][3], seen
 
 
 def test_a_worker_born_into_a_namespace_already_ended_reads_as_killed():
