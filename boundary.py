@@ -518,8 +518,8 @@ boundary.release_uid(uid, owner_mark)
 # Tables of the machine's that every user shares and no limit of a uid or a cgroup bounds a pool's part of: the
 # open-file table (fs.file-max; 8192 files a process and 4096 processes pass it: red team 60 held 2.47 M of this
 # project's 2.47 M, and another user's process could not load libc) and TCP buffers (tcp_mem; red team 62 held
-# 2.26 GiB, past the kernel's hard mark, and every socket of the machine slowed 2-10x). Root is exempt from neither
-# wholly, the ranks of every other pool from none, so the pool's guardian watches both (watch_tables): once the
+# 2.26 GiB, past the kernel's hard mark, and every socket of the machine slowed 2-10x). Root is exempt from the
+# first alone, the ranks of every other pool from neither, so the pool's guardian watches both (watch_tables): once the
 # machine's use passes a table's alarm, a pool holding more than its share of the table is ended, and the guardian
 # says so ("<table> HELD MOST"). NOTES: each share is of the table's limit, and counted only past the alarm.
 TABLES = {"files": (0.5, 0.125), "tcp": (1.0, 0.25)}  # table: (alarm, share), of fs.file-max / tcp_mem's pressure

@@ -38,9 +38,9 @@ def rank_filter(machine: str) -> list:
     """The filter's instructions (code, jt, jf, k): clone and unshare with CLONE_NEWUSER fail with EPERM, and clone
     with CLONE_PARENT (red team 19: a child of the rank's parent, the owner under spawn, which never reaps it, so the
     namespace could not end and the owner waited on it forever); clone3, whose flags a filter cannot read, fails
-    with ENOSYS (glibc then falls back to clone), as do the kernel's asynchronous I/O contexts (io_setup, io_uring_setup:
-    red team 60: 15 contexts held the machine's whole fs.aio-max-nr, and root's io_setup failed until the pool ended;
-    a caller falls back to plain reads and writes); ptrace fails with EPERM, every request of it (red team 19:
+    with ENOSYS (glibc then falls back to clone), as do the kernel's asynchronous I/O contexts (io_setup,
+    io_uring_setup: red team 60: 15 contexts held the machine's whole fs.aio-max-nr, and root's io_setup failed until
+    the pool ended; a caller falls back to plain reads and writes); ptrace fails with EPERM, every request of it (red team 19:
     PTRACE_TRACEME made the owner the rank's tracer, and a stop it then read as its worker's exit ended the run with
     114; red team 28: two workers that seized each other hid their exits from their parent, whose wait never ended);
     the kernel's keyrings
