@@ -566,19 +566,26 @@ def _table_size(task: str) -> int:
                     if line.startswith("FDSize:")))
 
 
+def _file_mappings(pid: str) -> int:
+    """The mappings of files in /proc/<pid>/maps (an inode other than 0; a library's segments share one file, and
+    count as many)."""
+    return sum(len(fields) > 4 and fields[4] != b"0"
+               for fields in (line.split(None, 5) for line in Path(f"/proc/{pid}/maps").read_bytes().splitlines()))
+
+
 def files_held(init: int) -> int:
     """What `init`'s PID namespace, nested ones included, can hold of the file table: each process's table size,
     each of its threads' that is not the process's own (a thread that unshared its table: red team 61 held 1.46 M
     files in the tables of 180 such threads, which the process's FDSize did not show), and each process's mappings
     (a mapping holds its file after the descriptor is closed: red team 62 held 1.32 M so). A size above what a table
-    holds, an anonymous mapping, or a thread kcmp cannot compare, counts against the pool alone."""
+    holds, or a thread kcmp cannot compare, counts against the pool alone."""
     libc, kcmp = _libc(), _KCMP.get(os.uname().machine)
     inode, held = _ns_inode(init), 0
     known = {inode: True}
     for entry in os.listdir("/proc"):
         if entry.isdigit() and _within(int(entry), inode, known):
             with contextlib.suppress(OSError, ValueError, StopIteration):
-                held += _table_size(entry) + Path(f"/proc/{entry}/maps").read_bytes().count(b"\n")
+                held += _table_size(entry) + _file_mappings(entry)
                 for thread in os.listdir(f"/proc/{entry}/task"):
                     if thread != entry and (kcmp is None or libc.syscall(kcmp, int(entry), int(thread), KCMP_FILES,
                                                                          0, 0) != 0):
