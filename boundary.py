@@ -566,27 +566,27 @@ def _table_size(task: str) -> int:
                     if line.startswith("FDSize:")))
 
 
-def _file_mappings(pid: str) -> int:
-    """The mappings of files in /proc/<pid>/maps (an inode other than 0; a library's segments share one file, and
-    count as many)."""
-    return sum(len(fields) > 4 and fields[4] != b"0"
-               for fields in (line.split(None, 5) for line in Path(f"/proc/{pid}/maps").read_bytes().splitlines()))
-
-
-def files_held(init: int) -> int:
-    """What `init`'s PID namespace, nested ones included, can hold of the file table: each process's table size,
-    each of its threads' that is not the process's own (a thread that unshared its table: red team 61 held 1.46 M
-    files in the tables of 180 such threads, which the process's FDSize did not show), and each process's mappings
-    (a mapping holds its file after the descriptor is closed: red team 62 held 1.32 M so). A size above what a table
-    holds, or a thread kcmp cannot compare, counts against the pool alone."""
+def files_held(init: int, most: float) -> int:
+    """What `init`'s PID namespace, nested ones included, can hold of the file table, counted until past `most`:
+    each process's table size, each of its threads' that is not the process's own (a thread that unshared its table:
+    red team 61 held 1.46 M files in the tables of 180 such threads, which the process's FDSize did not show), and
+    each process's mappings (a mapping holds its file after the descriptor is closed: red team 62 held 1.32 M so).
+    NOTES: every line of a process's maps counts, anonymous ones too, so that what the count reads is what it adds
+    (red team 63: 65 000 mappings of one file a process, each one file of the machine's, made a count of 2.6 M lines
+    last 10 s while other processes filled the table); a size above what a table holds, an anonymous mapping or a
+    thread kcmp cannot compare counts against the pool alone."""
     libc, kcmp = _libc(), _KCMP.get(os.uname().machine)
     inode, held = _ns_inode(init), 0
     known = {inode: True}
     for entry in os.listdir("/proc"):
+        if held > most:
+            break
         if entry.isdigit() and _within(int(entry), inode, known):
             with contextlib.suppress(OSError, ValueError, StopIteration):
-                held += _table_size(entry) + _file_mappings(entry)
+                held += _table_size(entry) + Path(f"/proc/{entry}/maps").read_bytes().count(b"\n")
                 for thread in os.listdir(f"/proc/{entry}/task"):
+                    if held > most:
+                        break
                     if thread != entry and (kcmp is None or libc.syscall(kcmp, int(entry), int(thread), KCMP_FILES,
                                                                          0, 0) != 0):
                         with contextlib.suppress(OSError, ValueError, StopIteration):
@@ -594,14 +594,18 @@ def files_held(init: int) -> int:
     return held
 
 
-def tcp_held(init: int) -> int:
-    """Bytes queued in the TCP sockets of `init`'s network namespace (the pool's own: loopback alone), both ways."""
+def tcp_held(init: int, most: float) -> int:
+    """Bytes queued in the TCP sockets of `init`'s network namespace (the pool's own: loopback alone), both ways,
+    counted until past `most`. NOTES: the queued bytes, not the memory they take (red team 63: one-byte segments
+    held about 800 times their bytes, and the pool stayed at the machine's pressure mark unseen)."""
     held = 0
     for name in ("tcp", "tcp6"):
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/{init}/net/{name}").read_text().splitlines()[1:]:
                 queued = line.split()[4].split(":")
                 held += int(queued[0], 16) + int(queued[1], 16)
+                if held > most:
+                    return held
     return held
 
 
@@ -618,7 +622,7 @@ def watch_tables(init: int, told, limits: dict) -> str:
         for table, (alarm, share, most) in limits.items():
             with contextlib.suppress(OSError, ValueError, StopIteration):
                 used = _WATCHED[table][0]()[0]
-                if used > alarm * most and (held := _WATCHED[table][1](init)) > share * most:
+                if used > alarm * most and (held := _WATCHED[table][1](init, share * most)) > share * most:
                     os.kill(init, signal.SIGKILL)
                     print(table, held, most, flush=True)
                     return told.readline()

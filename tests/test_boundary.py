@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import pickle
 import re
@@ -509,6 +510,33 @@ def test_a_pool_past_its_share_of_the_machines_file_table_is_ended_and_named(mon
     assert seen[6000][:2] == (-signal.SIGKILL, "") and seen[6000][2][:1] == ("files",), seen
     assert seen[6000][2][1] > 4096 and "past its share of the machine's open-file table" in seen[6000][3], seen
     assert seen[200][:3] == (0, "alive", None) and "table" not in seen[200][3], seen
+
+
+def test_the_guardians_count_stops_once_past_the_share():
+    """Red team 63: processes of 65 000 mappings of one file each (one file of the machine's table each, 2.6 M lines
+    of maps to read) kept the guardian counting for 10 s while other processes filled the table. Every line read now
+    counts, and the count stops once past the share: three processes of 20 000 mappings, against a share of 1000,
+    are read one at most."""
+    import threading
+
+    holder = ("import ctypes, time\nlibc = ctypes.CDLL(None)\nlibc.mmap.restype = ctypes.c_void_p\n"
+              "libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, "
+              "ctypes.c_long)\nopen('/tmp/page', 'wb').write(bytes(4096))\nfd = os.open('/tmp/page', os.O_RDONLY)\n"
+              "for _ in range(3):\n    if os.fork() == 0:\n        for _ in range(20000):\n"
+              "            libc.mmap(None, 4096, 1, 1, fd, 0)\n        time.sleep(8)\n        os._exit(0)\n"
+              "print('forked', flush=True)\ntime.sleep(8)")
+    sandbox = boundary.Sandbox()
+    try:
+        ran = threading.Thread(target=_in_sandbox, args=(sandbox, holder))
+        ran.start()
+        deadline = time.monotonic() + 30
+        while boundary.files_held(sandbox.init_pid, math.inf) < 60000 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        whole, stopped = boundary.files_held(sandbox.init_pid, math.inf), boundary.files_held(sandbox.init_pid, 1000)
+        ran.join()
+    finally:
+        sandbox.close()
+    assert whole >= 60000 and 1000 < stopped <= 1000 + 20000 + 2000, (whole, stopped)
 
 
 def test_a_pool_past_its_share_of_the_machines_tcp_buffers_is_ended_and_named(monkeypatch):
