@@ -11,6 +11,7 @@ import ctypes
 import dataclasses
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -517,12 +518,13 @@ boundary.release_uid(uid, owner_mark)
 
 # Tables of the machine's that every user shares and no limit of a uid or a cgroup bounds a pool's part of: the
 # open-file table (fs.file-max; 8192 files a process and 4096 processes pass it: red team 60 held 2.47 M of this
-# project's 2.47 M, and another user's process could not load libc) and TCP buffers (tcp_mem; red team 62 held
-# 2.26 GiB, past the kernel's hard mark, and every socket of the machine slowed 2-10x). Root is exempt from the
-# first alone, the ranks of every other pool from neither, so the pool's guardian watches both (watch_tables): once the
-# machine's use passes a table's alarm, a pool holding more than its share of the table is ended, and the guardian
-# says so ("<table> HELD MOST"). NOTES: each share is of the table's limit, and counted only past the alarm.
-TABLES = {"files": (0.5, 0.125), "tcp": (1.0, 0.25)}  # table: (alarm, share), of fs.file-max / tcp_mem's pressure
+# project's 2.47 M, and another user's process could not load libc) and socket buffers (tcp_mem, udp_mem; red
+# team 62 held 2.26 GiB of TCP's, past the kernel's hard mark, and every socket of the machine slowed 2-10x). Root is
+# exempt from the first alone, the ranks of every other pool from none, so the pool's guardian watches them
+# (watch_tables): once the machine's use passes a table's alarm, a pool holding more than its share of the table is
+# ended, and the guardian says so ("<table> HELD MOST"). NOTES: each share is of the table's limit, and counted only
+# past the alarm. Table: (alarm, share), of fs.file-max, or of the buffers' pressure mark (`<protocol>_mem`'s second).
+TABLES = {"files": (0.5, 0.125), "tcp": (1.0, 0.25), "udp": (1.0, 0.25)}
 TABLE_WATCH_S = 0.05
 
 
@@ -532,16 +534,16 @@ def file_table() -> tuple:
     return allocated - free, most
 
 
-def tcp_table() -> tuple:
-    """(bytes of TCP buffers machine-wide, the kernel's pressure mark in bytes: tcp_mem's second). NOTES: tcp_mem is
-    the machine's, shown only in its first network namespace (not the guardian's); the count in sockstat is the
-    machine's in every one."""
+def socket_table(protocol: str) -> tuple:
+    """(bytes of `protocol`'s ("tcp", "udp") buffers machine-wide, the kernel's pressure mark for them in bytes: the
+    second of its `<protocol>_mem`, None where unseen). NOTES: those marks are the machine's, shown only in its first
+    network namespace (not the guardian's); the count in sockstat is the machine's in every one."""
     page = os.sysconf("SC_PAGE_SIZE")
     fields = next(line.split() for line in Path("/proc/net/sockstat").read_text().splitlines()
-                  if line.startswith("TCP:"))
+                  if line.startswith(f"{protocol.upper()}:"))
     used = int(fields[fields.index("mem") + 1]) * page
     with contextlib.suppress(OSError):
-        return used, int(Path("/proc/sys/net/ipv4/tcp_mem").read_text().split()[1]) * page
+        return used, int(Path(f"/proc/sys/net/ipv4/{protocol}_mem").read_text().split()[1]) * page
     return used, None
 
 
@@ -594,22 +596,24 @@ def files_held(init: int, most: float) -> int:
     return held
 
 
-def tcp_held(init: int, most: float) -> int:
-    """Bytes queued in the TCP sockets of `init`'s network namespace (the pool's own: loopback alone), both ways,
-    counted until past `most`. NOTES: the queued bytes, not the memory they take (red team 63: one-byte segments
-    held about 800 times their bytes, and the pool stayed at the machine's pressure mark unseen)."""
+def queued(init: int, most: float, protocol: str) -> int:
+    """Bytes queued in the `protocol` sockets of `init`'s network namespace (the pool's own: loopback alone), both
+    ways, counted until past `most`. NOTES: the queued bytes, not the memory they take (red team 63: one-byte TCP
+    segments held about 800 times their bytes, and the pool stayed at the machine's pressure mark unseen)."""
     held = 0
-    for name in ("tcp", "tcp6"):
+    for name in (protocol, f"{protocol}6"):
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/{init}/net/{name}").read_text().splitlines()[1:]:
-                queued = line.split()[4].split(":")
-                held += int(queued[0], 16) + int(queued[1], 16)
+                sizes = line.split()[4].split(":")
+                held += int(sizes[0], 16) + int(sizes[1], 16)
                 if held > most:
                     return held
     return held
 
 
-_WATCHED = {"files": (file_table, files_held), "tcp": (tcp_table, tcp_held)}
+_WATCHED = {"files": (file_table, files_held), **{protocol: (functools.partial(socket_table, protocol),
+                                                            functools.partial(queued, protocol=protocol))
+                                                 for protocol in ("tcp", "udp")}}
 
 
 def watch_tables(init: int, told, limits: dict) -> str:

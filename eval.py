@@ -1022,8 +1022,8 @@ def _death_message(exitcode: Optional[int], sandbox=None) -> str:
     elif exitcode == -signal.SIGKILL and sandbox is not None and (over := sandbox.ended_for(0.5)):
         cap = (f"; its pool was ended holding file tables of {over[1]} descriptors, past its share of the machine's "
                f"open-file table (fs.file-max {over[2]})" if over[0] == "files" else
-               f"; its pool was ended holding {over[1]} bytes in its TCP buffers, past its share of the machine's "
-               f"(tcp_mem's pressure mark, {over[2]} bytes)")
+               f"; its pool was ended holding {over[1]} bytes in its {over[0].upper()} buffers, past its share of "
+               f"the machine's ({over[0]}_mem's pressure mark, {over[2]} bytes)")
     with contextlib.suppress(ValueError, TypeError):
         if exitcode < 0:
             return f"rank process died (exit code {exitcode}, {signal.Signals(-exitcode).name}{cap})"

@@ -480,6 +480,21 @@ print('alive')
 """
 
 
+# A rank that queues COUNT bytes in 50 kB datagrams to loopback UDP sockets it never reads (four a socket, within its
+# receive buffer), then sleeps SLEEP_S.
+UDP_HELD = """import socket, time
+datagrams = max(1, {count} // 50000)
+receivers = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(max(1, datagrams // 4))]
+for receiver in receivers:
+    receiver.bind(('127.0.0.1', 0))
+sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for sent in range(datagrams):
+    sender.sendto(bytes(50000), receivers[sent % len(receivers)].getsockname())
+time.sleep({sleep_s})
+print('alive')
+"""
+
+
 def _ended_or_not(monkeypatch, table: str, share: float, probe: str, counts: tuple) -> dict:
     """{count: (exit code, what the rank printed, the guardian's word, the death's text)} for a rank running `probe`
     holding each of `counts`, its pool's guardian alarmed at once over `table` with a share of `share`."""
@@ -539,15 +554,19 @@ def test_the_guardians_count_stops_once_past_the_share():
     assert whole >= 60000 and 1000 < stopped <= 1000 + 20000 + 2000, (whole, stopped)
 
 
-def test_a_pool_past_its_share_of_the_machines_tcp_buffers_is_ended_and_named(monkeypatch):
+@pytest.mark.parametrize("protocol", ["tcp", "udp"])
+def test_a_pool_past_its_share_of_the_machines_socket_buffers_is_ended_and_named(monkeypatch, protocol):
     """Red team 62: a pool's unread loopback connections held 2.26 GiB of TCP buffers, past the kernel's hard mark
-    (tcp_mem), and every socket of the machine slowed 2-10x; its memory cgroup did not hold them. The guardian ends
-    a pool whose own sockets queue more than its share of the pressure mark while the machine is past it. Here the
-    alarm is always on and the share 1 MiB: a rank queueing 8 MiB is ended and named; one queueing 64 KiB is not."""
-    seen = _ended_or_not(monkeypatch, "tcp", (1 << 20) / boundary.tcp_table()[1], TCP_HELD, (8 << 20, 64 << 10))
-    assert seen[8 << 20][:2] == (-signal.SIGKILL, "") and seen[8 << 20][2][:1] == ("tcp",), seen
-    assert seen[8 << 20][2][1] > 1 << 20 and "in its TCP buffers, past its share" in seen[8 << 20][3], seen
-    assert seen[64 << 10][:3] == (0, "alive", None) and "TCP" not in seen[64 << 10][3], seen
+    (tcp_mem), and every socket of the machine slowed 2-10x; its memory cgroup did not hold them. Red team 63: 1.58 GB
+    of UDP buffers, unwatched. The guardian ends a pool whose own sockets queue more than its share of the pressure
+    mark while the machine is past it. Here the alarm is always on and the share 1 MiB: a rank queueing 8 MiB is
+    ended and named; one queueing 64 KiB is not."""
+    big, small = 8 << 20, 64 << 10
+    seen = _ended_or_not(monkeypatch, protocol, (1 << 20) / boundary.socket_table(protocol)[1],
+                         TCP_HELD if protocol == "tcp" else UDP_HELD, (big, small))
+    assert seen[big][:2] == (-signal.SIGKILL, "") and seen[big][2][:1] == (protocol,), seen
+    assert seen[big][2][1] > 1 << 20 and f"in its {protocol.upper()} buffers, past its share" in seen[big][3], seen
+    assert seen[small][:3] == (0, "alive", None) and "buffers" not in seen[small][3], seen
 
 
 def test_a_worker_born_into_a_namespace_already_ended_reads_as_killed():
