@@ -627,8 +627,9 @@ def watch_tables(init: int, told, limits: dict) -> str:
             with contextlib.suppress(OSError, ValueError, StopIteration):
                 used = _WATCHED[table][0]()[0]
                 if used > alarm * most and (held := _WATCHED[table][1](init, share * most)) > share * most:
+                    with contextlib.suppress(OSError):  # said before the kill: the owner finds it with the deaths
+                        print(table, held, most, flush=True)
                     os.kill(init, signal.SIGKILL)
-                    print(table, held, most, flush=True)
                     return told.readline()
     return told.readline()
 
@@ -1013,7 +1014,7 @@ class Sandbox:
 
     def ended_for(self, wait_s: float) -> Optional[tuple]:
         """(table, held, the table's limit) when the guardian ended this pool for its part of a machine's table
-        (watch_tables), waiting up to `wait_s` for its word; else None."""
+        (watch_tables), waiting up to `wait_s` for its word (said before its kill); else None."""
         import select
 
         if self.over is None and self.parent is not None:

@@ -1019,7 +1019,7 @@ def _death_message(exitcode: Optional[int], sandbox=None) -> str:
     if exitcode == -signal.SIGKILL and guards is not None and guards.memory_bytes and memory_cap_hit(guards.uid):
         cap = (f"; the kernel killed a process of its pool at the pool's memory cap, "
                f"{guards.memory_bytes / (1 << 30):.1f} GiB ({POOL_MEMORY_ENV})")
-    elif exitcode == -signal.SIGKILL and sandbox is not None and (over := sandbox.ended_for(0.5)):
+    elif exitcode == -signal.SIGKILL and sandbox is not None and (over := sandbox.ended_for(0)):
         cap = (f"; its pool was ended holding file tables of {over[1]} descriptors, past its share of the machine's "
                f"open-file table (fs.file-max {over[2]})" if over[0] == "files" else
                f"; its pool was ended holding {over[1]} bytes in its {over[0].upper()} buffers, past its share of "
