@@ -64,6 +64,7 @@ import births  # noqa: E402
 import rank_writable  # noqa: E402
 from births import (KILLED_WAIT_S, Forked, Nursery, PhaseSlot, Zygote, close_all_but, environ_with,  # noqa: E402
                     environment_with, join_within, owner_cpu, pinned_cpus, rank_birth, send_fds, stdin_from_null)
+import channels  # noqa: E402
 import judge  # noqa: E402
 from judge import HOLD_MAX_CYCLES, HOLD_START_CYCLES, cantor_combine  # noqa: E402
 import wire  # noqa: E402
@@ -719,8 +720,8 @@ def run_steps(rank: int, world_size: int, cases: list, regions: dict, call_for: 
     rows, whose outputs are not the problem's: an output-sized buffer is published instead. `align`: Hold.align."""
     device = rank_device(rank)
     gpu = device.type == "cuda"
-    on_device = "gpu_bytes" in regions  # the owner shares the regions on this rank's GPU (judge.Channel)
-    channel = judge.RankChannel(receive_fds(4 if on_device else 3), regions, device.index if on_device else None)
+    on_device = "gpu_bytes" in regions  # the owner shares the regions on this rank's GPU (channels.Channel)
+    channel = channels.RankChannel(receive_fds(4 if on_device else 3), regions, device.index if on_device else None)
     channel.spin_ns = judge.spin_budget_ns(world_size, "A2A_RANK_SPIN_US", 20000)
     try:
         with _registered(channel.memory, gpu and not on_device):
@@ -738,7 +739,7 @@ def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable,
     configs = [MoEConfig(c["num_experts"], c["experts_per_token"], c["hidden_dim"], c["max_num_tokens"]) for c in cases]
     floor_out = [torch.zeros(c["max_num_tokens"], c["hidden_dim"], dtype=torch.float16, device=device) for c in cases]
     # NOTES: host transport on a GPU: one copy into a device mirror (three were 141 of 293 µs, ws1 H200, 9561baf).
-    mirror = judge.Views(torch.empty(regions["total"], dtype=torch.uint8, device=device), regions) \
+    mirror = channels.Views(torch.empty(regions["total"], dtype=torch.uint8, device=device), regions) \
         if gpu and channel.shared is None else None
     # NOTES: a step's views are cut from its case's whole ones, once per token count: a dozen views made in every
     # step were 34-155 µs of each window on the H200 hosts (step anatomy, "before its call", b04a593).
@@ -750,12 +751,12 @@ def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable,
     while True:
         _set_phase("waiting for the owner")
         kind, case, tokens = channel.wait()
-        if kind == judge.STOP:
+        if kind == channels.STOP:
             return steps
         views, inputs = made_views.get((case, tokens)) or made_views.setdefault((case, tokens), tuple(
             {name: view[:tokens] for name, view in of[case].items()} for of in (whole, inputs_from)))
         if mirror is not None:  # else the inputs are the shared regions themselves (the device transport, or a CPU)
-            first, end = judge.input_span(regions, tokens, cases[case]["hidden_dim"])
+            first, end = channels.input_span(regions, tokens, cases[case]["hidden_dim"])
             mirror.raw_all[first:end].copy_(channel.views.raw_all[first:end], non_blocking=True)
             torch.cuda.current_stream(device).synchronize()  # in place before the call, as the device transport's are
         rank_data = RankTestData.__new__(RankTestData)
@@ -764,20 +765,20 @@ def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable,
         data = (configs[case], rank_data, rank, world_size)
         call_ns, held_ns, held, failure = math.nan, math.nan, False, None
         _set_phase("in custom_kernel")
-        channel.stamp(judge.CALL_FROM_NS)
+        channel.stamp(channels.CALL_FROM_NS)
         try:
-            if kind == judge.FLOOR:
+            if kind == channels.FLOOR:
                 output = floor_out[case][:tokens]
             elif gpu:
-                if kind == judge.HELD:  # the owner's hold, the same on every rank (judge.Steps.hold_cycles)
-                    hold.cycles = channel.field(judge.HOLD_CYCLES) or hold.cycles
+                if kind == channels.HELD:  # the owner's hold, the same on every rank (judge.Steps.hold_cycles)
+                    hold.cycles = channel.field(channels.HOLD_CYCLES) or hold.cycles
                 output, call_ns, held_ns, held = _call_on_gpu(call_for(case), data, device,
-                                                              hold if kind == judge.HELD else None)
+                                                              hold if kind == channels.HELD else None)
             else:
                 started = time.perf_counter_ns()
                 output = call_for(case)(data)
                 call_ns = time.perf_counter_ns() - started
-            channel.stamp(judge.CALL_TO_NS)
+            channel.stamp(channels.CALL_TO_NS)
             status = _output_status(output, tokens, cases[case]["hidden_dim"], device)
             if status and harness_row:
                 status, output = 0, floor_out[case][:tokens]
@@ -792,7 +793,7 @@ def _steps(channel, rank: int, world_size: int, cases: list, call_for: Callable,
         channel.done(status, call_ns, held_ns, held)
         if failure is not None:
             raise failure
-        if kind == judge.HELD and gpu:
+        if kind == channels.HELD and gpu:
             hold.after(held)
         steps += 1
 
@@ -1501,12 +1502,12 @@ def rank_failures(results: list[RankResult], entry: str = "") -> str:
 
 
 TRANSPORT_ENV = "A2A_TRANSPORT"  # "host": the owner's steps through host memory even where the GPUs could share
-COPIER_ENV = "A2A_OWNER_GPU"  # who makes the owner's copies on the device transport (judge.copiers)
+COPIER_ENV = "A2A_OWNER_GPU"  # who makes the owner's copies on the device transport (channels.copiers)
 
 
 def transport_options():
     """The owner's transport options, checked (bad input before any work): A2A_TRANSPORT and the copier choice
-    (None: judge.copiers's default, "own", "next" or a GPU index)."""
+    (None: channels.copiers's default, "own", "next" or a GPU index)."""
     if os.environ.get(TRANSPORT_ENV, "") not in ("", "host", "device"):
         raise UserError(f"{TRANSPORT_ENV} must be 'host' or 'device', not '{os.environ[TRANSPORT_ENV][:40]}'")
     text = os.environ.get(COPIER_ENV, "")
@@ -1516,7 +1517,7 @@ def transport_options():
 
 
 def transport(pool: "RankPool", world_size: int) -> tuple:
-    """("device", None) where every rank has a GPU of its own on a CUDA build (judge.Channel with a GPU), else ("host",
+    """("device", None) where every rank has a GPU of its own on a CUDA build (channels.Channel with a GPU), else ("host",
     why not). NOTES: MPS (ranks sharing GPUs) serves one uid's clients at a time: the owner's context would wait."""
     if os.environ.get(TRANSPORT_ENV) == "host":
         return "host", f"{TRANSPORT_ENV}=host"
@@ -1552,14 +1553,14 @@ def transport_text(pool: "RankPool", world_size: int) -> str:
 
 def channel_places(pool: "RankPool", world_size: int) -> list:
     """Per rank, (the GPU its judge channel's regions live on, the GPU whose context makes the owner's copies): its
-    rank_device's index and judge.copiers's choice (None: its own), or (None, None) on the host transport."""
+    rank_device's index and channels.copiers's choice (None: its own), or (None, None) on the host transport."""
     if transport(pool, world_size)[0] == "host":
         return [(None, None)] * world_size
     import torch
 
     count = torch.cuda.device_count()
     gpus = [rank % count for rank in range(world_size)]
-    return list(zip(gpus, judge.copiers(gpus, count, transport_options(), torch.cuda.can_device_access_peer)))
+    return list(zip(gpus, channels.copiers(gpus, count, transport_options(), torch.cuda.can_device_access_peer)))
 
 
 class CaseSteps:
@@ -1574,7 +1575,7 @@ class CaseSteps:
         self.channels = []
         try:
             for gpu, copier in channel_places(pool, test.args["world_size"]):
-                self.channels.append(judge.Channel(cases, gpu, copier))
+                self.channels.append(channels.Channel(cases, gpu, copier))
         except BaseException:
             for channel in self.channels:
                 channel.close()
@@ -1651,7 +1652,7 @@ class ProtocolRun:
         inputs = self.inputs(test, self.seeds.case_seed(idx, test.args["seed"]))
         steps, problems = self.start(test, mode, fn), None
         with contextlib.suppress(judge.RankEnded, judge.Missed):  # the ranks' failures are read below
-            problems = steps.step(judge.CALL, 0, inputs).problems
+            problems = steps.step(channels.CALL, 0, inputs).problems
         return step_failures(self.ended(steps.finish(), steps.started), problems, "custom_kernel")
 
     @staticmethod
@@ -1694,10 +1695,10 @@ def _timed_loop(run: ProtocolRun, steps: CaseSteps, idx: int, test: TestCase, fr
     draw and checks: a rank's work left running after `done` overlaps a timed step there too (red team 55: the
     bank's draw, about 0.1 s, sat before the first timed step, free for such work)."""
     first = run.inputs(test, run.seeds.case_seed(idx, test.args["seed"]))
-    result = steps.step(judge.CALL, 0, first)
+    result = steps.step(channels.CALL, 0, first)
     if wrong := result.wrong():
         return [], [], [], [], [], (wrong[0], "the checked call", wrong[1])
-    floor = [steps.step(judge.FLOOR, 0, first).window_ns for _ in range(FLOOR_STEPS if run.extra else 0)]
+    floor = [steps.step(channels.FLOOR, 0, first).window_ns for _ in range(FLOOR_STEPS if run.extra else 0)]
     durations, device, race, gap = [], [], [], []
     draw = (lambda step: run.inputs(test, run.seeds.step_seed(idx, test.args["seed"], step))) if fresh else \
         (lambda _: first)
@@ -1714,9 +1715,9 @@ def _timed_loop(run: ProtocolRun, steps: CaseSteps, idx: int, test: TestCase, fr
                 break
             base, bank = step, judge.draw_bank(draw, step, MAX_REPEATS - step, budget, steps.steps.slot_bytes(0))
             steps.steps.defer(0, 1 + len(bank))  # the lead-in's slot and the bank's
-            if problem := said_wrong(steps.step(judge.CALL, 0, draw(MAX_REPEATS + step)), 0):  # the lead-in
+            if problem := said_wrong(steps.step(channels.CALL, 0, draw(MAX_REPEATS + step)), 0):  # the lead-in
                 break
-        result = steps.step(judge.CALL, 0, bank.pop(0))
+        result = steps.step(channels.CALL, 0, bank.pop(0))
         if problem := said_wrong(result, step - base + 1):
             break
         durations.append(result.window_ns)

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Optional
 
 import eval as core
+import channels
 import judge
 from births import on_cpu
 from boundary import Sandbox, protect_builds
@@ -497,7 +498,7 @@ class Clock:
 
     def _ready(self, live: _Live, bank: list) -> bool:
         """The import (and builds) and a checked first call on every shape, within the setup's time."""
-        return all(self._step(live, judge.CALL, i, bank[i][0]) is not None for i in range(len(bank)))
+        return all(self._step(live, channels.CALL, i, bank[i][0]) is not None for i in range(len(bank)))
 
     def _visit(self, live: _Live, index: int, round_index: int, bank: list) -> None:
         """One visit of `live` on case `index`, the owner's garbage collector off (_collected), on its CPU if one is
@@ -513,7 +514,7 @@ class Clock:
         fit = self.kept_max_bytes // steps.slot_bytes(index)
         steps.defer(index, max(1, min(self.settings.warmup + 2 * self.settings.steps, fit)))
         for _ in range(self.settings.warmup):
-            if self._step(live, judge.CALL, index, next(inputs)) is None:
+            if self._step(live, channels.CALL, index, next(inputs)) is None:
                 return
         owner, call, held, synced = [], [], [], False
         # NOTES: the ranked (idle-stream) steps in one run after the warm-up, the held ones after them. Taking turns,
@@ -521,11 +522,11 @@ class Clock:
         # per-call work in the unranked held steps between ranked ones: red team 56, with two workspaces, ranked 47%
         # under its twin doing the same work. Work prepared ahead now needs room for every ranked step of a visit, as
         # in the warm-up (docs/judge.md, "What stays open").
-        for kind in (judge.CALL,) * self.settings.steps + (judge.HELD,) * self.settings.steps:
+        for kind in (channels.CALL,) * self.settings.steps + (channels.HELD,) * self.settings.steps:
             result = self._step(live, kind, index, next(inputs))
             if result is None:
                 return
-            if kind == judge.CALL:
+            if kind == channels.CALL:
                 owner.append(result.window_ns)
                 call.append(max(result.call_ns))
             else:

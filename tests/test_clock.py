@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import channels
 from a2a import clock
 from a2a import intervals as iv
 from a2a.plan import make_plan
@@ -212,7 +213,7 @@ def test_a_visits_ranked_steps_run_together_with_no_unranked_step_between(tmp_pa
     run = clock.time_entries(plan, [clock.Entry("A", "version", str(plan.versions[0]))], settings,
                              progress=lambda _: None)
     assert not run.failed and len(visits) == 2, (run.failed, visits)
-    assert all(kinds == [judge.CALL] * 4 + [judge.HELD] * 3 for kinds in visits), visits
+    assert all(kinds == [channels.CALL] * 4 + [channels.HELD] * 3 for kinds in visits), visits
 
 
 @pytest.mark.parametrize("kept_max_bytes", [None, 1], ids=["whole", "in-parts"])
@@ -306,21 +307,21 @@ def test_a_held_steps_sleep_is_the_owners_and_grows_when_any_rank_was_not_held()
 
 
 def test_the_owners_copies_come_from_a_gpu_no_rank_uses_else_the_next_ranks():
-    """judge.copiers: by default each rank's regions are copied by a GPU no rank uses (round robin), else by the next
+    """channels.copiers: by default each rank's regions are copied by a GPU no rank uses (round robin), else by the next
     rank's GPU; a copier that cannot reach the rank's GPU, or is the rank's own, leaves the rank's own (None)."""
     import judge
 
     def every(_copier, _gpu):
         return True
 
-    assert judge.copiers([0, 1], 4, None, every) == [2, 3]
-    assert judge.copiers([0], 4, None, every) == [1]
-    assert judge.copiers([0, 1, 2, 3], 4, None, every) == [1, 2, 3, 0]
-    assert judge.copiers([0, 1], 4, "next", every) == [1, 2]
-    assert judge.copiers([0, 1], 4, "own", every) == [None, None]
-    assert judge.copiers([0, 1], 4, 1, every) == [1, None]
-    assert judge.copiers([0], 1, None, every) == [None]
-    assert judge.copiers([0, 1, 2, 3], 4, None, lambda copier, gpu: (copier, gpu) != (3, 2)) == [1, 2, None, 0]
+    assert channels.copiers([0, 1], 4, None, every) == [2, 3]
+    assert channels.copiers([0], 4, None, every) == [1]
+    assert channels.copiers([0, 1, 2, 3], 4, None, every) == [1, 2, 3, 0]
+    assert channels.copiers([0, 1], 4, "next", every) == [1, 2]
+    assert channels.copiers([0, 1], 4, "own", every) == [None, None]
+    assert channels.copiers([0, 1], 4, 1, every) == [1, None]
+    assert channels.copiers([0], 1, None, every) == [None]
+    assert channels.copiers([0, 1, 2, 3], 4, None, lambda copier, gpu: (copier, gpu) != (3, 2)) == [1, 2, None, 0]
 
 
 # A hostile entry that leaves work behind after every call: a child burning a core, a daemon of its own session

@@ -604,7 +604,7 @@ def _receive_and_write(sock, size: int) -> None:
 @pytest.mark.parametrize("transport", ["device", "host"])
 def test_the_owners_steps_go_gpu_to_gpu_with_a_gpu_per_rank(transport, monkeypatch):
     """With a GPU per rank the owner places each input into, and copies each output out of, memory on the rank's
-    GPU that it shares with the rank's process across the ranks' uid and PID namespace (judge.Channel with a GPU);
+    GPU that it shares with the rank's process across the ranks' uid and PID namespace (channels.Channel with a GPU);
     A2A_TRANSPORT=host keeps host memory. A version passes leaderboard mode either way, and the run says which."""
     ranks = min(gpu_count(), 2)
     if transport == "host":

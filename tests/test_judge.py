@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 import boundary
+import channels
 
 from a2a import clock
 from a2a import rows as result_rows
@@ -1633,7 +1634,7 @@ def test_a_clock_rewritten_in_c_and_a_gil_holding_thread_change_no_time(tmp_path
     assert_time_is_real(outcome)
 
 
-# The rank's channel (judge.RankChannel, found with gc) told `done` at the start of the call, before any output is
+# The rank's channel (channels.RankChannel, found with gc) told `done` at the start of the call, before any output is
 # there; the call then computes the right answer for 25 ms and the harness publishes it.
 DONE_BEFORE_THE_OUTPUT = '''
 import gc
@@ -1647,7 +1648,7 @@ def _channel():
 def custom_kernel(data):
     channel = _channel()
     judge = _sys.modules[type(channel).__module__]
-    judge._FIELD.pack_into(channel.memory, 8 * judge.DONE, channel.seq)
+    channels._FIELD.pack_into(channel.memory, 8 * channels.DONE, channel.seq)
     _os.write(channel.done_write, b"d")
     _say("forged", data[2], "done", channel.seq)
     return _honest(data, @SLEEP_S@)
@@ -1678,7 +1679,7 @@ def custom_kernel(data):
     return torch.zeros_like(out)
 '''
 
-# The rank's own figures (call time, done stamp) forged in the header: judge.RankChannel.done patched so that the
+# The rank's own figures (call time, done stamp) forged in the header: channels.RankChannel.done patched so that the
 # call time it writes is 1 µs and its done stamp is from before the go.
 FORGED_HEADER_FIGURES = '''
 import gc
@@ -1695,7 +1696,7 @@ def custom_kernel(data):
 
         def forged_done(self, status, call_ns, held_ns, held_ok):
             done(self, status, 1000.0, 1000.0, held_ok)
-            judge._FIELD.pack_into(self.memory, 8 * judge.DONE_AT_NS, 0)
+            channels._FIELD.pack_into(self.memory, 8 * channels.DONE_AT_NS, 0)
 
         type(channel).done = forged_done
         _patched = True
@@ -1797,8 +1798,8 @@ def test_the_owners_kept_copies_go_into_room_made_before_the_steps():
 
     steps = judge.Steps.__new__(judge.Steps)
     steps.cases = [{"max_num_tokens": 8, "hidden_dim": 4, "experts_per_token": 1}]
-    steps.channels = [types.SimpleNamespace(gpu=None, views=judge.Views(torch.zeros(4096, dtype=torch.uint8),
-                                                                         judge.layout(steps.cases)))
+    steps.channels = [types.SimpleNamespace(gpu=None, views=channels.Views(torch.zeros(4096, dtype=torch.uint8),
+                                                                         channels.layout(steps.cases)))
                       for _ in range(2)]
     steps.deferred = None
     steps.defer(0, 2)
@@ -2768,18 +2769,18 @@ def test_profile_mode_checks_the_owners_input_and_hands_a_rank_no_seed(tmp_path,
 # The human face's floor steps run in the rank (red team 29): slowed 20 ms each, the floor read above the submission's
 # own timed steps, as if its call were free (red team 30: just under the p90 it was first held to).
 SLOWED_FLOOR = '''
-import judge as _judge
+import channels as _channels
 
-_done = _judge.RankChannel.done
+_done = _channels.RankChannel.done
 
 
 def _slow_floor_done(self, *args):
-    if self.field(_judge.KIND) == _judge.FLOOR:
+    if self.field(_channels.KIND) == _channels.FLOOR:
         _time.sleep(0.02)
     return _done(self, *args)
 
 
-_judge.RankChannel.done = _slow_floor_done
+_channels.RankChannel.done = _slow_floor_done
 
 
 def custom_kernel(data):
@@ -3009,8 +3010,8 @@ def test_the_step_anatomy_leaves_out_ranks_stamps_outside_the_owners_window():
 
     class Stamped:
         def __init__(self, seen: int, call_from: int, call_to: int, done: int, cpu: int = 500):
-            self.stamps = {judge.GO_SEEN_NS: seen, judge.CALL_FROM_NS: call_from, judge.CALL_TO_NS: call_to,
-                           judge.DONE_AT_NS: done, judge.CPU_BEFORE_NS: cpu}
+            self.stamps = {channels.GO_SEEN_NS: seen, channels.CALL_FROM_NS: call_from, channels.CALL_TO_NS: call_to,
+                           channels.DONE_AT_NS: done, channels.CPU_BEFORE_NS: cpu}
 
         def field(self, index: int) -> int:
             return self.stamps[index]
@@ -3032,24 +3033,24 @@ def test_the_step_anatomy_leaves_out_ranks_stamps_outside_the_owners_window():
 
 
 def test_a_steps_input_is_one_short_span_whatever_the_largest_case():
-    """On GPUs the owner copies a step's input into the rank's regions as one span (judge.input_span), inside the
+    """On GPUs the owner copies a step's input into the rank's regions as one span (channels.input_span), inside the
     step's window: it must hold every input view the rank reads for that step, and no more than the small regions
     and the step's own rows (the regions laid out x first made every step copy the largest case's x, 3.7 MB)."""
     import judge
     import torch
 
     cases = [dict(c.args) for c in make_plan("v1", "benchmarks", 8, "gloo").cases]
-    regions = judge.layout(cases)
+    regions = channels.layout(cases)
     memory = torch.zeros(regions["total"], dtype=torch.uint8)
     base = memory.data_ptr()
     for args in cases:
         for tokens in (1, args["max_num_tokens"] - 1):
-            first, end = judge.input_span(regions, tokens, args["hidden_dim"])
-            views = judge.Views(memory, regions).tensors(tokens, args["hidden_dim"], args["experts_per_token"])
+            first, end = channels.input_span(regions, tokens, args["hidden_dim"])
+            views = channels.Views(memory, regions).tensors(tokens, args["hidden_dim"], args["experts_per_token"])
             for name in ("x", "indices", "weights"):
                 start = views[name].data_ptr() - base
                 assert first <= start and start + views[name].numel() * views[name].element_size() <= end, name
-            small = regions["x"] - regions[judge.INPUT_REGIONS[0]]
+            small = regions["x"] - regions[channels.INPUT_REGIONS[0]]
             assert end - first == small + tokens * args["hidden_dim"] * 2
 
 
@@ -3060,8 +3061,8 @@ def test_a_spinning_rank_starts_at_its_words_and_reads_its_byte_by_done():
     import judge
 
     case = {"num_experts": 8, "experts_per_token": 2, "hidden_dim": 256, "max_num_tokens": 4}
-    owner = judge.Channel([case])
-    rank = judge.RankChannel(owner.for_rank(), owner.regions)
+    owner = channels.Channel([case])
+    rank = channels.RankChannel(owner.for_rank(), owner.regions)
 
     def blocked(*_):
         raise TimeoutError("the rank waited on a byte the owner writes only after every rank's words")
@@ -3069,8 +3070,8 @@ def test_a_spinning_rank_starts_at_its_words_and_reads_its_byte_by_done():
     signal.alarm(10)
     try:
         rank.spin_ns = 10 ** 9
-        owner.post(1, judge.CALL, 0, 3)  # no byte yet
-        assert rank.wait() == (judge.CALL, 0, 3) and rank.owed
+        owner.post(1, channels.CALL, 0, 3)  # no byte yet
+        assert rank.wait() == (channels.CALL, 0, 3) and rank.owed
         owner.wake()
         rank.done(0, 1.0, 1.0, True)
         with pytest.raises(BlockingIOError):  # the byte was read by done: nothing left for the next step
@@ -3078,9 +3079,9 @@ def test_a_spinning_rank_starts_at_its_words_and_reads_its_byte_by_done():
             os.read(rank.go_read, 1)
         os.set_blocking(rank.go_read, True)
         rank.spin_ns = 0
-        later = threading.Timer(0.2, lambda: (owner.post(2, judge.HELD, 0, 4), owner.wake()))
+        later = threading.Timer(0.2, lambda: (owner.post(2, channels.HELD, 0, 4), owner.wake()))
         later.start()
-        assert rank.wait() == (judge.HELD, 0, 4) and not rank.owed
+        assert rank.wait() == (channels.HELD, 0, 4) and not rank.owed
         later.join()
     finally:
         signal.alarm(0)
@@ -3092,16 +3093,16 @@ def test_a_spinning_rank_starts_at_its_words_and_reads_its_byte_by_done():
 # A rank's own call figure of 0 or a denormal (red team 31): kept as its word, it reached a log and an exp in the
 # clock's statistics, which exited 114 and lost every entry's results.
 TINY_CALL_FIGURE = '''
-import judge as _judge
+import channels as _channels
 
-_done = _judge.RankChannel.done
+_done = _channels.RankChannel.done
 
 
 def _tiny_done(self, status, call_ns, held_ns, held_ok):
     return _done(self, status, @CALL@, held_ns, held_ok)
 
 
-_judge.RankChannel.done = _tiny_done
+_channels.RankChannel.done = _tiny_done
 
 
 def custom_kernel(data):

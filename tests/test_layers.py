@@ -11,7 +11,7 @@ from tests.conftest import ROOT
 # Lower number = lower layer. A module may import only modules of a lower layer. A module's `__main__` block is a
 # command entry and may hand over to the human face (eval.py's one line, `python -m a2a.sol`).
 LAYERS = {
-    "env_secrets": -3, "rank_filter": -3, "pool_memory": -3, "gpu_share": -2, "boundary": -2, "births": -1, "judge": -1, "wire": -1, "rank_writable": -1,
+    "env_secrets": -3, "rank_filter": -3, "pool_memory": -3, "gpu_share": -2, "boundary": -2, "channels": -1.5, "births": -1, "judge": -1, "wire": -1, "rank_writable": -1,
     "eval": 0,
     "a2a.sharing": 1, "a2a.rows": 1, "a2a.contract": 1, "a2a.probes": 1, "a2a.intervals": 1, "a2a.bench": 1,
     "a2a.launch": 2, "a2a.plan": 2, "a2a.anchors": 2, "a2a.plots": 2,
@@ -48,7 +48,7 @@ def imports_of(name: str) -> set:
 
 
 def test_every_harness_module_has_a_layer():
-    on_disk = {"env_secrets", "rank_filter", "pool_memory", "rank_writable", "gpu_share", "boundary", "births", "judge", "wire", "eval", "run_leaderboard", "diff"}
+    on_disk = {"env_secrets", "rank_filter", "pool_memory", "rank_writable", "gpu_share", "boundary", "channels", "births", "judge", "wire", "eval", "run_leaderboard", "diff"}
     on_disk |= {f"a2a.{p.stem}" for p in (ROOT / "a2a").glob("*.py") if p.stem != "__init__"}
     on_disk |= {f"tools.{p.stem}" for p in (ROOT / "tools").glob("*.py") if p.stem != "__init__"}
     assert on_disk == set(LAYERS)
@@ -68,8 +68,8 @@ def test_only_the_core_uses_its_private_names():
 
 
 def test_no_harness_file_sets_the_current_device():
-    files = [ROOT / "eval.py", ROOT / "boundary.py", ROOT / "births.py", ROOT / "judge.py", ROOT / "wire.py",
-             ROOT / "gpu_share.py", ROOT / "env_secrets.py", ROOT / "rank_writable.py", ROOT / "rank_filter.py",
+    files = [ROOT / "eval.py", ROOT / "boundary.py", ROOT / "births.py", ROOT / "judge.py", ROOT / "channels.py",
+             ROOT / "wire.py", ROOT / "gpu_share.py", ROOT / "env_secrets.py", ROOT / "rank_writable.py", ROOT / "rank_filter.py",
              ROOT / "pool_memory.py",
              *ROOT.glob("a2a/*.py"),
              *ROOT.glob("tools/*.py"), ROOT / "run_leaderboard.py", ROOT / "diff.py", *ROOT.glob("tests/*.py")]
