@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 from env_secrets import is_secret
 from pool_memory import (CGROUP_ROOT, POOL_MEMORY_ENV, TCP_SHARE, make_memory_group, memory_cap_hit,  # noqa: F401
-                         memory_group, pool_memory_bytes, remove_pool_groups)
+                         memory_group, pool_memory_bytes, remove_pool_groups, socket_memory)
 from rank_filter import install_rank_filter
 
 HERE = Path(__file__).resolve().parent
@@ -598,8 +598,9 @@ def files_held(init: int, most: float) -> int:
 
 def queued(init: int, most: float, protocol: str) -> int:
     """Bytes queued in the `protocol` sockets of `init`'s network namespace (the pool's own: loopback alone), both
-    ways, counted until past `most`. NOTES: the queued bytes, not the memory they take (red team 63: one-byte TCP
-    segments held about 800 times their bytes, and the pool stayed at the machine's pressure mark unseen)."""
+    ways, counted until past `most`: the guardian's count where sock_diag cannot say their memory (sockets_held).
+    NOTES: the queued bytes, not the memory they take (red team 63: one-byte TCP segments held about 800 times their
+    bytes, and the pool stayed at the machine's pressure mark unseen)."""
     held = 0
     for name in (protocol, f"{protocol}6"):
         with contextlib.suppress(OSError):
@@ -611,8 +612,15 @@ def queued(init: int, most: float, protocol: str) -> int:
     return held
 
 
+def sockets_held(init: int, most: float, protocol: str) -> int:
+    """What `init`'s network namespace holds of `protocol`'s buffers: its sockets' memory (pool_memory.socket_memory),
+    or the bytes they queue where that cannot be read."""
+    charged = socket_memory(init, most, protocol)
+    return queued(init, most, protocol) if charged is None else charged
+
+
 _WATCHED = {"files": (file_table, files_held), **{protocol: (functools.partial(socket_table, protocol),
-                                                            functools.partial(queued, protocol=protocol))
+                                                            functools.partial(sockets_held, protocol=protocol))
                                                  for protocol in ("tcp", "udp")}}
 
 

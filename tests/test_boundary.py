@@ -480,6 +480,24 @@ print('alive')
 """
 
 
+# A rank that sends COUNT one-byte TCP segments (each a record of its own, MSG_EOR, so none merges with the next) into
+# a loopback connection it never reads, then sleeps SLEEP_S: each is charged about 800 bytes (red team 63).
+TCP_SEGMENTS = """import socket, time
+server = socket.create_server(('127.0.0.1', 0))
+sender = socket.create_connection(server.getsockname())
+sender.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+receiver, _ = server.accept()
+sender.setblocking(False)
+try:
+    for _ in range({count}):
+        sender.send(b'x', socket.MSG_EOR)
+except BlockingIOError:
+    pass
+time.sleep({sleep_s})
+print('alive')
+"""
+
+
 # A rank that queues COUNT bytes in 50 kB datagrams to loopback UDP sockets it never reads (four a socket, within its
 # receive buffer), then sleeps SLEEP_S.
 UDP_HELD = """import socket, time
@@ -554,19 +572,45 @@ def test_the_guardians_count_stops_once_past_the_share():
     assert whole >= 60000 and 1000 < stopped <= 1000 + 20000 + 2000, (whole, stopped)
 
 
-@pytest.mark.parametrize("protocol", ["tcp", "udp"])
-def test_a_pool_past_its_share_of_the_machines_socket_buffers_is_ended_and_named(monkeypatch, protocol):
+@pytest.mark.parametrize("protocol, probe, big, small", [("tcp", TCP_HELD, 8 << 20, 64 << 10),
+                                                          ("udp", UDP_HELD, 8 << 20, 64 << 10),
+                                                          ("tcp", TCP_SEGMENTS, 3000, 100)],
+                         ids=["tcp", "udp", "tcp-one-byte-segments"])
+def test_a_pool_past_its_share_of_the_machines_socket_buffers_is_ended_and_named(monkeypatch, protocol, probe, big,
+                                                                                  small):
     """Red team 62: a pool's unread loopback connections held 2.26 GiB of TCP buffers, past the kernel's hard mark
     (tcp_mem), and every socket of the machine slowed 2-10x; its memory cgroup did not hold them. Red team 63: 1.58 GB
-    of UDP buffers, unwatched. The guardian ends a pool whose own sockets queue more than its share of the pressure
-    mark while the machine is past it. Here the alarm is always on and the share 1 MiB: a rank queueing 8 MiB is
-    ended and named; one queueing 64 KiB is not."""
-    big, small = 8 << 20, 64 << 10
-    seen = _ended_or_not(monkeypatch, protocol, (1 << 20) / boundary.socket_table(protocol)[1],
-                         TCP_HELD if protocol == "tcp" else UDP_HELD, (big, small))
+    of UDP buffers, unwatched; and one-byte TCP segments, charged about 800 bytes each, held the machine at its
+    pressure mark for 8 s while the guardian counted their bytes. The guardian ends a pool whose own sockets are
+    charged more than its share of the pressure mark while the machine is past it. Here the alarm is always on and
+    the share 1 MiB: a rank queueing 8 MiB, or 3000 one-byte segments (3 kB, about 2.4 MB charged), is ended and
+    named; one queueing 64 KiB, or 100 segments, is not."""
+    seen = _ended_or_not(monkeypatch, protocol, (1 << 20) / boundary.socket_table(protocol)[1], probe, (big, small))
     assert seen[big][:2] == (-signal.SIGKILL, "") and seen[big][2][:1] == (protocol,), seen
     assert seen[big][2][1] > 1 << 20 and f"in its {protocol.upper()} buffers, past its share" in seen[big][3], seen
     assert seen[small][:3] == (0, "alive", None) and "buffers" not in seen[small][3], seen
+
+
+def test_the_socket_count_reads_only_its_callers_own_network_namespace():
+    """sock_diag answers for its caller's network namespace, so the count is the guardian's alone (its pool's): asked
+    from another namespace for a pool's, it says nothing (None) and the guardian's fallback, the bytes the pool's
+    sockets queue, counts; asked for its own, it counts this process's sockets, memory and all."""
+    import socket
+
+    sandbox = boundary.Sandbox()
+    try:
+        other = [boundary.socket_memory(sandbox.init_pid, math.inf, protocol) for protocol in ("tcp", "udp")]
+        fallback = boundary.sockets_held(sandbox.init_pid, math.inf, "tcp")
+    finally:
+        sandbox.close()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        receiver.bind(("127.0.0.1", 0))
+        for _ in range(100):
+            sender.sendto(b"x", receiver.getsockname())
+        time.sleep(0.1)
+        own = boundary.socket_memory(os.getpid(), math.inf, "udp")
+    assert other == [None, None] and fallback == 0 and own is not None and own >= 100 * 256, (other, fallback, own)
 
 
 def test_a_worker_born_into_a_namespace_already_ended_reads_as_killed():
