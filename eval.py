@@ -1312,7 +1312,7 @@ class RankPool:
     def label(self, slot: int, rank: int) -> None:
         """What the lines of the worker in `slot` start with while it runs `rank` (`[rankN] `, human face)."""
         for text in self.texts.get(self.workers[slot][0], ()):
-            text.prefix = f"[rank{rank}] " if self.rank_prefix else ""
+            text.relabel(f"[rank{rank}] " if self.rank_prefix else "")
 
     def _pids(self, zygote: bool = True) -> tuple:
         """The pool's workers and (`zygote`) its zygote."""

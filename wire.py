@@ -463,6 +463,8 @@ class RankText:
         self._stop = threading.Event()
         self._wake_read, self._wake_write = os.pipe()  # ends the thread's wait on the pipe when closed
         os.set_blocking(self._wake_write, False)
+        os.set_blocking(self.fd, False)  # a relabel may have read what the thread saw ready
+        self._reading = threading.Lock()  # a read and its lines, whole, against a relabel
         self._thread = threading.Thread(target=self._pump, name=f"rank text {prefix.strip()}", daemon=True)
         self._thread.start()
 
@@ -480,6 +482,21 @@ class RankText:
             os.close(self._wake_write)
         return ended
 
+    def relabel(self, prefix: str, most_reads: int = 32) -> None:
+        """Lines start with `prefix` from now on; what the pipe holds now, and a line begun, are written first under
+        the one before (a worker changes rank from case to case: red team 64 saw a line of the last case's rank 1
+        under the next case's `[rank0] `). At most `most_reads` reads of it: a rank writing without end holds no
+        relabel."""
+        with self._reading:
+            with contextlib.suppress(OSError, ValueError):
+                for _ in range(most_reads if self.fd >= 0 else 0):
+                    if not (chunk := os.read(self.fd, 65536)):
+                        break
+                    self._take(chunk)
+            if self.line or self.line_cut:
+                self._write(self._line())
+            self.prefix = prefix
+
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # full: a wake is pending already
             os.write(self._wake_write, b"w")
@@ -496,22 +513,26 @@ class RankText:
                     if closing:
                         break
                     continue
-                chunk = os.read(self.fd, 65536)
-                if not chunk:
-                    break
-                self._take(chunk)
+                with self._reading:
+                    try:
+                        chunk = os.read(self.fd, 65536)
+                    except BlockingIOError:  # a relabel read it first
+                        continue
+                    if not chunk:
+                        break
+                    self._take(chunk)
         except (OSError, ValueError):  # the descriptor went away: what was read is still written below
             pass
         finally:
-            if self.line or self.line_cut:
-                self._write(self._line())
-            if self.dropped:
-                self._write(f"{self.prefix}... dropped {self.dropped} more bytes of output (this rank may print "
-                            f"{self.budget} bytes)")
-            try:
-                os.close(self.fd)
-            except OSError:
-                pass
+            with self._reading:
+                if self.line or self.line_cut:
+                    self._write(self._line())
+                if self.dropped:
+                    self._write(f"{self.prefix}... dropped {self.dropped} more bytes of output (this rank may "
+                                f"print {self.budget} bytes)")
+                with contextlib.suppress(OSError):
+                    os.close(self.fd)
+                self.fd = -1
 
     def _take(self, chunk: bytes) -> None:
         room = max(0, self.budget - self.taken)

@@ -2457,6 +2457,20 @@ def test_forged_lines_a_rank_prints_stay_its_own(tmp_path, face):
     assert _row_statuses(outcome.out) == ["fail"], outcome.out
 
 
+def test_a_ranks_lines_carry_the_rank_that_printed_them(tmp_path, monkeypatch):
+    """A worker changes rank from case to case (rank r of case n in worker (r + n) mod size), and the owner relabels
+    its lines as each case starts (red team 64 saw a line of the last case's rank 1 under the next case's
+    `[rank0] `; the reader's own race is held by tests/test_wire.py). Each rank prints its rank in every call,
+    unflushed, over four cases, where the operator never set PYTHONUNBUFFERED: every line comes out behind its own
+    rank's prefix."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    body = '\ndef custom_kernel(data):\n    print(f"printed by rank {data[2]}")\n    return _honest(data)\n'
+    outcome = run_face("human", "test", tmp_path, hostile(body), cases=4)
+    printed = [line for line in outcome.out.splitlines() if "printed by rank" in line]
+    assert outcome.code == 0 and len(printed) == 8, str(outcome)
+    assert all(line == f"[rank{line[-1]}] printed by rank {line[-1]}" for line in printed), printed
+
+
 # Zeros, then a thread that goes on writing forged verdict lines to fd 1 and 2 for 3 s after the call (red team 12):
 # where POPCORN_FD is the owner's stdout or stderr (POPCORN_FD=1 by hand), they were relayed into the result stream
 # after the owner's own verdict, as bare `key: value` lines.

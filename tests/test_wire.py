@@ -328,6 +328,54 @@ def test_past_the_budget_the_output_is_counted_not_shown():
                                                "bytes)"]
 
 
+def test_a_relabel_leaves_every_line_written_before_it_under_the_label_before(monkeypatch):
+    """A worker changes rank from case to case; the owner relabels its text as each case starts (red team 64: a line
+    the last case's rank 1 printed came out under the next case's `[rank0] `). Here the reader is slow (each read's
+    lines take 0.2 s to write): lines written before the relabel, and a line begun, come out under the label
+    before, those after under the new one."""
+    take = wire.RankText._take
+
+    def slow_take(self, chunk):
+        time.sleep(0.2)
+        take(self, chunk)
+
+    monkeypatch.setattr(wire.RankText, "_take", slow_take)
+    read_fd, write_fd = os.pipe()
+    stream = io.StringIO()
+    reader = wire.RankText(read_fd, stream, "[rank1] ")
+    os.write(write_fd, b"first\n")
+    time.sleep(0.05)  # the reader has it, and is slow with it
+    os.write(write_fd, b"second\nbegun")
+    reader.relabel("[rank0] ")
+    os.write(write_fd, b"\nthird\n")
+    os.close(write_fd)
+    assert reader.close()
+    assert stream.getvalue().split("\n")[:-1] == ["[rank1] first", "[rank1] second", "[rank1] begun", "[rank0] ",
+                                                  "[rank0] third"]
+
+
+def test_a_relabel_returns_while_a_rank_writes_without_end():
+    read_fd, write_fd = os.pipe()
+    reader = wire.RankText(read_fd, io.StringIO(), "[rank0] ")
+    stop = threading.Event()
+
+    def chatter():
+        with contextlib.suppress(OSError):
+            while not stop.is_set():
+                os.write(write_fd, b"x" * 4096 + b"\n")
+
+    writer = threading.Thread(target=chatter, daemon=True)
+    writer.start()
+    started = time.monotonic()
+    reader.relabel("[rank1] ")
+    took = time.monotonic() - started
+    stop.set()
+    assert reader.close(wait_s=0.5)
+    os.close(write_fd)
+    writer.join(5)
+    assert took < 2, took
+
+
 def test_close_returns_while_a_process_left_behind_keeps_the_pipe_open():
     read_fd, write_fd = os.pipe()
     stream = io.StringIO()
