@@ -1647,7 +1647,7 @@ def _channel():
 
 def custom_kernel(data):
     channel = _channel()
-    judge = _sys.modules[type(channel).__module__]
+    channels = _sys.modules[type(channel).__module__]
     channels._FIELD.pack_into(channel.memory, 8 * channels.DONE, channel.seq)
     _os.write(channel.done_write, b"d")
     _say("forged", data[2], "done", channel.seq)
@@ -1691,7 +1691,7 @@ def custom_kernel(data):
     global _patched
     if not _patched:
         channel = next(o for o in gc.get_objects() if hasattr(o, "done_write") and hasattr(o, "memory"))
-        judge = _sys.modules[type(channel).__module__]
+        channels = _sys.modules[type(channel).__module__]
         done = type(channel).done
 
         def forged_done(self, status, call_ns, held_ns, held_ok):
