@@ -1013,6 +1013,15 @@ def _send_result(conn, result: RankResult) -> None:
             os._exit(3)
 
 
+def _ended_for(over: tuple) -> str:
+    """Why the guardian ended a pool (Sandbox.ended_for's (table, held, its limit))."""
+    if over[0] == "files":
+        return (f"its pool was ended holding file tables of {over[1]} descriptors, past its share of the machine's "
+                f"open-file table (fs.file-max {over[2]})")
+    return (f"its pool was ended holding {over[1]} bytes in its {over[0].upper()} buffers, past its share of the "
+            f"machine's ({over[0]}_mem's pressure mark, {over[2]} bytes)")
+
+
 def _death_message(exitcode: Optional[int], sandbox=None) -> str:
     """What a rank's end says (None: alive past its connection's end); a SIGKILL at its pool's memory cap, or by its
     guardian for its part of a machine's table (boundary.watch_tables), says so."""
@@ -1021,10 +1030,7 @@ def _death_message(exitcode: Optional[int], sandbox=None) -> str:
         cap = (f"; the kernel killed a process of its pool at the pool's memory cap, "
                f"{guards.memory_bytes / (1 << 30):.1f} GiB ({POOL_MEMORY_ENV})")
     elif exitcode == -signal.SIGKILL and sandbox is not None and (over := sandbox.ended_for(0)):
-        cap = (f"; its pool was ended holding file tables of {over[1]} descriptors, past its share of the machine's "
-               f"open-file table (fs.file-max {over[2]})" if over[0] == "files" else
-               f"; its pool was ended holding {over[1]} bytes in its {over[0].upper()} buffers, past its share of "
-               f"the machine's ({over[0]}_mem's pressure mark, {over[2]} bytes)")
+        cap = f"; {_ended_for(over)}"
     with contextlib.suppress(ValueError, TypeError):
         if exitcode < 0:
             return f"rank process died (exit code {exitcode}, {signal.Signals(-exitcode).name}{cap})"
@@ -1043,15 +1049,25 @@ class CaseRun:
         world_size = test.args["world_size"]
         pool.await_idle()
         self.slots = [(rank + pool.cases_run) % len(pool.workers) for rank in range(world_size)]
+        self.case_id, pool.cases_run = pool.cases_run, pool.cases_run + 1
+        self.results: dict = {}
+        self.deadline = time.monotonic() + timeout_s
+        self.timeout_s = timeout_s
+        self.done: Optional[list] = None
+        self.violation: Optional[str] = None
+        # NOTES: no process starts in a namespace whose init has ended (fork there fails with ENOMEM: red team 65,
+        # read as the judge's own error, 114), so every later case of a pool the guardian ended fails at once
+        over = pool.sandbox.ended_for(0)
+        self.not_run = RankFailure(f"not run: {_ended_for(over)} in an earlier case") if over else None
+        if self.not_run:
+            return
         for slot in self.slots:
             if pool.workers[slot] is None:
                 pool.workers[slot] = pool._start()
-        self.case_id, pool.cases_run = pool.cases_run, pool.cases_run + 1
         setup = pool._setup()
         # The ranks get the case's shape, never a seed (a runner's case seed inverts to its secret) nor the spec.
         args = {k: v for k, v in test.args.items() if k != "seed"}
         sent = TestCase(args=args, spec="")
-        self.violation: Optional[str] = None
         for rank, slot in enumerate(self.slots):
             conn = pool.workers[slot][1]
             begun = pool.frames.get(conn)  # NOTES: a message (or part of one) no case asked for voids this one
@@ -1064,10 +1080,6 @@ class CaseRun:
                     send_fds(conn, fds[rank])
             except OSError as error:  # its end shut (red team 28: SHUT_RD made this 114, the harness's own code)
                 self.violation = self.violation or f"rank {rank}'s worker refused the case's job ({error})"
-        self.results: dict = {}
-        self.deadline = time.monotonic() + timeout_s
-        self.timeout_s = timeout_s
-        self.done: Optional[list] = None
 
     def extend(self, seconds: float) -> None:
         """A new deadline, `seconds` from now (a long-lived job's next phase), named by the watchdog if it passes."""
@@ -1111,6 +1123,8 @@ class CaseRun:
 
     def next_event(self):
         world_size = len(self.slots)
+        if self.not_run:
+            return self._end_with(self.not_run)
         while True:
             if self.violation:
                 return self._end_with(RankFailure(f"void: {self.violation}"))
@@ -1592,11 +1606,14 @@ class CaseSteps:
             raise
         for channel in self.channels:
             channel.given()
-        self.steps = judge.Steps(self.channels, cases, [pool.workers[slot][1].fileno() for slot in self.case.slots])
+        self.steps = judge.Steps(self.channels, cases, [pool.workers[slot][1].fileno() for slot in self.case.slots
+                                                        if pool.workers[slot] is not None])
         self.spec = test.spec
         self.ended_early = False
 
     def step(self, kind: int, case: int, inputs: list, check_outputs: bool = True) -> judge.StepResult:
+        if self.case.not_run:  # no rank is there to step (finish() says why)
+            raise judge.RankEnded()
         try:
             return self.steps.step(kind, case, inputs, self.case.deadline, check_outputs)
         except judge.RankEnded:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import math
 import os
 import pickle
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -589,6 +591,36 @@ def test_a_pool_past_its_share_of_the_machines_socket_buffers_is_ended_and_named
     assert seen[big][:2] == (-signal.SIGKILL, "") and seen[big][2][:1] == (protocol,), seen
     assert seen[big][2][1] > 1 << 20 and f"in its {protocol.upper()} buffers, past its share" in seen[big][3], seen
     assert seen[small][:3] == (0, "alive", None) and "buffers" not in seen[small][3], seen
+
+
+def test_no_case_starts_a_process_in_a_pool_its_guardian_ended():
+    """Red team 65: the guardian ended a pool for its TCP buffers in the first of nine cases; the next case started
+    fresh workers in the ended namespace, where fork fails (ENOMEM), and the human face exited 114, the judge's own
+    error. A case of such a pool now starts nothing and fails every rank at once, naming why, as the ranks' failure."""
+    import eval as core
+
+    class EndedPool:
+        workers, cases_run = [None, None], 1
+        sandbox = types.SimpleNamespace(ended_for=lambda wait_s: ("tcp", 393527296, 1572327424))
+        retired: list = []
+
+        def await_idle(self):
+            pass
+
+        def _start(self):
+            raise OSError(errno.ENOMEM, "fork into an ended namespace")
+
+        def _retire(self, slots):
+            self.retired += slots
+
+        def sweep(self):
+            return []
+
+    pool = EndedPool()
+    results = core.CaseRun(pool, "steps", core.TestCase(args={"world_size": 2}, spec="a case"), 10, {}).next_event()
+    assert [r.ok for r in results] == [False, False] and pool.retired == [1, 0], results
+    assert all(r.value.message.startswith("not run: its pool was ended holding 393527296 bytes in its TCP buffers")
+               for r in results), results
 
 
 def test_the_socket_count_reads_only_its_callers_own_network_namespace():
