@@ -29,7 +29,8 @@ from typing import Any, Optional
 
 from env_secrets import is_secret
 from pool_memory import (CGROUP_ROOT, POOL_MEMORY_ENV, TCP_SHARE, make_memory_group, memory_cap_hit,  # noqa: F401
-                         memory_group, pool_memory_bytes, remove_pool_groups, socket_memory)
+                         group_socket_bytes, memory_group, pool_memory_bytes, remove_pool_groups,
+                         socket_memory)
 from rank_filter import install_rank_filter
 
 HERE = Path(__file__).resolve().parent
@@ -503,7 +504,7 @@ if child == 0:  # the init: reaps every orphan as it ends
             pass
         signal.sigwait({signal.SIGCHLD})
 print(child, read_only or "-", apart.replace(" ", "_") or "apart", flush=True)
-told = boundary.watch_tables(child, sys.stdin, json.loads(sys.argv[5]))
+told = boundary.watch_tables(child, sys.stdin, json.loads(sys.argv[5]), uid)
 os.kill(child, signal.SIGKILL)
 os.waitpid(child, 0)
 if told:
@@ -612,29 +613,31 @@ def queued(init: int, most: float, protocol: str) -> int:
     return held
 
 
-def sockets_held(init: int, most: float, protocol: str) -> int:
-    """What `init`'s network namespace holds of `protocol`'s buffers: its sockets' memory (pool_memory.socket_memory),
-    or the bytes they queue where that cannot be read."""
+def sockets_held(init: int, most: float, protocol: str, uid: Optional[int] = None) -> int:
+    """What the pool of `init` (and of `uid`) holds of `protocol`'s buffers: its sockets' memory
+    (pool_memory.socket_memory), or the bytes they queue where that cannot be read; or, where more, what its memory
+    group is charged for sockets (pool_memory.group_socket_bytes: those no listing shows too)."""
     charged = socket_memory(init, most, protocol)
-    return queued(init, most, protocol) if charged is None else charged
+    listed = queued(init, most, protocol) if charged is None else charged
+    return max(listed, group_socket_bytes(uid) or 0)
 
 
-_WATCHED = {"files": (file_table, files_held), **{protocol: (functools.partial(socket_table, protocol),
-                                                            functools.partial(sockets_held, protocol=protocol))
-                                                 for protocol in ("tcp", "udp")}}
+_WATCHED = {"files": (file_table, lambda init, most, uid: files_held(init, most)),
+            **{protocol: (functools.partial(socket_table, protocol), functools.partial(sockets_held, protocol=protocol))
+               for protocol in ("tcp", "udp")}}
 
 
-def watch_tables(init: int, told, limits: dict) -> str:
+def watch_tables(init: int, told, limits: dict, uid: Optional[int] = None) -> str:
     """The guardian's wait for its owner's line (returned, "" at the pipe's end), meanwhile ending the namespace of
-    `init` where it holds more than its share of a machine's table whose use passes its alarm (`limits`:
-    table_limits)."""
+    `init` (its ranks of `uid`) where it holds more than its share of a machine's table whose use passes its alarm
+    (`limits`: table_limits)."""
     import select
 
     while not select.select([told], [], [], TABLE_WATCH_S)[0]:
         for table, (alarm, share, most) in limits.items():
             with contextlib.suppress(OSError, ValueError, StopIteration):
                 used = _WATCHED[table][0]()[0]
-                if used > alarm * most and (held := _WATCHED[table][1](init, share * most)) > share * most:
+                if used > alarm * most and (held := _WATCHED[table][1](init, share * most, uid=uid)) > share * most:
                     with contextlib.suppress(OSError):  # said before the kill: the owner finds it with the deaths
                         print(table, held, most, flush=True)
                     os.kill(init, signal.SIGKILL)

@@ -201,6 +201,21 @@ def memory_cap_hit(uid: Optional[int]) -> bool:
     return counts.get("oom_kill", "0") != "0" and met != "0"
 
 
+def group_socket_bytes(uid: Optional[int]) -> Optional[int]:
+    """Bytes of socket buffers charged to the pool's memory group (cgroup v1: its TCP counter, which every socket of
+    the group is charged to once that limit is set, UDP and multipath TCP too; v2: memory.stat's `sock`), None
+    without one. NOTES: the kernel's own count of what the pool's sockets hold, whichever it lists: red team 65's
+    UDP sockets unhashed by connect(AF_UNSPEC) kept their queues (2.37 GB) out of sock_diag and /proc/net/udp."""
+    group = memory_group(uid) if uid is not None else None
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        if group is not None and (group / "memory.kmem.tcp.usage_in_bytes").exists():
+            return int((group / "memory.kmem.tcp.usage_in_bytes").read_text())
+        if group is not None:
+            return int(next(line.split()[1] for line in (group / "memory.stat").read_text().splitlines()
+                            if line.startswith("sock ")))
+    return None
+
+
 # sock_diag (netlink) asked for every socket of one protocol and address family with its memory (SKMEMINFO): the
 # netlink header, then inet_diag_req_v2 (family, protocol, extensions wanted, pad, states, a socket id of zeros).
 SOCK_DIAG, SOCK_DIAG_BY_FAMILY, DUMP_REQUEST, INET_DIAG_SKMEMINFO = 4, 20, 0x301, 7
