@@ -645,6 +645,31 @@ def watch_tables(init: int, told, limits: dict, uid: Optional[int] = None) -> st
     return told.readline()
 
 
+def ended_for_text(over: tuple) -> str:
+    """Why the guardian ended a pool (Sandbox.ended_for's (table, held, its limit))."""
+    if over[0] == "files":
+        return (f"its pool was ended holding file tables of {over[1]} descriptors, past its share of the machine's "
+                f"open-file table (fs.file-max {over[2]})")
+    return (f"its pool was ended holding {over[1]} bytes in its {over[0].upper()} buffers, past its share of the "
+            f"machine's ({over[0]}_mem's pressure mark, {over[2]} bytes)")
+
+
+def death_message(exitcode: Optional[int], sandbox=None) -> str:
+    """What a rank's end says (None: alive past its connection's end); a SIGKILL at its pool's memory cap, or by its
+    guardian for its part of a machine's table (watch_tables), says so."""
+    cap, guards = "", sandbox.guards if sandbox is not None else None
+    if exitcode == -signal.SIGKILL and guards is not None and guards.memory_bytes and memory_cap_hit(guards.uid):
+        cap = (f"; the kernel killed a process of its pool at the pool's memory cap, "
+               f"{guards.memory_bytes / (1 << 30):.1f} GiB ({POOL_MEMORY_ENV})")
+    elif exitcode == -signal.SIGKILL and sandbox is not None and (over := sandbox.ended_for(0)):
+        cap = f"; {ended_for_text(over)}"
+    with contextlib.suppress(ValueError, TypeError):
+        if exitcode < 0:
+            return f"rank process died (exit code {exitcode}, {signal.Signals(-exitcode).name}{cap})"
+    return (f"rank process died (exit code {exitcode})" if exitcode is not None else  # alive 5 s after (red team 28)
+            "rank process closed its connection to the evaluator and lived on (killed)")
+
+
 def _libc():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long

@@ -55,11 +55,10 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own modules, wherever it is run from
-from boundary import (MPS_DEFAULT_PIPE, POOL_MEMORY_ENV, RankSandbox, RUN_OWNER, Sandbox,  # noqa: E402
-                      become_subreaper, claim_run, descendants, die_with_parent,
-                      enter_rank_sandbox, hide_result_channel, keep_newest, kill_tree, memory_cap_hit,
-                      owned_tempdir, owners_name, pool_memory_bytes, prepare_rank_cache, release_uid,
-                      write_owners_only)
+from boundary import (MPS_DEFAULT_PIPE, RankSandbox, RUN_OWNER, Sandbox,  # noqa: E402
+                      become_subreaper, claim_run, death_message, descendants, die_with_parent, ended_for_text,
+                      enter_rank_sandbox, hide_result_channel, keep_newest, kill_tree, owned_tempdir, owners_name,
+                      pool_memory_bytes, prepare_rank_cache, release_uid, write_owners_only)
 import births  # noqa: E402
 import rank_writable  # noqa: E402
 from births import (KILLED_WAIT_S, Forked, Nursery, PhaseSlot, Zygote, close_all_but, environ_with,  # noqa: E402
@@ -1013,31 +1012,6 @@ def _send_result(conn, result: RankResult) -> None:
             os._exit(3)
 
 
-def _ended_for(over: tuple) -> str:
-    """Why the guardian ended a pool (Sandbox.ended_for's (table, held, its limit))."""
-    if over[0] == "files":
-        return (f"its pool was ended holding file tables of {over[1]} descriptors, past its share of the machine's "
-                f"open-file table (fs.file-max {over[2]})")
-    return (f"its pool was ended holding {over[1]} bytes in its {over[0].upper()} buffers, past its share of the "
-            f"machine's ({over[0]}_mem's pressure mark, {over[2]} bytes)")
-
-
-def _death_message(exitcode: Optional[int], sandbox=None) -> str:
-    """What a rank's end says (None: alive past its connection's end); a SIGKILL at its pool's memory cap, or by its
-    guardian for its part of a machine's table (boundary.watch_tables), says so."""
-    cap, guards = "", sandbox.guards if sandbox is not None else None
-    if exitcode == -signal.SIGKILL and guards is not None and guards.memory_bytes and memory_cap_hit(guards.uid):
-        cap = (f"; the kernel killed a process of its pool at the pool's memory cap, "
-               f"{guards.memory_bytes / (1 << 30):.1f} GiB ({POOL_MEMORY_ENV})")
-    elif exitcode == -signal.SIGKILL and sandbox is not None and (over := sandbox.ended_for(0)):
-        cap = f"; {_ended_for(over)}"
-    with contextlib.suppress(ValueError, TypeError):
-        if exitcode < 0:
-            return f"rank process died (exit code {exitcode}, {signal.Signals(-exitcode).name}{cap})"
-    return (f"rank process died (exit code {exitcode})" if exitcode is not None else  # alive 5 s after (red team 28)
-            "rank process closed its connection to the evaluator and lived on (killed)")
-
-
 class CaseRun:
     """One case in flight on a pool: the owner's side of the ranks' results. `next_event()` returns the ranks'
     results when the case is over (failed, timed out, or done); every wait has the case's deadline. A rank sends
@@ -1058,7 +1032,7 @@ class CaseRun:
         # NOTES: no process starts in a namespace whose init has ended (fork there fails with ENOMEM: red team 65,
         # read as the judge's own error, 114), so every later case of a pool the guardian ended fails at once
         over = pool.sandbox.ended_for(0)
-        self.not_run = RankFailure(f"not run: {_ended_for(over)} in an earlier case") if over else None
+        self.not_run = RankFailure(f"not run: {ended_for_text(over)} in an earlier case") if over else None
         if self.not_run:
             return
         for slot in self.slots:
@@ -1096,7 +1070,7 @@ class CaseRun:
             return
         except EOFError:
             join_within(process, 5)  # the pipe closes before the dying process is reaped: wait for its code
-            self.results[rank] = RankResult(False, RankFailure(_death_message(process.exitcode, self.pool.sandbox)))
+            self.results[rank] = RankResult(False, RankFailure(death_message(process.exitcode, self.pool.sandbox)))
             return
         if len(raws) > 1:  # NOTES: the harness sends exactly one result per case
             self.violation = self.violation or (f"rank {rank} sent the evaluator a message outside any case (a "

@@ -556,8 +556,6 @@ print('alive')
 def _ended_or_not(monkeypatch, table: str, share: float, probe: str, counts: tuple) -> dict:
     """{count: (exit code, what the rank printed, the guardian's word, the death's text)} for a rank running `probe`
     holding each of `counts`, its pool's guardian alarmed at once over `table` with a share of `share`."""
-    import eval as harness
-
     monkeypatch.setattr(boundary, "TABLES", {table: (0.0, share)})
     seen = {}
     for count, sleep_s in zip(counts, (30, 1)):
@@ -565,7 +563,7 @@ def _ended_or_not(monkeypatch, table: str, share: float, probe: str, counts: tup
         try:
             done = _in_sandbox(sandbox, probe.format(count=count, sleep_s=sleep_s))
             seen[count] = (done.returncode, done.stdout.strip(), sandbox.ended_for(2),
-                           harness._death_message(-signal.SIGKILL, sandbox))
+                           boundary.death_message(-signal.SIGKILL, sandbox))
         finally:
             sandbox.close()
     return seen
