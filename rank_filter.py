@@ -23,6 +23,9 @@ _SYSCALLS = {"x86_64": (0xC000003E, {"clone": 56, "unshare": 272, "clone3": 435,
 CLONE_PARENT = 0x00008000
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C  # a terminal's input pushed by ioctl (red team 23: typed into the operator's shell)
 IPPROTO_MPTCP = 262
+# The address families a rank may make sockets of: those its network namespace holds (and the kernel's own
+# netlink); vsock, for one, has no namespace (red team 67: a rank listened in the machine's vsock port space).
+SOCKET_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK
 _X32_BIT = 0x40000000
 _LOAD, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 
@@ -49,7 +52,8 @@ def rank_filter(machine: str) -> list:
     a terminal (TIOCSTI, TIOCLINUX: red team 23) and a call of another ABI (x32, 32-bit) fail with EPERM; a
     multipath TCP socket fails with EPROTONOSUPPORT, as on a kernel without it (red team 65: its buffers count
     against tcp_mem, but the kernel lists them apart from TCP's, and 420 of them held the machine past its pressure
-    mark unseen by the guardian); everything else is allowed. Empty for an unknown architecture."""
+    mark unseen by the guardian), and a socket of a family outside SOCKET_FAMILIES with EAFNOSUPPORT; everything
+    else is allowed. Empty for an unknown architecture."""
     if machine not in _SYSCALLS:
         return []
     arch, number = _SYSCALLS[machine]
@@ -59,13 +63,16 @@ def rank_filter(machine: str) -> list:
         *((_JEQ, "absent", None, number[name]) for name in ("clone3", "io_setup", "io_uring_setup")),
         *((_JEQ, "deny", None, number[name]) for name in ("add_key", "request_key", "keyctl")),
         (_JEQ, "deny", None, number["ptrace"]), (_JEQ, "terminal", None, number["ioctl"]),
-        (_JEQ, "protocol", None, number["socket"]),
+        (_JEQ, "family", None, number["socket"]),
         (_JEQ, "flags", None, number["clone"]), (_JEQ, "flags", "allow", number["unshare"]),
         ("flags", _LOAD, None, None, 16), (_JSET, "deny", "allow", CLONE_NEWUSER | CLONE_PARENT),  # arg 1, low half
         ("terminal", _LOAD, None, None, 24), (_JEQ, "deny", None, TIOCSTI), (_JEQ, "deny", "allow", TIOCLINUX),
+        ("family", _LOAD, None, None, 16), *((_JEQ, "protocol", None, family) for family in SOCKET_FAMILIES[:-1]),
+        (_JEQ, "protocol", "no_family", SOCKET_FAMILIES[-1]),  # arg 0, low half
         ("protocol", _LOAD, None, None, 32), (_JEQ, "no_protocol", "allow", IPPROTO_MPTCP),  # arg 2, low half
         ("allow", _RET, None, None, SECCOMP_RET_ALLOW), ("absent", _RET, None, None, SECCOMP_RET_ERRNO | errno.ENOSYS),
         ("no_protocol", _RET, None, None, SECCOMP_RET_ERRNO | errno.EPROTONOSUPPORT),
+        ("no_family", _RET, None, None, SECCOMP_RET_ERRNO | errno.EAFNOSUPPORT),
         ("deny", _RET, None, None, SECCOMP_RET_ERRNO | errno.EPERM)]
     labels = {step[0]: at for at, step in enumerate(program) if isinstance(step[0], str)}
     assembled = []

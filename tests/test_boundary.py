@@ -422,17 +422,25 @@ def test_ranks_sharing_gpus_have_network_and_ipc_namespaces_of_their_own_too():
         assert "the machine's" not in seen[kind][2].replace("the machine's /dev/shm", ""), seen
 
 
-def test_a_rank_makes_no_multipath_tcp_socket_and_plain_ones_still():
+def test_a_rank_makes_no_multipath_tcp_nor_vsock_socket_and_plain_ones_still():
     """Red team 65: 420 loopback multipath TCP connections held the machine's TCP buffers past tcp_mem's pressure mark
     for 12 s; they count against tcp_mem, but the kernel lists them apart from TCP's, and the guardian saw 1 MB of
     the 1.5 GB. A rank's filter answers such a socket as a kernel without it does (EPROTONOSUPPORT); TCP and UDP
-    sockets, over IPv4 and IPv6, are made as before."""
+    sockets, over IPv4 and IPv6, are made as before. Red team 67: a vsock socket (no network namespace holds it)
+    listened in the machine's vsock port space; a family outside the rank's namespace fails with EAFNOSUPPORT, while
+    unix and netlink sockets are made as before."""
     import errno
 
-    try:
-        socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262).close()
-    except OSError as error:
-        pytest.skip(f"this kernel makes no multipath TCP socket itself ({error})")
+    for family, kind, protocol in ((socket.AF_INET, socket.SOCK_STREAM, 262), (40, socket.SOCK_STREAM, 0)):
+        try:
+            socket.socket(family, kind, protocol).close()
+        except OSError as error:
+            pytest.skip(f"this kernel makes no socket ({family}, {kind}, {protocol}) itself ({error})")
+    families = ("import socket\nfor family, kind in ((40, socket.SOCK_STREAM), (socket.AF_UNIX, socket.SOCK_STREAM), "
+                "(socket.AF_NETLINK, socket.SOCK_RAW)):\n    try:\n        socket.socket(family, kind, 0).close()\n"
+                "        print(family, 'made')\n    except OSError as error:\n        print(family, error.errno)")
+    said = _each_pool({"pool": {}}, families)["pool"][0].splitlines()
+    assert said == [f"40 {errno.EAFNOSUPPORT}", "1 made", "16 made"], said
     probe = ("import socket\nfor family in (socket.AF_INET, socket.AF_INET6):\n"
              "    for kind, protocol in ((socket.SOCK_STREAM, 262), (socket.SOCK_STREAM, 0), (socket.SOCK_STREAM, 6), "
              "(socket.SOCK_DGRAM, 0)):\n        try:\n            socket.socket(family, kind, protocol).close()\n"
