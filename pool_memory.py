@@ -1,7 +1,7 @@
 """A pool's memory cap: a cgroup of the pool's own, which every rank joins before it drops root, and how the judge
-tells a kill at that cap and removes the group; and what a pool's sockets are charged of the machine's socket buffers,
-which no cgroup bounds (the guardian's count, boundary.watch_tables). Part of every staged bundle (task.yml lists it);
-it imports nothing of the harness.
+tells a kill at that cap and removes the group; and what a pool's sockets are charged of the socket buffers the
+whole machine shares (tcp_mem, udp_mem: the guardian's count, boundary.watch_tables). Part of every staged bundle
+(task.yml lists it); it imports nothing of the harness.
 """
 from __future__ import annotations
 
@@ -207,12 +207,13 @@ def group_socket_bytes(uid: Optional[int]) -> Optional[int]:
     without one. NOTES: the kernel's own count of what the pool's sockets hold, whichever it lists: red team 65's
     UDP sockets unhashed by connect(AF_UNSPEC) kept their queues (2.37 GB) out of sock_diag and /proc/net/udp."""
     group = memory_group(uid) if uid is not None else None
+    if group is None:
+        return None
     with contextlib.suppress(OSError, ValueError, StopIteration):
-        if group is not None and (group / "memory.kmem.tcp.usage_in_bytes").exists():
-            return int((group / "memory.kmem.tcp.usage_in_bytes").read_text())
-        if group is not None:
-            return int(next(line.split()[1] for line in (group / "memory.stat").read_text().splitlines()
-                            if line.startswith("sock ")))
+        if (v1 := group / "memory.kmem.tcp.usage_in_bytes").exists():
+            return int(v1.read_text())
+        return int(next(line.split()[1] for line in (group / "memory.stat").read_text().splitlines()
+                        if line.startswith("sock ")))
     return None
 
 
