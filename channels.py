@@ -187,8 +187,9 @@ def copiers(gpus: list, count: int, choice, can_peer) -> list:
     (None: the rank's own). `choice`: None (default) a GPU no rank uses, else the next rank's; "next" the next rank's;
     "own"; or a GPU index. `can_peer(copier, gpu)`: whether copier's context reaches gpu's memory; one that cannot
     leaves the rank's own. NOTES: with the owner's context beside the rank's on one GPU the copy out took 2-3x longer
-    (85-127 µs from another GPU, 225-309 µs from its own: results/2026-11-27_nvidia-h200_ws4_floor-experiment_5d82ef6),
-    the GPU switching between the two processes' contexts."""
+    (85-127 µs from another GPU, 225-309 µs from its own:
+    results/2026-11-27_nvidia-h200_ws4_floor-experiment_5d82ef6), the GPU switching between the two processes'
+    contexts."""
     if choice == "own":
         return [None] * len(gpus)
     spare = [g for g in range(count) if g not in gpus]

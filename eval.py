@@ -1505,8 +1505,9 @@ def transport_options():
 
 
 def transport(pool: "RankPool", world_size: int) -> tuple:
-    """("device", None) where every rank has a GPU of its own on a CUDA build (channels.Channel with a GPU), else ("host",
-    why not). NOTES: MPS (ranks sharing GPUs) serves one uid's clients at a time: the owner's context would wait."""
+    """("device", None) where every rank has a GPU of its own on a CUDA build (channels.Channel with a GPU), else
+    ("host", why not). NOTES: MPS (ranks sharing GPUs) serves one uid's clients at a time: the owner's context would
+    wait."""
     if os.environ.get(TRANSPORT_ENV) == "host":
         return "host", f"{TRANSPORT_ENV}=host"
     if pool.backend != "nccl":
@@ -1580,8 +1581,8 @@ class CaseSteps:
             raise
         for channel in self.channels:
             channel.given()
-        self.steps = judge.Steps(self.channels, cases, [pool.workers[slot][1].fileno() for slot in self.case.slots
-                                                        if pool.workers[slot] is not None])
+        watch = [] if self.case.not_run else [pool.workers[slot][1].fileno() for slot in self.case.slots]
+        self.steps = judge.Steps(self.channels, cases, watch)
         self.spec = test.spec
         self.ended_early = False
 

@@ -44,16 +44,15 @@ def rank_filter(machine: str) -> list:
     namespace could not end and the owner waited on it forever); clone3, whose flags a filter cannot read, fails
     with ENOSYS (glibc then falls back to clone), as do the kernel's asynchronous I/O contexts (io_setup,
     io_uring_setup: red team 60: 15 contexts held the machine's whole fs.aio-max-nr, and root's io_setup failed until
-    the pool ended; a caller falls back to plain reads and writes); ptrace fails with EPERM, every request of it (red team 19:
-    PTRACE_TRACEME made the owner the rank's tracer, and a stop it then read as its worker's exit ended the run with
-    114; red team 28: two workers that seized each other hid their exits from their parent, whose wait never ended);
-    the kernel's keyrings
-    (add_key, request_key, keyctl: a uid's keys outlive its processes, red team 14), the ioctls that push input into
-    a terminal (TIOCSTI, TIOCLINUX: red team 23) and a call of another ABI (x32, 32-bit) fail with EPERM; a
-    multipath TCP socket fails with EPROTONOSUPPORT, as on a kernel without it (red team 65: its buffers count
-    against tcp_mem, but the kernel lists them apart from TCP's, and 420 of them held the machine past its pressure
-    mark unseen by the guardian), and a socket of a family outside SOCKET_FAMILIES with EAFNOSUPPORT; everything
-    else is allowed. Empty for an unknown architecture."""
+    the pool ended; a caller falls back to plain reads and writes); ptrace fails with EPERM, every request of it (red
+    team 19: PTRACE_TRACEME made the owner the rank's tracer, and a stop it then read as its worker's exit ended the
+    run with 114; red team 28: two workers that seized each other hid their exits from their parent, whose wait never
+    ended); the kernel's keyrings (add_key, request_key, keyctl: a uid's keys outlive its processes, red team 14), the
+    ioctls that push input into a terminal (TIOCSTI, TIOCLINUX: red team 23) and a call of another ABI (x32, 32-bit)
+    fail with EPERM; a multipath TCP socket fails with EPROTONOSUPPORT, as on a kernel without it (red team 65: its
+    buffers count against tcp_mem, but the kernel lists them apart from TCP's, and 420 of them held the machine past
+    its pressure mark unseen by the guardian), and a socket of a family outside SOCKET_FAMILIES with EAFNOSUPPORT;
+    everything else is allowed. Empty for an unknown architecture."""
     if machine not in _SYSCALLS:
         return []
     arch, number = _SYSCALLS[machine]

@@ -444,7 +444,8 @@ def test_a_rank_makes_no_multipath_tcp_nor_vsock_socket_and_plain_ones_still():
     probe = ("import socket\nfor family in (socket.AF_INET, socket.AF_INET6):\n"
              "    for kind, protocol in ((socket.SOCK_STREAM, 262), (socket.SOCK_STREAM, 0), (socket.SOCK_STREAM, 6), "
              "(socket.SOCK_DGRAM, 0)):\n        try:\n            socket.socket(family, kind, protocol).close()\n"
-             "            print(protocol, 'made')\n        except OSError as error:\n            print(protocol, error.errno)")
+             "            print(protocol, 'made')\n        except OSError as error:\n"
+             "            print(protocol, error.errno)")
     said = _each_pool({"pool": {}}, probe)["pool"][0].splitlines()
     assert said == [f"262 {errno.EPROTONOSUPPORT}", "0 made", "6 made", "0 made"] * 2, said
 
