@@ -56,9 +56,9 @@ from typing import Any, Callable, NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own modules, wherever it is run from
 from boundary import (MPS_DEFAULT_PIPE, RankSandbox, RUN_OWNER, Sandbox,  # noqa: E402
-                      become_subreaper, claim_run, death_message, descendants, die_with_parent, ended_for_text,
-                      enter_rank_sandbox, hide_result_channel, keep_newest, kill_tree, owned_tempdir, owners_name,
-                      pool_memory_bytes, prepare_rank_cache, release_uid, write_owners_only)
+                      become_subreaper, check_rank_cache, claim_run, death_message, descendants, die_with_parent,
+                      ended_for_text, enter_rank_sandbox, hide_result_channel, keep_newest, kill_tree, owned_tempdir,
+                      owners_name, pool_memory_bytes, prepare_rank_cache, release_uid, write_owners_only)
 import births  # noqa: E402
 import rank_writable  # noqa: E402
 from births import (KILLED_WAIT_S, Forked, Nursery, PhaseSlot, Zygote, close_all_but, environ_with,  # noqa: E402
@@ -155,11 +155,17 @@ class PopcornOutput:
         return self
 
     def __exit__(self, *exc):
-        self.file.close()
+        with contextlib.suppress(OSError):  # what a failed write left in the buffer (log said so already)
+            self.file.close()
 
     def log(self, key, value):
-        """`key: value` on one line: a value that holds a rank's words (an error) is escaped (wire.as_text)."""
-        print(f"{key}: {wire.as_text(str(value), LOGGED_CHARS)}", file=self.file, flush=True)
+        """`key: value` on one line: a value that holds a rank's words (an error) is escaped (wire.as_text). A
+        descriptor that takes no write (a full disk, /dev/full) is bad input, found at the first key, before any case
+        (red team 69: 114)."""
+        try:
+            print(f"{key}: {wire.as_text(str(value), LOGGED_CHARS)}", file=self.file, flush=True)
+        except OSError as exc:
+            raise UserError(f"POPCORN_FD: the results could not be written ({exc.strerror})") from None
 
 
 @dataclasses.dataclass
@@ -1198,7 +1204,7 @@ def cover_rank_writable(*result_fds: int) -> None:
 def check_environment() -> None:
     """The variables a run reads only once its pools start, checked before any work: a bad one is bad input."""
     try:
-        for check in (rank_birth, pool_memory_bytes, pinned_cpus, owner_cpu, judge.check_knobs):
+        for check in (rank_birth, pool_memory_bytes, pinned_cpus, owner_cpu, judge.check_knobs, check_rank_cache):
             check()
     except ValueError as error:
         raise UserError(str(error)) from None
@@ -1824,7 +1830,8 @@ def run_profiling(run: ProtocolRun, tests: list[TestCase]) -> int:
 
 def _env_integer(name: str, text: str, low: int, high: int, what: str = "an integer") -> int:
     """An environment variable's integer in [low, high], or bad input naming it."""
-    if not re.fullmatch(r"[0-9]+", text.strip()) or not low <= int(text) <= high:
+    # at most 40 ASCII digits: int() refuses past 4300 (red team 69: a ValueError's traceback and exit 1)
+    if not re.fullmatch(r"[0-9]{1,40}", text.strip()) or not low <= int(text) <= high:
         raise UserError(f"{name} must be {what} from {low} to {high}, not '{text[:40]}'")
     return int(text)
 

@@ -610,6 +610,8 @@ def _settings(args) -> clock.Settings:
         asked = {}
         for part in args.target.split(","):
             name, _, value = part.partition("=")
+            if name.strip() in asked:  # red team 69: the last of two took effect unsaid
+                raise core.UserError(f"--target '{args.target}': {name.strip()} is given twice")
             try:
                 asked[name.strip()] = float(value)
             except ValueError:

@@ -373,37 +373,39 @@ def keep_rows_home(data: tuple) -> tuple:
 def select_cases(task: dict, selector: str) -> list[core.TestCase]:
     """`tests`, `benchmarks`, `tests:0,3`, `benchmarks:4`, or a file of test lines (blank lines skipped); each
     case's own values are checked here, before any world size is rewritten."""
+    shown = selector if len(selector) <= 100 else f"{selector[:100]}..."  # a line, however long the selector
     section, colon, picks = selector.partition(":")
     if section in ("tests", "benchmarks"):
         cases = task[section]
         if colon:
             indices = picks.split(",")
-            if not all(re.fullmatch(r"[0-9]+", i) and int(i) < len(cases) for i in indices):
-                raise UserError(f"--cases {selector}: give indices from 0 to {len(cases) - 1}, "
+            # at most 9 digits: int() refuses past 4300 (red team 69: 114 for a 5000-digit index)
+            if not all(re.fullmatch(r"[0-9]{1,9}", i) and int(i) < len(cases) for i in indices):
+                raise UserError(f"--cases {shown}: give indices from 0 to {len(cases) - 1}, "
                                 f"separated by commas")
             cases = [cases[int(i)] for i in indices]
         return [core.TestCase(args=dict(case), spec=core.spec_line(case)) for case in cases]
     path = Path(selector)
     if path.exists() and not path.is_file():
-        raise UserError(f"--cases {selector}: not a file")
+        raise UserError(f"--cases {shown}: not a file")
     if not path.is_file():
-        raise UserError(f"--cases {selector}: no such file (expected tests, benchmarks, tests:I,J, "
+        raise UserError(f"--cases {shown}: no such file (expected tests, benchmarks, tests:I,J, "
                         f"benchmarks:I or a test file)")
     try:
         lines = [line for line in path.read_bytes().decode("utf-8").splitlines() if line.strip()]
         tests = core.get_test_cases("\n".join(lines), None)
     except OSError as exc:
-        raise UserError(f"--cases {selector}: cannot read it: {exc.strerror}") from None
+        raise UserError(f"--cases {shown}: cannot read it: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
-        raise UserError(f"--cases {selector}: not UTF-8 text (byte {exc.start})") from None
+        raise UserError(f"--cases {shown}: not UTF-8 text (byte {exc.start})") from None
     except ValueError as exc:
-        raise UserError(f"--cases {selector}: {exc}") from None
+        raise UserError(f"--cases {shown}: {exc}") from None
     if not tests:
-        raise UserError(f"--cases {selector}: the file holds no test cases")
+        raise UserError(f"--cases {shown}: the file holds no test cases")
     for test in tests:
         problem = core.case_problem(test.args)
         if problem:
-            raise UserError(f"--cases {selector}: test '{test.spec[:120]}': {problem}")
+            raise UserError(f"--cases {shown}: test '{test.spec[:120]}': {problem}")
     return tests
 
 

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -118,7 +119,7 @@ def placement(world_size: int, gpus: int, backend: str) -> Placement:
         return Placement(world_size, gpus)
     forced = os.environ.get("A2A_SM_PERCENT", "").strip()
     if forced:
-        if not forced.isdigit() or not 1 <= int(forced) <= 100:
+        if not re.fullmatch(r"[0-9]{1,3}", forced) or not 1 <= int(forced) <= 100:  # isdigit takes '²', int not
             raise UserError(f"A2A_SM_PERCENT must be a whole percent from 1 to 100, not '{forced[:40]}'")
         percent = int(forced)
         ranks = Placement(world_size, gpus).ranks_per_gpu

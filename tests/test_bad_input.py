@@ -78,6 +78,7 @@ def human_face_cases(tmp: Path):
         (("test", "v1", "--cases", "tests:42"), "give indices from 0 to 8"),
         (("test", "v1", "--cases", "tests:-1"), "give indices from 0 to 8"),
         (("test", "v1", "--cases", "tests:"), "give indices from 0 to 8"),
+        (("test", "v1", "--cases", "tests:" + "9" * 5000), "give indices from 0 to 8"),  # red team 69: int()'s limit
         (("test", "v1", "--task", _file(tmp, "task.yml", "files: [\n")), "not valid YAML"),
         (("test", "v1", "--task", _file(tmp, "incomplete.yml", "files: []\ntests: []\n")), "must be a non-empty list"),
         (("stage", "v1"), "usage"),
@@ -237,11 +238,20 @@ def test_a_memory_cap_no_cgroup_can_hold_is_bad_input(monkeypatch):
 
 
 def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
-    """Each found before a rank starts: one line, 113, nothing saved."""
+    """Each found before a rank starts: one line, 113, nothing saved. Red team 69: a rank cache or --out that is a
+    link to nothing, a file, or a name past the file system's limits ended the command with 114 (a run's results
+    unsaved), and a shared folder named as the rank cache was closed (0700) and pruned."""
     a_file = Path(_file(tmp_path, "a_file", ""))
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nothing" / "here")
+    shared = tmp_path / "shared"
+    (shared / "home" / "alice").mkdir(parents=True)
+    (shared / "home" / "alice" / "thesis.txt").write_text("mine")
+    shared.chmod(0o1777)
     for variable, value in (("A2A_POOL_MEMORY_GB", "-1"), ("A2A_POOL_MEMORY_GB", "nan"), ("A2A_RANK_BIRTH", "exec"),
                             ("A2A_PIN_CPUS", "first"), ("A2A_PIN_CPUS", "9999"), ("A2A_PIN_OWNER_CPU", "0,1"),
-                            ("A2A_PIN_OWNER_CPU", "9999")):
+                            ("A2A_PIN_OWNER_CPU", "9999"), ("A2A_RANK_CACHE", str(dangling)),
+                            ("A2A_RANK_CACHE", str(a_file)), ("A2A_RANK_CACHE", str(shared))):
         for command in (("eval.py", "test", "v1"), ("run_leaderboard.py", "--versions", "v1", "--out",
                                                      str(tmp_path / "o0"))):
             result = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True,
@@ -253,6 +263,13 @@ def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
         (("run_leaderboard.py", "--versions", f"v1,{ROOT / 'submissions/all2all/v1_torch_sort.py'}",
           "--out", str(tmp_path / "o2")), "named more than once"),
         (("run_leaderboard.py", "--versions", "v1", "--out", str(a_file / "results")), "is not a folder"),
+        (("run_leaderboard.py", "--versions", "v1", "--out", str(dangling)), "is a link to nothing"),
+        (("diff.py", "v1", "v2", "--out", str(tmp_path / ("o" * 300))), "a name longer than this file system's"),
+        (("run_leaderboard.py", "--versions", "v1", "--out", str(tmp_path / "/".join(["o" * 20] * 200))),
+         "too long a path for a run's folder"),
+        (("run_leaderboard.py", "--versions", "v1", "--target", "held=0.02,held=0.05", "--out", str(tmp_path / "o4")),
+         "held is given twice"),
+        (("diff.py", "v1", "v2", "--cases", "tests:" + "9" * 5000, "--out", str(tmp_path / "o5")), "give indices"),
         (("-m", "tools.step_anatomy", "v1", "--iterations", "0", "--out", str(tmp_path / "o3")),
          "--iterations must be at least 1"),
         (("-m", "tools.check_device", str(tmp_path / "missing.py")), "no such file" if _compilers() else "not found"),
@@ -261,6 +278,7 @@ def test_commands_and_tools_refuse_bad_input_before_any_work(tmp_path):
         assert result.returncode == EXIT_BAD_INPUT and message in result.stderr, (command, result.stderr[-800:])
         assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("o")], "a refused command saved something"
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777 and (shared / "home" / "alice" / "thesis.txt").exists()
     for args, message in [((), "usage"), ((str(tmp_path / "s"), "bogus"), "unknown step 'bogus'"),
                           ((str(tmp_path / "s"), "env", "set:PATH=/tmp"), "sets no A2A_ variable"),
                           ((str(tmp_path / "s"), "check", "env", "stability:x"), "unknown step 'stability:x'"),
@@ -724,6 +742,9 @@ def test_protocol_face_rejects_a_bad_environment(bundle):
                          ({"POPCORN_FD": "2"}, "POPCORN_FD=2 is stderr"),
                          ({"POPCORN_FD": "1", "POPCORN_SEED": str(10**29)}, "POPCORN_SEED must be an integer"),
                          ({"POPCORN_FD": "1", "POPCORN_SEED": "-4"}, "POPCORN_SEED must be an integer"),
+                         # red team 69: past int()'s 4300 digits, a traceback and exit 1, the result file empty
+                         ({"POPCORN_FD": "1", "POPCORN_SEED": "9" * 5000}, "POPCORN_SEED must be an integer"),
+                         ({"POPCORN_FD": "1", "A2A_MASTER_PORT": "9" * 5000}, "A2A_MASTER_PORT must be a port"),
                          ({"POPCORN_FD": "1", "POPCORN_GPUS": "many"}, "POPCORN_GPUS must be an integer"),
                          ({"POPCORN_FD": "1", "POPCORN_GPUS": ""}, "POPCORN_GPUS must be an integer"),
                          ({"POPCORN_FD": "1", "POPCORN_SEED": "10000000000"}, "mixed into this test's seed"),
@@ -744,14 +765,18 @@ def test_protocol_face_rejects_a_bad_environment(bundle):
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert _protocol(bundle, {"POPCORN_FD": "1"}, "test").returncode == EXIT_USAGE
     read_end, write_end = os.pipe()
-    for fd, message, keep in [(read_end, "open for reading only", write_end), (write_end, "nobody reads", None)]:
-        if keep is None:
+    full = os.open("/dev/full", os.O_WRONLY)  # red team 69: a descriptor no write reaches ended the run with 114
+    for fd, message in [(read_end, "open for reading only"), (full, "could not be written"),
+                        (write_end, "nobody reads")]:
+        if fd == write_end:
             os.close(read_end)  # the write end of a pipe whose reader is gone
         done = subprocess.run([sys.executable, "eval.py", "test", "one.txt"], cwd=bundle, capture_output=True,
                               text=True, timeout=120, pass_fds=(fd,),
                               env={**os.environ, "POPCORN_FD": str(fd), "POPCORN_GPUS": "2", "A2A_BACKEND": "gloo"})
         assert done.returncode == EXIT_BAD_INPUT and message in done.stderr, (message, done.returncode, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     os.close(write_end)
+    os.close(full)
 
 
 def test_protocol_face_reports_its_own_crash(bundle):

@@ -52,7 +52,7 @@ def test_the_sm_share_can_be_set_and_is_checked(monkeypatch):
     monkeypatch.setenv("A2A_SM_PERCENT", "13")  # 8 ranks at 13% ask for 104% of the GPU
     with pytest.raises(core.UserError, match="8 ranks 104% of one GPU: at most 12% each"):
         sharing.placement(8, 1, "nccl")
-    for bad in ("0", "101", "ten", "-5"):
+    for bad in ("0", "101", "ten", "-5", "²", "9" * 5000):  # red team 69: isdigit() takes '²', int() neither
         monkeypatch.setenv("A2A_SM_PERCENT", bad)
         with pytest.raises(core.UserError, match="A2A_SM_PERCENT must be a whole percent"):
             sharing.placement(8, 1, "nccl")
