@@ -36,6 +36,7 @@ def pytest_configure(config):
     eval, judge, boundary, wire and a2a, and where PYTHONDONTWRITEBYTECODE is set (CI's machines set it) each compiled
     them from source again (0.24 of a human-face run's 6.5 CPU seconds on 2 cores, six runs each way, interleaved).
     py_compile writes whatever that setting says; a file already compiled is left as it is."""
+    config.a2a_started = time.monotonic()
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller has done it
         return
     import compileall
@@ -44,6 +45,41 @@ def pytest_configure(config):
         compileall.compile_file(path, quiet=2)
     for folder in ("a2a", "problems", "reference", "submissions", "tools"):
         compileall.compile_dir(ROOT / folder, quiet=2)
+
+
+# A fixed pure-Python loop in a fresh process: the machine's speed at the hour, beside the suite's CPU and time. The
+# suite is bound by its CPU (1392 CPU s, the 2 cores 189% busy, 2026-11-30), and this machine's speed moved within
+# the hour: the loop took 1.25-1.62 CPU s while the suite took 732 s, and 1.64-2.23 around a CI run of 956-980 s.
+HOST_LOOP = """
+import time
+started, total = time.process_time(), 0
+for i in range(10_000_000):
+    total += i * i
+print(time.process_time() - started)
+"""
+
+
+def host_loop_s() -> float:
+    """CPU seconds of HOST_LOOP in a fresh interpreter."""
+    return float(subprocess.run([sys.executable, "-c", HOST_LOOP], capture_output=True, text=True, check=True,
+                                timeout=300).stdout)
+
+
+def suite_cpu_line(cpu_s: float, wall_s: float, cores: int, loop_s: float) -> str:
+    return (f"the suite: {cpu_s:.0f} CPU s in {wall_s:.0f} s, {100 * cpu_s / max(wall_s, 1e-9):.0f}% busy of "
+            f"{cores} core(s); the host: a fixed pure-Python loop took {loop_s:.2f} CPU s after it (HOST_LOOP)")
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The suite's own CPU (this process and its reaped workers and commands) beside its time and the host's speed
+    then: whether a slow run was the suite or the machine."""
+    if hasattr(config, "workerinput"):
+        return
+    import resource
+
+    used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu_s, wall_s = sum(u.ru_utime + u.ru_stime for u in used), time.monotonic() - config.a2a_started
+    terminalreporter.write_line(suite_cpu_line(cpu_s, wall_s, len(os.sched_getaffinity(0)), host_loop_s()))
 
 
 def pytest_xdist_auto_num_workers(config) -> int:

@@ -1,4 +1,5 @@
 """The suite's own setup: how many pytest-xdist workers `make test` (`-n auto`) starts where."""
+import re
 import subprocess
 import sys
 
@@ -31,3 +32,18 @@ def test_tests_of_one_xdist_group_run_in_one_worker(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     workers = (tmp_path / "workers.txt").read_text().split()
     assert len(workers) == 8 and len(set(workers)) == 1, f"one group ran in {sorted(set(workers))}"
+
+
+def test_the_suite_reports_the_hosts_speed_and_its_own_cpu_workers_included(tmp_path):
+    """The summary's CPU, which counts the workers' (each test below spins 3 CPU s in one), and the host's loop:
+    a slow run reads as the machine's hour or the suite's own growth (2026-11-30: 732 s, then 900 s an hour later)."""
+    (tmp_path / "test_spin.py").write_text(
+        "import time\nimport pytest\n\n\n@pytest.mark.parametrize('i', range(2))\ndef test_spin(i):\n"
+        "    started = time.process_time()\n    while time.process_time() - started < 3:\n        pass\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "tests.conftest", "-p",
+                           "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)], cwd=conftest.ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    said = re.search(r"the suite: ([0-9]+) CPU s in ([0-9]+) s.*loop took ([0-9.]+) CPU s", done.stdout)
+    assert said and float(said[1]) >= 6, done.stdout[-2000:]  # the workers' spin counted
+    assert 0 < float(said[3]) < 60, done.stdout[-2000:]
