@@ -1521,29 +1521,6 @@ def _release_stale_uids() -> None:
 LEGACY_CACHES = ("home", "torch_extensions", "triton")  # world-writable and shared by every run, before builds/
 
 
-def check_rank_cache() -> None:
-    """A2A_RANK_CACHE before any work (a ValueError says what is wrong): a new path below a folder, or a folder the
-    judge may take over. prepare_rank_cache makes the folder root's alone (0700) and prunes what older versions left
-    in it, so a folder of another user's, or one open to others that holds anything, is refused rather than taken
-    (red team 69: a shared folder named there lost its mode 1777 and two of its subfolders; a link to nothing or a
-    file ended the command with 114)."""
-    existing = next((p for p in [RANK_CACHE, *RANK_CACHE.parents] if os.path.lexists(p)), None)
-    if existing is not None and existing.is_symlink() and not existing.exists():
-        raise ValueError(f"A2A_RANK_CACHE={str(RANK_CACHE)!r}: {existing} is a link to nothing")
-    if existing is None or not existing.is_dir():
-        raise ValueError(f"A2A_RANK_CACHE={str(RANK_CACHE)!r}: {existing or RANK_CACHE} is not a folder")
-    if existing != RANK_CACHE:
-        return  # made by prepare_rank_cache, root's alone from the start
-    info = os.stat(RANK_CACHE)
-    if info.st_uid != os.geteuid():
-        raise ValueError(f"A2A_RANK_CACHE={str(RANK_CACHE)!r}: a folder of uid {info.st_uid}, which the judge would "
-                         f"make its own (0700): name a folder of the judge's or a new path")
-    if info.st_mode & 0o077 and os.listdir(RANK_CACHE):
-        raise ValueError(f"A2A_RANK_CACHE={str(RANK_CACHE)!r}: open to others (mode {stat.S_IMODE(info.st_mode):o}) "
-                         f"and not empty, so its files may be anyone's: the judge would close it (0700) and prune it; "
-                         f"name an empty folder or a new path")
-
-
 def prepare_rank_cache() -> dict:
     """The judge's cache folders, root's and closed to the ranks (what older versions left shared, world-writable,
     goes); returns the cache variables for the judge's own build step (a2a/plan.prebuild), whose builds every pool

@@ -56,9 +56,9 @@ from typing import Any, Callable, NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bundle's own modules, wherever it is run from
 from boundary import (MPS_DEFAULT_PIPE, RankSandbox, RUN_OWNER, Sandbox,  # noqa: E402
-                      become_subreaper, check_rank_cache, claim_run, death_message, descendants, die_with_parent,
-                      ended_for_text, enter_rank_sandbox, hide_result_channel, keep_newest, kill_tree, owned_tempdir,
-                      owners_name, pool_memory_bytes, prepare_rank_cache, release_uid, write_owners_only)
+                      become_subreaper, claim_run, death_message, descendants, die_with_parent, ended_for_text,
+                      enter_rank_sandbox, hide_result_channel, keep_newest, kill_tree, owned_tempdir, owners_name,
+                      pool_memory_bytes, prepare_rank_cache, release_uid, write_owners_only)
 import births  # noqa: E402
 import rank_writable  # noqa: E402
 from births import (KILLED_WAIT_S, Forked, Nursery, PhaseSlot, Zygote, close_all_but, environ_with,  # noqa: E402
@@ -1204,7 +1204,8 @@ def cover_rank_writable(*result_fds: int) -> None:
 def check_environment() -> None:
     """The variables a run reads only once its pools start, checked before any work: a bad one is bad input."""
     try:
-        for check in (rank_birth, pool_memory_bytes, pinned_cpus, owner_cpu, judge.check_knobs, check_rank_cache):
+        for check in (rank_birth, pool_memory_bytes, pinned_cpus, owner_cpu, judge.check_knobs,
+                      rank_writable.check_rank_cache):
             check()
     except ValueError as error:
         raise UserError(str(error)) from None

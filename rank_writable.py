@@ -403,6 +403,38 @@ def _judges_own(folder: str) -> Optional[str]:
                  for part in [path.relative_to(top).parts[0]] if part.startswith("a2a-")), None)
 
 
+def nearest_folder(path: Path) -> Path:
+    """The nearest of `path` and its parents that is there, which must be a folder (a ValueError says why not). A
+    link to nothing is there: no folder can be made in its place (red team 69: a run's --out, or the rank cache, so
+    named ended the command with 114)."""
+    existing = next(p for p in [path, *path.parents] if os.path.lexists(p))
+    if existing.is_symlink() and not existing.exists():
+        raise ValueError(f"{existing} is a link to nothing")
+    if not existing.is_dir():
+        raise ValueError(f"{existing} is not a folder")
+    return existing
+
+
+def check_rank_cache() -> None:
+    """A2A_RANK_CACHE before any work (a ValueError says what is wrong): a new path below a folder, or a folder the
+    judge may take over. boundary.prepare_rank_cache makes it root's alone (0700) and prunes what older versions left
+    in it, so another user's folder, or one open to others that holds anything, is refused rather than taken (red
+    team 69: a shared folder named there lost its mode 1777 and two of its subfolders)."""
+    try:
+        if nearest_folder(RANK_CACHE) != RANK_CACHE:
+            return  # made by prepare_rank_cache, root's alone from the start
+    except ValueError as exc:
+        raise ValueError(f"A2A_RANK_CACHE={str(RANK_CACHE)!r}: {exc}") from None
+    info = os.stat(RANK_CACHE)
+    if info.st_uid != os.geteuid():
+        raise ValueError(f"A2A_RANK_CACHE={str(RANK_CACHE)!r}: a folder of uid {info.st_uid}, which the judge would "
+                         f"make its own (0700): name a folder of the judge's or a new path")
+    if info.st_mode & 0o077 and os.listdir(RANK_CACHE):
+        raise ValueError(f"A2A_RANK_CACHE={str(RANK_CACHE)!r}: open to others (mode {stat.S_IMODE(info.st_mode):o}) "
+                         f"and not empty, so its files may be anyone's: the judge would close it (0700) and prune it; "
+                         f"name an empty folder or a new path")
+
+
 def check_judges_folder(path: Path, what: str) -> None:
     """`path`, a folder the judge will save in (a run's results, a staged bundle): refused (ValueError) where it lies
     in a RANK_WRITABLE folder or leads through a link in one. NOTES: the judge's own view has those folders covered

@@ -140,20 +140,18 @@ def writable(out: Path) -> None:
     import tempfile
 
     judges_folder(out, "--out")  # first: the judge's view of a writable folder is read-only, and this says why
-    # lexists: a link to nothing is there, and no folder can be made in its place (red team 69: 114 after the run)
-    existing = next((p for p in [out, *out.parents] if os.path.lexists(p)), None)
-    if existing is not None and existing.is_symlink() and not existing.exists():
-        raise UserError(f"--out {out}: {existing} is a link to nothing")
-    if existing is None or not existing.is_dir():
-        raise UserError(f"--out {out}: {existing or out} is not a folder")
+    shown = wire.as_text(str(out), 80)
+    try:
+        existing = rank_writable.nearest_folder(out)
+    except ValueError as exc:
+        raise UserError(f"--out {shown}: {exc}") from None
     try:  # the permission bits say yes for root everywhere (/proc, a read-only mount): try it
         tempfile.TemporaryDirectory(dir=existing).cleanup()
     except OSError as exc:
-        raise UserError(f"--out {out}: {existing} cannot be written ({exc.strerror})") from None
+        raise UserError(f"--out {shown}: {existing} cannot be written ({exc.strerror})") from None
     # The names still to make, and room below for the run's folder and its files (red team 69: a name past the file
     # system's limit ended the run with 114, its results unsaved).
     name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
-    shown = str(out) if len(str(out)) <= 80 else f"{str(out)[:80]}..."
     if any(len(os.fsencode(part)) > name_max for part in out.relative_to(existing).parts):
         raise UserError(f"--out {shown}: a name longer than this file system's {name_max} bytes")
     if len(os.fsencode(os.path.abspath(out))) + RUN_FILES_ROOM > path_max:

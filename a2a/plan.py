@@ -373,7 +373,7 @@ def keep_rows_home(data: tuple) -> tuple:
 def select_cases(task: dict, selector: str) -> list[core.TestCase]:
     """`tests`, `benchmarks`, `tests:0,3`, `benchmarks:4`, or a file of test lines (blank lines skipped); each
     case's own values are checked here, before any world size is rewritten."""
-    shown = selector if len(selector) <= 100 else f"{selector[:100]}..."  # a line, however long the selector
+    shown = wire.as_text(selector, 100)  # one line, however long the selector or whatever it holds
     section, colon, picks = selector.partition(":")
     if section in ("tests", "benchmarks"):
         cases = task[section]
